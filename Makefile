@@ -1,0 +1,68 @@
+# The project's commands. `make demo` runs the main job end to end on the local stack,
+# `make test` runs the test suite against a stack of its own that it starts and stops.
+# Every target installs what it needs first (Python venv from the lock, jars via Maven,
+# the PostgreSQL server package).
+
+SHELL := /bin/bash
+PY := .venv/bin/python
+BROKERS ?= 1
+MVN := mvn -q -B -s infra/maven-settings.xml
+TEST_ENV := set -a && source .local/test/stack.env && set +a
+DEV_ENV := set -a && source .local/dev/stack.env && set +a
+
+.PHONY: deps venv jars postgres-server up down status demo test test-unit lint airflow kafka-tools
+
+deps: venv jars postgres-server
+
+venv: .venv/.installed
+.venv/.installed: requirements.lock
+	@test -x $(PY) || python3.11 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip check
+	@touch $@
+
+jars: .local/jars/kafka/.resolved .local/jars/spark/.resolved
+.local/jars/kafka/.resolved: infra/kafka/pom.xml
+	rm -rf .local/jars/kafka
+	$(MVN) -f infra/kafka/pom.xml dependency:copy-dependencies
+	@touch $@
+.local/jars/spark/.resolved: infra/spark/pom.xml
+	rm -rf .local/jars/spark
+	$(MVN) -f infra/spark/pom.xml dependency:copy-dependencies
+	@touch $@
+
+# Debian's PostgreSQL server (see infra/postgres_server.py for why this one).
+postgres-server:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || \
+	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
+
+up: deps
+	$(PY) -m infra.stack up --brokers $(BROKERS)
+
+down:
+	@test -x $(PY) && $(PY) -m infra.stack down || true
+
+status:
+	$(PY) -m infra.stack status
+
+demo: up
+	$(DEV_ENV) && .venv/bin/airflow dags test kafka_smoke
+
+# The UI on http://127.0.0.1:8080 with login (user admin, password printed at start and kept
+# in .local/dev/airflow/passwords.json). Ctrl-C stops it.
+airflow: up
+	$(DEV_ENV) && .venv/bin/airflow standalone
+
+lint: venv
+	.venv/bin/ruff check .
+
+test-unit: venv
+	.venv/bin/pytest tests/unit -q
+
+# The whole suite against a three-broker test stack (ports +10000), stopped afterwards
+# whatever the outcome.
+test: deps
+	@STACK=test $(PY) -m infra.stack up --brokers 3; rc=$$?; \
+	if [ $$rc -eq 0 ]; then $(TEST_ENV) && .venv/bin/ruff check . && .venv/bin/pytest -q -rs; rc=$$?; fi; \
+	STACK=test $(PY) -m infra.stack down; exit $$rc

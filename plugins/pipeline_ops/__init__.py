@@ -1,0 +1,1 @@
+"""Airflow-side code of the platform: operators, hooks and the promotion gate."""

@@ -1,0 +1,1 @@
+"""PySpark jobs: each a pure DataFrame transformation plus a thin `main`."""

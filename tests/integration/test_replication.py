@@ -1,0 +1,47 @@
+"""Durability on the three-node cluster: RF=3, min ISR=2 survives the loss of one broker."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka.admin import AdminClient
+
+from infra import stack as stack_cli
+from tests.integration.kafka_helpers import consume_all, create_topic, produce
+from tests.stack import Stack, unique
+
+STOPPED = 3
+
+
+def isr_without(bootstrap: str, topic: str, node: int, timeout_s: float = 60) -> list[list[int]]:
+    """Wait until no partition's ISR includes `node`; return the ISRs."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        meta = admin.list_topics(topic, timeout=10).topics[topic]
+        isrs = [sorted(p.isrs) for p in meta.partitions.values()]
+        if all(node not in isr for isr in isrs) or time.monotonic() > deadline:
+            return isrs
+        time.sleep(0.5)
+
+
+def test_acks_all_survives_one_broker_down(cluster: Stack) -> None:
+    topic = unique("replicated")
+    create_topic(cluster.bootstrap, topic, partitions=3, replication=3,
+                 config={"min.insync.replicas": "2"})
+    durable = {"acks": "all", "enable.idempotence": True}
+    before = [f"before-{i}" for i in range(200)]
+    assert produce(cluster.bootstrap, topic, before, **durable) == []
+
+    stack_cli.stop_broker(cluster.layout, STOPPED)
+    try:
+        isrs = isr_without(cluster.bootstrap, topic, STOPPED)
+        assert all(len(isr) == 2 and STOPPED not in isr for isr in isrs), isrs
+
+        after = [f"after-{i}" for i in range(200)]
+        assert produce(cluster.bootstrap, topic, after, **durable) == []
+        received = consume_all(cluster.bootstrap, topic, expected=400)
+    finally:
+        stack_cli.start_broker(cluster.layout, STOPPED)
+
+    assert sorted(received) == sorted(before + after)

@@ -1,0 +1,75 @@
+"""What the tests know about the running stack: addresses from its env file, and helpers."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg2
+
+from infra.layout import Layout
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def load_env(layout: Layout) -> dict[str, str]:
+    """The stack's shell assignments as a dict (empty when the stack never ran)."""
+    if not layout.env_file.exists():
+        return {}
+    env: dict[str, str] = {}
+    for line in layout.env_file.read_text().splitlines():
+        key, _, value = line.partition("=")
+        env[key] = shlex.split(value)[0] if value else ""
+    return env
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The stack under test."""
+
+    layout: Layout
+    env: dict[str, str]
+
+    @property
+    def bootstrap(self) -> str:
+        return self.env["KAFKA_BOOTSTRAP_SERVERS"]
+
+    @property
+    def brokers(self) -> int:
+        return int(self.env["KAFKA_BROKERS"])
+
+    @property
+    def database_url(self) -> str:
+        return self.env["DATABASE_URL"]
+
+    def subprocess_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def run_dag(self, dag_id: str, conf: str | None = None, timeout_s: float = 900) -> tuple[str, str]:
+        """`airflow dags test` one run; return (state from the metadata DB, combined output).
+
+        The CLI logs task failures instead of exiting non-zero, so the run's state is read back
+        from the metadata database by its unique logical date.
+        """
+        logical_date = datetime.now(UTC).replace(microsecond=0).isoformat()
+        cmd = [str(Path(sys.executable).parent / "airflow"), "dags", "test", dag_id, logical_date]
+        if conf:
+            cmd[4:4] = ["-c", conf]
+        proc = subprocess.run(cmd, env=self.subprocess_env(), capture_output=True, text=True,
+                              timeout=timeout_s, cwd=REPO)
+        with psycopg2.connect(self.layout.database_url("airflow")) as conn, conn.cursor() as cur:
+            cur.execute("SELECT state FROM dag_run WHERE dag_id = %s AND logical_date = %s",
+                        (dag_id, logical_date))
+            row = cur.fetchone()
+        return (row[0] if row else "missing"), proc.stdout + proc.stderr
+
+
+def unique(prefix: str) -> str:
+    """A name no earlier test run used."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
