@@ -12,16 +12,16 @@ CREATE TABLE runs (
 CREATE TABLE requests (
     request_id   text PRIMARY KEY,
     run_id       text NOT NULL,
-    user_id      text NOT NULL,
-    object_id    text NOT NULL,
+    user_id      text,          -- NULL until the intake event is processed
+    object_id    text,
     status       text NOT NULL,
     style        text,
     description  text,
     verdict      text,
     result_url   text,
     produced_at  timestamptz,
-    received_at  timestamptz NOT NULL DEFAULT now(),
-    styled_at    timestamptz,
+    received_at  timestamptz,   -- intake processed
+    styled_at    timestamptz,   -- the user picked a style: the AI work was requested
     checked_at   timestamptz,
     generated_at timestamptz,
     notified_at  timestamptz

@@ -1,0 +1,118 @@
+"""HTTP client for the AI services, with the retry policy the pipeline relies on.
+
+A call is retried on 429 (waiting at least the server's `Retry-After`), on 5xx, on timeouts
+and on connection errors, with exponential backoff and full jitter; any other 4xx is final.
+Every try is reported to an observer (the consumer records it as one attempt row), and when
+the last try fails `AIUnavailable` carries the reason so the request can be dead-lettered.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to call one AI service, as for a real endpoint."""
+
+    url: str
+    timeout_s: float = 10.0
+    auth_header: str | None = None  # full header value, e.g. "Bearer <token>"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 4
+    backoff_base_s: float = 0.2
+    backoff_max_s: float = 5.0
+
+    def backoff(self, attempt: int, retry_after_s: float | None, rng: random.Random) -> float:
+        """Full-jitter exponential backoff, never shorter than the server's Retry-After."""
+        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2 ** (attempt - 1))
+        return max(rng.uniform(0, ceiling), retry_after_s or 0.0)
+
+
+@dataclass(frozen=True)
+class Try:
+    """One HTTP attempt, as recorded in the attempts table."""
+
+    attempt: int
+    started: float
+    ended: float
+    outcome: str  # ok | http_429 | http_5xx | http_4xx | timeout | connection_error
+    http_status: int | None
+
+
+class AIUnavailable(RuntimeError):
+    """The call failed after the last attempt, or with a final (non-retryable) error."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+Observer = Callable[[Try], None]
+
+
+class AIClient:
+    """Calls one AI endpoint with retries; safe to share between threads."""
+
+    def __init__(self, endpoint: Endpoint, policy: RetryPolicy | None = None,
+                 pool_size: int = 64, seed: int | None = None) -> None:
+        self.endpoint = endpoint
+        self.policy = policy or RetryPolicy()
+        self._session = requests.Session()
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
+        if endpoint.auth_header:
+            self._session.headers["Authorization"] = endpoint.auth_header
+        self._rng = random.Random(seed)
+
+    def call(self, payload: dict[str, Any], observe: Observer | None = None) -> dict[str, Any]:
+        """POST the payload; return the JSON answer or raise AIUnavailable."""
+        reason = "no attempt made"
+        for attempt in range(1, self.policy.max_attempts + 1):
+            started = time.time()
+            status, body, outcome, retry_after = self._post(payload)
+            if observe is not None:
+                observe(Try(attempt, started, time.time(), outcome, status))
+            if outcome == "ok":
+                return body
+            reason = f"{outcome} from {self.endpoint.url} after {attempt} attempt(s)"
+            if outcome == "http_4xx" or attempt == self.policy.max_attempts:
+                break
+            time.sleep(self.policy.backoff(attempt, retry_after, self._rng))
+        raise AIUnavailable(reason)
+
+    def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict, str, float | None]:
+        try:
+            response = self._session.post(self.endpoint.url, json=payload,
+                                          timeout=self.endpoint.timeout_s)
+        except requests.Timeout:
+            return None, {}, "timeout", None
+        except requests.ConnectionError:
+            return None, {}, "connection_error", None
+        status = response.status_code
+        if status < 300:
+            return status, response.json(), "ok", None
+        if status == 429:
+            return status, {}, "http_429", _retry_after(response.headers.get("Retry-After"))
+        return status, {}, ("http_5xx" if status >= 500 else "http_4xx"), None
+
+    def close(self) -> None:
+        self._session.close()
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None

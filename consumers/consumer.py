@@ -1,0 +1,356 @@
+"""One member of a stage's consumer group, in one of three modes.
+
+baseline  consume up to 500 records, process them one by one, commit after the batch: the
+          client defaults of the reference article, which get expelled when a batch outlasts
+          `max.poll.interval.ms`.
+bounded   consume `batch_size` records sized so a batch always finishes well inside
+          `max.poll.interval.ms`, process, commit: one request in flight per member.
+flow      polling decoupled from processing: records go to an application buffer and run on
+          a pool of `window` workers (the member's share of the AI concurrency); offsets are
+          committed at the highest contiguous completed position. When the buffer fills the
+          member drains what librdkafka has already fetched into the buffer and then pauses
+          all its partitions, resuming only once the buffer is down to a quarter: librdkafka
+          discards fetched data of paused partitions, so pausing is rare, coarse, and done
+          with nearly nothing left to discard. It keeps polling while paused to stay in the
+          group. On revocation it finishes (or, past a deadline, abandons) the revoked
+          partitions' work and commits before letting them go.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from consumers import events, metrics, profiles
+from consumers.ai_client import AIUnavailable
+from consumers.offsets import OffsetTracker
+from consumers.stages import StageContext, handle
+from consumers.storage import Origin
+
+log = logging.getLogger(__name__)
+
+BASELINE_BATCH = 500  # the Java client's max.poll.records default
+
+
+@dataclass(frozen=True)
+class MemberSettings:
+    """How one member consumes; the fleet builds one per member."""
+
+    run_id: str
+    stage: str
+    mode: str
+    group_id: str
+    bootstrap: str
+    profile: str = "durability"
+    time_scale: float = 1.0
+    group_protocol: str = "classic"
+    batch_size: int = 1  # bounded
+    window: int = 16  # flow: records in flight
+    buffer: int = 64  # flow: application buffer that triggers a pause
+    commit_interval_s: float = 0.5
+    revoke_deadline_s: float = 30.0
+    stats_interval_ms: int = 0
+    consumer_overrides: tuple[tuple[str, Any], ...] = ()
+
+    def kafka_config(self) -> dict[str, Any]:
+        config = profiles.consumer_config(self.profile, self.bootstrap, self.group_id, mode=self.mode,
+                                          time_scale=self.time_scale,
+                                          group_protocol=self.group_protocol,
+                                          **dict(self.consumer_overrides))
+        if self.stats_interval_ms:
+            config["statistics.interval.ms"] = self.stats_interval_ms
+        return config
+
+
+def _tp(msg: Message) -> tuple[str, int]:
+    return msg.topic(), msg.partition()
+
+
+def _names(partitions: list[TopicPartition]) -> list[str]:
+    return [f"{p.topic}:{p.partition}" for p in partitions]
+
+
+def stats_summary(raw: str) -> dict[str, Any]:
+    """The parts of librdkafka's statistics the analysis needs (the full document is large)."""
+    stats = json.loads(raw)
+    partitions = {}
+    for topic, tstats in stats.get("topics", {}).items():
+        for pid, p in tstats.get("partitions", {}).items():
+            if pid != "-1" and p.get("rxmsgs", 0):
+                partitions[f"{topic}:{pid}"] = {"rxmsgs": p["rxmsgs"], "rxbytes": p["rxbytes"],
+                                                "consumer_lag": p.get("consumer_lag", -1)}
+    return {"rxmsgs": sum(p["rxmsgs"] for p in partitions.values()),
+            "rxbytes": sum(p["rxbytes"] for p in partitions.values()),
+            "rebalance_cnt": stats.get("cgrp", {}).get("rebalance_cnt", 0),
+            "partitions": partitions}
+
+
+class Member:
+    """A consumer-group member running one stage; `run()` returns when `stop` is set."""
+
+    def __init__(self, name: str, settings: MemberSettings, ctx: StageContext) -> None:
+        self.name = name
+        self.settings = settings
+        self.ctx = ctx
+        self.labels = {"stage": settings.stage, "member": name}
+        self.topic = ctx.topics.source_of(settings.stage)
+        self.assignment: set[tuple[str, int]] = set()
+        self.assigned_once = threading.Event()
+        self.consumed_bytes = 0  # key + value bytes handed to the application
+        self.last_stats: dict[str, Any] = {}
+        self.failure: BaseException | None = None
+        self._consumer: Consumer | None = None
+        # flow-mode state
+        self._buffer: deque[Message] = deque()
+        self._done: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._tracker = OffsetTracker()
+        self._paused = False
+        self._pause_cycles = 0
+
+    # ----------------------------------------------------------------- lifecycle
+    def run(self, stop: threading.Event) -> None:
+        """Consume until `stop`; a failure is kept in `self.failure` for the fleet to report."""
+        try:
+            self._run(stop)
+        except BaseException as exc:
+            self.failure = exc
+            log.exception("%s failed", self.name)
+            raise
+
+    def _run(self, stop: threading.Event) -> None:
+        config = self.settings.kafka_config()
+        config["client.id"] = self.name
+        if self.settings.stats_interval_ms:
+            config["stats_cb"] = self._on_stats
+        self._consumer = Consumer(config)
+        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_lost)
+        try:
+            if self.settings.mode == "flow":
+                self._run_flow(stop)
+            else:
+                self._run_batches(stop)
+        finally:
+            self._consumer.close()  # leaves the group; triggers a final revoke
+            self._record("closed", [])
+
+    # ----------------------------------------------------------------- group events
+    def _record(self, event: str, partitions: list[str]) -> None:
+        metrics.REBALANCES.labels(**self.labels, event=event).inc()
+        if event != "closed":
+            self.ctx.storage.record_rebalance(self.settings.run_id, self.settings.group_id, self.name,
+                                              event, partitions)
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assignment |= {(p.topic, p.partition) for p in partitions}
+        self._record("assign", _names(partitions))
+        if self._paused and partitions:
+            self._reapply_pause = True
+        self.assigned_once.set()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = {(p.topic, p.partition) for p in partitions}
+        self._record("revoke", _names(partitions))
+        if self.settings.mode == "flow":
+            self._release(revoked, commit=True)
+        self.assignment -= revoked
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = {(p.topic, p.partition) for p in partitions}
+        self._record("lost", _names(partitions))
+        if self.settings.mode == "flow":
+            self._release(lost, commit=False)
+        self.assignment -= lost
+
+    def _on_stats(self, raw: str) -> None:
+        summary = stats_summary(raw)
+        summary["app_consumed_bytes"] = self.consumed_bytes
+        summary["pause_cycles"] = self._pause_cycles
+        self.last_stats = summary
+        metrics.LAG.labels(**self.labels).set(
+            sum(max(0, p["consumer_lag"]) for p in summary["partitions"].values()))
+        self.ctx.storage.record_stats(self.settings.run_id, self.name, summary)
+
+    # ----------------------------------------------------------------- one record
+    def _process(self, msg: Message) -> None:
+        """Validate and handle one record; anything that cannot complete is dead-lettered."""
+        origin = Origin(self.name, msg.topic(), msg.partition(), msg.offset())
+        event: dict[str, Any] | None = None
+        try:
+            event = events.parse(self.settings.stage, msg.value())
+            outcome = handle(self.ctx, event, origin)
+        except events.InvalidEvent as exc:
+            self._dead_letter(msg, origin, event, exc.reason, exc.detail)
+        except AIUnavailable as exc:
+            self._dead_letter(msg, origin, event, "ai_unavailable", exc.reason)
+        except Exception as exc:
+            log.exception("%s: processing %s failed", self.name, origin)
+            self._dead_letter(msg, origin, event, "processing_error", repr(exc))
+        else:
+            metrics.COMPLETED.labels(**self.labels).inc()
+            if outcome.skipped_duplicate:
+                metrics.DUPLICATES.labels(**self.labels).inc()
+            retries = max(0, len(outcome.tries) - 1)
+            if retries:
+                metrics.RETRIES.labels(**self.labels).inc(retries)
+
+    def _dead_letter(self, msg: Message, origin: Origin, event: dict[str, Any] | None, reason: str,
+                     detail: str) -> None:
+        request_id = (event or {}).get("request_id")
+        headers = [("reason", reason.encode()), ("detail", detail[:500].encode()),
+                   ("source_topic", msg.topic().encode()),
+                   ("source_partition", str(msg.partition()).encode()),
+                   ("source_offset", str(msg.offset()).encode()),
+                   ("stage", self.settings.stage.encode())]
+        self.ctx.producer.send(self.ctx.topics.dead_letter, value=msg.value() or b"", key=msg.key(),
+                               headers=headers).result(30)
+        self.ctx.storage.record_dead_letter(self.settings.run_id, request_id, self.settings.stage,
+                                           f"{reason}: {detail}"[:1000], origin, msg.value())
+        if request_id and event and reason == "ai_unavailable":
+            self.ctx.send(self.ctx.topics.notify, events.notification(
+                request_id, event["run_id"], "failed", reason=reason))
+        metrics.ERRORS.labels(**self.labels, reason=reason).inc()
+
+    def _accept(self, msgs: list[Message], on_record: Callable[[Message], None]) -> None:
+        """Route fetched records, handling the client errors that arrive as messages."""
+        for msg in msgs:
+            err = msg.error()
+            if err is None:
+                self.consumed_bytes += len(msg.value() or b"") + len(msg.key() or b"")
+                on_record(msg)
+            elif err.code() == KafkaError._MAX_POLL_EXCEEDED:
+                log.warning("%s: expelled from the group: %s", self.name, err)
+                self._record("max_poll_exceeded", sorted(f"{t}:{p}" for t, p in self.assignment))
+            elif err.code() != KafkaError._PARTITION_EOF:
+                log.warning("%s: consume error: %s", self.name, err)
+
+    def _commit(self, positions: dict[tuple[str, int], int]) -> bool:
+        if not positions:
+            return True
+        try:
+            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
+                                  asynchronous=False)
+            return True
+        except KafkaException as exc:
+            # After an expulsion the generation is gone: the records will be consumed again.
+            log.warning("%s: commit of %s failed: %s", self.name, positions, exc)
+            return False
+
+    # ----------------------------------------------------------------- baseline / bounded
+    def _run_batches(self, stop: threading.Event) -> None:
+        size = BASELINE_BATCH if self.settings.mode == "baseline" else self.settings.batch_size
+        while not stop.is_set():
+            processed: dict[tuple[str, int], int] = {}
+
+            def process(msg: Message, processed: dict = processed) -> None:
+                if stop.is_set():
+                    return  # shutting down: leave the rest of the batch uncommitted
+                metrics.IN_FLIGHT.labels(**self.labels).set(1)
+                self._process(msg)
+                metrics.IN_FLIGHT.labels(**self.labels).set(0)
+                processed[_tp(msg)] = msg.offset() + 1
+
+            self._accept(self._consumer.consume(num_messages=size, timeout=0.2), process)
+            self._commit(processed)
+
+    # ----------------------------------------------------------------- flow
+    def _run_flow(self, stop: threading.Event) -> None:
+        s = self.settings
+        self._reapply_pause = False
+        last_commit = time.monotonic()
+        with ThreadPoolExecutor(max_workers=s.window, thread_name_prefix=f"{self.name}-w") as pool:
+            while not stop.is_set():
+                self._collect_done(block_s=0.02 if self._buffer and self._free_slots() == 0 else 0)
+                self._dispatch(pool)
+                if not self._paused and len(self._buffer) >= s.buffer:
+                    self._pause()
+                elif self._paused and len(self._buffer) <= s.buffer // 4:
+                    self._resume()
+                if self._reapply_pause and self._paused:
+                    self._consumer.pause([TopicPartition(t, p) for t, p in self.assignment])
+                    self._reapply_pause = False
+                room = max(1, s.buffer - len(self._buffer))
+                timeout = 0 if (self._buffer or self._paused) else 0.05
+                self._accept(self._consumer.consume(num_messages=room, timeout=timeout),
+                             self._buffer.append)
+                metrics.BUFFERED.labels(**self.labels).set(len(self._buffer))
+                if time.monotonic() - last_commit >= s.commit_interval_s:
+                    self._commit_completed(self.assignment)
+                    last_commit = time.monotonic()
+            self._shutdown_flow()
+
+    def _free_slots(self) -> int:
+        return self.settings.window - self._tracker.in_flight()
+
+    def _dispatch(self, pool: ThreadPoolExecutor) -> None:
+        while self._buffer and self._free_slots() > 0:
+            msg = self._buffer.popleft()
+            self._tracker.dispatched(_tp(msg), msg.offset())
+            pool.submit(self._work, msg)
+        metrics.IN_FLIGHT.labels(**self.labels).set(self._tracker.in_flight())
+
+    def _work(self, msg: Message) -> None:
+        try:
+            self._process(msg)
+        finally:
+            self._done.put(msg)
+
+    def _collect_done(self, block_s: float) -> None:
+        try:
+            msg = self._done.get(timeout=block_s) if block_s else self._done.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._tracker.completed(_tp(msg), msg.offset())
+            try:
+                msg = self._done.get_nowait()
+            except queue.Empty:
+                return
+
+    def _pause(self) -> None:
+        """Take what librdkafka already fetched, then pause: the pause then discards ~nothing."""
+        while drained := self._consumer.consume(num_messages=1000, timeout=0):
+            self._accept(drained, self._buffer.append)
+        self._consumer.pause([TopicPartition(t, p) for t, p in self.assignment])
+        self._paused = True
+        self._pause_cycles += 1
+        metrics.PAUSED.labels(**self.labels).set(1)
+
+    def _resume(self) -> None:
+        self._consumer.resume([TopicPartition(t, p) for t, p in self.assignment])
+        self._paused = False
+        metrics.PAUSED.labels(**self.labels).set(0)
+
+    def _commit_completed(self, tps: set[tuple[str, int]]) -> None:
+        positions = self._tracker.committable(tps)
+        if self._commit(positions):
+            self._tracker.mark_committed(positions)
+
+    def _release(self, tps: set[tuple[str, int]], commit: bool) -> None:
+        """Hand partitions back: drop their buffered records, finish in-flight work, commit."""
+        self._buffer = deque(m for m in self._buffer if _tp(m) not in tps)
+        if commit:
+            deadline = time.monotonic() + self.settings.revoke_deadline_s
+            while self._tracker.in_flight(tps) and time.monotonic() < deadline:
+                self._collect_done(block_s=0.05)
+            abandoned = self._tracker.in_flight(tps)
+            if abandoned:
+                log.warning("%s: revoke deadline passed with %d records in flight; they will be "
+                            "consumed again", self.name, abandoned)
+            self._commit_completed(tps)
+        self._tracker.forget(tps)
+
+    def _shutdown_flow(self) -> None:
+        """Stop taking work, let in-flight records finish within the deadline, commit."""
+        self._buffer.clear()
+        self._release(set(self.assignment), commit=True)

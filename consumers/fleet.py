@@ -1,0 +1,204 @@
+"""Run N members of one stage's consumer group as threads of one process.
+
+    python -m consumers.fleet --stage generate --mode flow --members 4 --window 16 \\
+        --prefix demo --run-id r1 --time-scale 0.1
+
+SIGTERM or SIGINT stops the fleet gracefully: members stop taking work, finish their in-flight
+records within the deadline, commit and leave the group. Consumer threads spend their time in
+librdkafka and HTTP calls, which release the GIL, so threads are enough for dozens of members.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+
+from consumers import events, metrics, profiles
+from consumers.ai_client import AIClient, Endpoint, RetryPolicy
+from consumers.consumer import Member, MemberSettings
+from consumers.producer import KeyedProducer
+from consumers.stages import StageContext
+from consumers.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """A stage's fleet: how many members, how each consumes, which AI endpoints it calls."""
+
+    member: MemberSettings
+    members: int
+    prefix: str
+    database_url: str
+    key_strategy: str = "uuid"  # keys of the events this stage sends downstream
+    check_url: str | None = None
+    generate_url: str | None = None
+    ai_timeout_s: float = 10.0
+    ai_auth_header: str | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    shutdown_deadline_s: float = 30.0
+
+
+class Fleet:
+    """The members of one stage, sharing a producer, a database pool and HTTP clients."""
+
+    def __init__(self, settings: FleetSettings) -> None:
+        self.settings = settings
+        s = settings
+        per_member = s.member.window if s.member.mode == "flow" else 1
+        concurrency = per_member * s.members
+        self.storage = Storage(s.database_url, pool_size=min(64, concurrency + 4))
+        self.producer = KeyedProducer(s.member.bootstrap, profile=s.member.profile,
+                                      key_strategy=s.key_strategy)
+        self.ctx = StageContext(
+            stage=s.member.stage, topics=events.Topics(s.prefix), storage=self.storage,
+            producer=self.producer,
+            check_ai=self._client(s.check_url, concurrency),
+            generate_ai=self._client(s.generate_url, concurrency),
+        )
+        self.members = [Member(f"{s.member.stage}-{i}", s.member, self.ctx) for i in range(s.members)]
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def _client(self, url: str | None, pool: int) -> AIClient | None:
+        if not url:
+            return None
+        s = self.settings
+        return AIClient(Endpoint(url, s.ai_timeout_s, s.ai_auth_header), s.retry, pool_size=pool)
+
+    def start(self) -> Fleet:
+        for member in self.members:
+            thread = threading.Thread(target=member.run, args=(self._stop,), name=member.name)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def wait_assigned(self, timeout_s: float = 60.0) -> None:
+        """Block until every member that can get partitions has them and the group is settled."""
+        deadline = time.monotonic() + timeout_s
+        while not all(m.assigned_once.is_set() for m in self.members):
+            self.raise_failures()
+            if time.monotonic() > deadline:
+                waiting = [m.name for m in self.members if not m.assigned_once.is_set()]
+                raise TimeoutError(f"{waiting} got no assignment within {timeout_s}s")
+            time.sleep(0.05)
+        settled_since = time.monotonic()
+        last = self._assignments()
+        while time.monotonic() - settled_since < 1.0:
+            if time.monotonic() > deadline:
+                raise TimeoutError("group assignment did not settle")
+            time.sleep(0.1)
+            now = self._assignments()
+            if now != last:
+                last, settled_since = now, time.monotonic()
+
+    def raise_failures(self) -> None:
+        """Re-raise the first member failure, so a broken fleet fails fast and loudly."""
+        for member in self.members:
+            if member.failure is not None:
+                raise RuntimeError(f"member {member.name} failed: {member.failure!r}") from member.failure
+
+    def _assignments(self) -> list[frozenset]:
+        return [frozenset(m.assignment) for m in self.members]
+
+    def stop(self) -> None:
+        """Graceful stop: members finish in-flight work, commit and leave the group."""
+        self._stop.set()
+        deadline = time.monotonic() + self.settings.shutdown_deadline_s + 10
+        for thread in self._threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
+        alive = [t.name for t in self._threads if t.is_alive()]
+        self.producer.close()
+        for client in (self.ctx.check_ai, self.ctx.generate_ai):
+            if client is not None:
+                client.close()
+        self.storage.close()
+        if alive:
+            raise RuntimeError(f"members still running after the shutdown deadline: {alive}")
+
+    @contextmanager
+    def running(self, wait_assigned_s: float | None = 60.0) -> Iterator[Fleet]:
+        """`with fleet.running():` starts the members and always stops them."""
+        self.start()
+        try:
+            if wait_assigned_s:
+                self.wait_assigned(wait_assigned_s)
+            yield self
+        finally:
+            self.stop()
+
+
+def settings_from_args(args: argparse.Namespace) -> FleetSettings:
+    member = MemberSettings(
+        run_id=args.run_id, stage=args.stage, mode=args.mode, group_id=args.group_id or
+        f"{args.prefix}.{args.stage}", bootstrap=args.bootstrap_servers, profile=args.profile,
+        time_scale=args.time_scale, group_protocol=args.group_protocol, batch_size=args.batch_size,
+        window=args.window, buffer=args.buffer or 4 * args.window,
+        revoke_deadline_s=args.shutdown_deadline, stats_interval_ms=args.stats_interval_ms)
+    token = os.environ.get(args.ai_token_env) if args.ai_token_env else None
+    return FleetSettings(
+        member=member, members=args.members, prefix=args.prefix, database_url=args.database_url,
+        key_strategy=args.keys, check_url=args.check_url, generate_url=args.generate_url,
+        ai_timeout_s=args.ai_timeout,
+        ai_auth_header=f"Bearer {token}" if token else None,
+        retry=replace(RetryPolicy(), max_attempts=args.max_attempts),
+        shutdown_deadline_s=args.shutdown_deadline)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stage", choices=events.STAGES, required=True)
+    p.add_argument("--mode", choices=profiles.CONSUMER_MODES, default="flow")
+    p.add_argument("--members", type=int, default=1, help="group members in this process")
+    p.add_argument("--prefix", required=True, help="topic prefix of the pipeline")
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--group-id", help="default: <prefix>.<stage>")
+    p.add_argument("--profile", choices=list(profiles.PROFILES), default="durability")
+    p.add_argument("--keys", default="uuid", help="downstream event keys: uuid | none | field:<name>")
+    p.add_argument("--group-protocol", choices=profiles.GROUP_PROTOCOLS, default="classic")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="shrinks max.poll.interval.ms and the session timeout with the AI latency")
+    p.add_argument("--batch-size", type=int, default=1, help="bounded mode: records per consume")
+    p.add_argument("--window", type=int, default=16, help="flow mode: records in flight per member")
+    p.add_argument("--buffer", type=int, default=0, help="flow mode: buffer that pauses (default 4x window)")
+    p.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    p.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
+    p.add_argument("--check-url", default=os.environ.get("AI_CHECK_URL"))
+    p.add_argument("--generate-url", default=os.environ.get("AI_GENERATE_URL"))
+    p.add_argument("--ai-timeout", type=float, default=10.0, help="seconds per HTTP call")
+    p.add_argument("--ai-token-env", default="AI_SERVICE_TOKEN",
+                   help="environment variable holding the bearer token (unset: no auth header)")
+    p.add_argument("--max-attempts", type=int, default=4)
+    p.add_argument("--shutdown-deadline", type=float, default=30.0)
+    p.add_argument("--stats-interval-ms", type=int, default=0)
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
+    return p
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    args = parser().parse_args()
+    if not args.bootstrap_servers or not args.database_url:
+        parser().error("set --bootstrap-servers and --database-url (or source .local/stack.env)")
+    metrics.serve(args.metrics_port)
+    fleet = Fleet(settings_from_args(args))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    fleet.start()
+    log.info("fleet %s/%s running with %d member(s)", args.stage, args.mode, args.members)
+    stop.wait()
+    log.info("stopping: finishing in-flight work")
+    fleet.stop()
+
+
+if __name__ == "__main__":
+    main()

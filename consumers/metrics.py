@@ -1,0 +1,25 @@
+"""Prometheus metrics of a consumer worker, labelled by stage and group member."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, start_http_server
+
+IN_FLIGHT = Gauge("pipeline_in_flight", "Records being processed now", ["stage", "member"])
+BUFFERED = Gauge("pipeline_buffered", "Records fetched and waiting for a processing slot",
+                 ["stage", "member"])
+COMPLETED = Counter("pipeline_completed_total", "Records processed to completion", ["stage", "member"])
+ERRORS = Counter("pipeline_dead_lettered_total", "Records sent to the dead-letter topic",
+                 ["stage", "member", "reason"])
+RETRIES = Counter("pipeline_ai_retries_total", "AI call tries beyond the first", ["stage", "member"])
+DUPLICATES = Counter("pipeline_reconsumed_total", "Records whose result already existed",
+                     ["stage", "member"])
+REBALANCES = Counter("pipeline_rebalance_events_total", "Assignments, revocations and losses",
+                     ["stage", "member", "event"])
+LAG = Gauge("pipeline_consumer_lag", "Consumer lag summed over assigned partitions", ["stage", "member"])
+PAUSED = Gauge("pipeline_paused", "1 while the member has paused its partitions", ["stage", "member"])
+
+
+def serve(port: int) -> None:
+    """Expose /metrics on 127.0.0.1:port (0 disables)."""
+    if port:
+        start_http_server(port, addr="127.0.0.1")

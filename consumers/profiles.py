@@ -1,0 +1,148 @@
+"""The Kafka configuration profiles: the one place that says how topics and clients are tuned.
+
+The four profiles follow the Kafka optimisation theorem: every flow trades throughput against
+latency and durability against availability. Topic settings (replication, min ISR, retention,
+compression) and client settings (batching, acks, fetch sizes, timeouts) come from here;
+provisioning, producers, consumers, DAGs and benchmarks read them and never restate them.
+
+Timeouts are given at real scale; `scaled()` shrinks the consumer-group clocks with the
+experiment's time-scale factor, so a run at 0.1x keeps the same ratios between AI latency and
+`max.poll.interval.ms` as a run at 1x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CONSUMER_MODES = ("baseline", "bounded", "flow")
+GROUP_PROTOCOLS = ("classic", "consumer")
+
+
+@dataclass(frozen=True)
+class TopicSettings:
+    """Per-topic settings chosen by a profile."""
+
+    replication_factor: int
+    min_insync_replicas: int
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    compression_type: str = "producer"
+    unclean_leader_election: bool = False
+
+    def configs(self) -> dict[str, str]:
+        """The topic-level configs for the AdminClient."""
+        return {
+            "min.insync.replicas": str(self.min_insync_replicas),
+            "retention.ms": str(self.retention_ms),
+            "compression.type": self.compression_type,
+            "unclean.leader.election.enable": str(self.unclean_leader_election).lower(),
+        }
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named trade-off: topic settings plus producer and consumer client settings."""
+
+    name: str
+    summary: str
+    topic: TopicSettings
+    producer: dict[str, Any] = field(default_factory=dict)
+    consumer: dict[str, Any] = field(default_factory=dict)
+
+
+_DURABLE_PRODUCER = {"acks": "all", "enable.idempotence": True}
+
+PROFILES: dict[str, Profile] = {
+    "throughput": Profile(
+        "throughput",
+        "large batches, compression and fewer round trips; RF=3/min ISR=2 kept",
+        TopicSettings(replication_factor=3, min_insync_replicas=2),
+        producer={**_DURABLE_PRODUCER, "linger.ms": 20, "batch.size": 262144,
+                  "compression.type": "lz4"},
+        consumer={"fetch.min.bytes": 65536, "fetch.wait.max.ms": 100},
+    ),
+    "latency": Profile(
+        "latency",
+        "client defaults: small batches sent at once, no compression",
+        TopicSettings(replication_factor=3, min_insync_replicas=2),
+        producer={**_DURABLE_PRODUCER, "linger.ms": 0, "batch.size": 16384,
+                  "compression.type": "none"},
+        consumer={"fetch.min.bytes": 1, "fetch.wait.max.ms": 10},
+    ),
+    "durability": Profile(
+        "durability",
+        "the production default: RF=3, min ISR=2, acks=all, idempotence, no unclean election",
+        TopicSettings(replication_factor=3, min_insync_replicas=2),
+        producer={**_DURABLE_PRODUCER, "linger.ms": 5, "compression.type": "lz4"},
+        consumer={"fetch.min.bytes": 1, "fetch.wait.max.ms": 100},
+    ),
+    "availability": Profile(
+        "availability",
+        "keeps producing with one replica left: min ISR=1, acks=1, longer client timeouts",
+        TopicSettings(replication_factor=3, min_insync_replicas=1, unclean_leader_election=True),
+        producer={"acks": 1, "enable.idempotence": False, "linger.ms": 5,
+                  "compression.type": "lz4", "message.timeout.ms": 600000},
+        consumer={"fetch.min.bytes": 1, "fetch.wait.max.ms": 100},
+    ),
+}
+
+# Consumer-group clocks at real scale (the Java/librdkafka defaults).
+MAX_POLL_INTERVAL_MS = 300_000
+SESSION_TIMEOUT_MS = 45_000
+HEARTBEAT_INTERVAL_MS = 3_000
+
+
+def get(name: str) -> Profile:
+    """The profile called `name`, or a clear error listing the known ones."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILES)}") from None
+
+
+def scaled(ms: int, time_scale: float, floor_ms: int) -> int:
+    """A real-scale duration shrunk by the time-scale factor, never below `floor_ms`."""
+    return max(floor_ms, round(ms * time_scale))
+
+
+def producer_config(profile: str, bootstrap: str, *, partitioner: str = "murmur2_random",
+                    **overrides: Any) -> dict[str, Any]:
+    """librdkafka producer settings for a profile; `murmur2_random` places keys as Java does."""
+    return {"bootstrap.servers": bootstrap, "partitioner": partitioner,
+            **get(profile).producer, **overrides}
+
+
+def consumer_config(profile: str, bootstrap: str, group_id: str, *, mode: str,
+                    time_scale: float = 1.0, group_protocol: str = "classic",
+                    **overrides: Any) -> dict[str, Any]:
+    """librdkafka consumer settings for a profile and consumer mode.
+
+    `baseline` keeps the client's own fetch settings (that is what it measures); every mode
+    commits explicitly after processing. With `group.protocol=consumer` (KIP-848) the broker
+    owns session timeout and assignment, so those client settings are left out.
+    """
+    if mode not in CONSUMER_MODES:
+        raise ValueError(f"unknown consumer mode {mode!r}; choose one of {', '.join(CONSUMER_MODES)}")
+    if group_protocol not in GROUP_PROTOCOLS:
+        raise ValueError(f"unknown group protocol {group_protocol!r}; choose one of {GROUP_PROTOCOLS}")
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group_id,
+        "group.protocol": group_protocol,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "max.poll.interval.ms": scaled(MAX_POLL_INTERVAL_MS, time_scale, 1000),
+    }
+    if group_protocol == "classic":
+        config["session.timeout.ms"] = scaled(SESSION_TIMEOUT_MS, time_scale, 1000)
+        config["heartbeat.interval.ms"] = scaled(HEARTBEAT_INTERVAL_MS, time_scale, 100)
+        config["partition.assignment.strategy"] = "cooperative-sticky" if mode == "flow" else "range"
+    if mode != "baseline":
+        config.update(get(profile).consumer)
+    if mode == "flow":
+        # Small prefetch: whatever librdkafka holds when a partition is paused is discarded
+        # and fetched again, so keep that amount small next to the application's own buffer.
+        config.update({"queued.max.messages.kbytes": 256, "fetch.max.bytes": 1048576,
+                       "max.partition.fetch.bytes": 65536})
+    config.update(overrides)
+    return config

@@ -1,0 +1,166 @@
+"""Create or grow the pipeline's topics from a configuration profile, and size partitions.
+
+    python -m consumers.provisioning --prefix demo --profile durability --partitions 64
+    python -m consumers.provisioning --prefix demo --target-rps 21.3 \\
+        --produce-rps-per-partition 5000 --consume-rps-per-partition 21.3
+
+Idempotent: an existing topic with the requested shape is left alone, one with fewer
+partitions is grown (never shrunk; growing moves keys to other partitions, so it warns), and
+topic configs are brought to the profile's values. Impossible requests fail with a clear
+message before anything is changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+)
+
+from consumers import events, profiles
+
+log = logging.getLogger(__name__)
+
+
+class ProvisioningError(ValueError):
+    """A request the cluster cannot satisfy; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """Partitions for a target throughput: max(ceil(t / t_produce), ceil(t / t_consume))."""
+
+    target_rps: float
+    produce_rps_per_partition: float
+    consume_rps_per_partition: float
+
+    @property
+    def partitions(self) -> int:
+        if min(self.target_rps, self.produce_rps_per_partition, self.consume_rps_per_partition) <= 0:
+            raise ProvisioningError("target and per-partition throughputs must be positive")
+        return max(math.ceil(self.target_rps / self.produce_rps_per_partition),
+                   math.ceil(self.target_rps / self.consume_rps_per_partition))
+
+    def reasoning(self) -> str:
+        by_produce = math.ceil(self.target_rps / self.produce_rps_per_partition)
+        by_consume = math.ceil(self.target_rps / self.consume_rps_per_partition)
+        bound = "consumers" if by_consume >= by_produce else "producers"
+        return (f"target {self.target_rps:g} rps: producers need ceil({self.target_rps:g}/"
+                f"{self.produce_rps_per_partition:g}) = {by_produce}, consumers need "
+                f"ceil({self.target_rps:g}/{self.consume_rps_per_partition:g}) = {by_consume}; "
+                f"{self.partitions} partitions, bound by the {bound}")
+
+
+def ai_consume_rps_per_partition(concurrency_per_partition: int, service_time_s: float) -> float:
+    """An AI consumer's per-partition throughput: requests in flight / service time."""
+    return concurrency_per_partition / service_time_s
+
+
+@dataclass
+class TopicReport:
+    """What provisioning did to one topic."""
+
+    topic: str
+    action: str  # created | grown | unchanged
+    partitions: int
+    replication_factor: int
+    warnings: list[str] = field(default_factory=list)
+
+
+def provision(bootstrap: str, topics: list[str], partitions: int, profile: str = "durability",
+              replication_factor: int | None = None, timeout_s: float = 30.0) -> list[TopicReport]:
+    """Create or grow `topics` to `partitions` with the profile's topic settings."""
+    settings = profiles.get(profile).topic
+    rf = settings.replication_factor if replication_factor is None else replication_factor
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    brokers = len(admin.list_topics(timeout=timeout_s).brokers)
+    _check_request(partitions, rf, settings.min_insync_replicas, brokers)
+    min_isr = min(settings.min_insync_replicas, rf)
+    configs = {**settings.configs(), "min.insync.replicas": str(min_isr)}
+
+    existing = admin.list_topics(timeout=timeout_s).topics
+    reports = []
+    to_create = [t for t in topics if t not in existing]
+    if to_create:
+        futures = admin.create_topics([NewTopic(t, partitions, rf, config=configs) for t in to_create])
+        for topic, future in futures.items():
+            future.result(timeout_s)
+            reports.append(TopicReport(topic, "created", partitions, rf))
+    for topic in (t for t in topics if t in existing):
+        reports.append(_reconcile(admin, topic, existing[topic], partitions, configs, timeout_s))
+    return reports
+
+
+def _check_request(partitions: int, rf: int, min_isr: int, brokers: int) -> None:
+    if partitions < 1:
+        raise ProvisioningError(f"partitions must be at least 1, got {partitions}")
+    if rf < 1:
+        raise ProvisioningError(f"replication factor must be at least 1, got {rf}")
+    if rf > brokers:
+        raise ProvisioningError(f"replication factor {rf} exceeds the {brokers} broker(s) of the "
+                                "cluster; lower it or add brokers")
+    if min(min_isr, rf) > rf:
+        raise ProvisioningError(f"min.insync.replicas {min_isr} exceeds replication factor {rf}")
+
+
+def _reconcile(admin: AdminClient, topic: str, meta, partitions: int, configs: dict[str, str],
+               timeout_s: float) -> TopicReport:
+    current = len(meta.partitions)
+    rf = len(next(iter(meta.partitions.values())).replicas)
+    report = TopicReport(topic, "unchanged", current, rf)
+    if partitions < current:
+        report.warnings.append(f"{topic} has {current} partitions; asked for {partitions}: "
+                               "partitions are never shrunk")
+    elif partitions > current:
+        admin.create_partitions([NewPartitions(topic, partitions)])[topic].result(timeout_s)
+        report.action, report.partitions = "grown", partitions
+        report.warnings.append(f"{topic} grown {current} -> {partitions}: keys now hash to other "
+                               "partitions, so per-key ordering breaks across the change")
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in configs.items()])
+    admin.incremental_alter_configs([resource])[resource].result(timeout_s)
+    for warning in report.warnings:
+        log.warning(warning)
+    return report
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prefix", required=True, help="pipeline topic prefix")
+    p.add_argument("--profile", choices=list(profiles.PROFILES), default="durability")
+    p.add_argument("--partitions", type=int, help="partitions (or size them from the rates below)")
+    p.add_argument("--replication-factor", type=int, help="default: the profile's")
+    p.add_argument("--target-rps", type=float)
+    p.add_argument("--produce-rps-per-partition", type=float)
+    p.add_argument("--consume-rps-per-partition", type=float)
+    p.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    args = p.parse_args()
+    partitions = args.partitions
+    if partitions is None:
+        if None in (args.target_rps, args.produce_rps_per_partition, args.consume_rps_per_partition):
+            p.error("give --partitions, or --target-rps with both per-partition rates")
+        sizing = Sizing(args.target_rps, args.produce_rps_per_partition, args.consume_rps_per_partition)
+        partitions = sizing.partitions
+        print(sizing.reasoning())
+    try:
+        reports = provision(args.bootstrap_servers, events.Topics(args.prefix).all(), partitions,
+                            args.profile, args.replication_factor)
+    except ProvisioningError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    for r in reports:
+        print(f"{r.topic}: {r.action}, {r.partitions} partitions, RF {r.replication_factor}")
+
+
+if __name__ == "__main__":
+    main()

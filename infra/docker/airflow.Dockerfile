@@ -1,0 +1,20 @@
+# The one image every Airflow service in docker-compose.yaml runs (and the one-shot `migrate`).
+# Only the pinned Python dependencies are baked in: dags/, plugins/, consumers/, spark/ and
+# infra/ are bind-mounted by docker-compose.yaml, so code changes need no rebuild; a change to
+# requirements.lock does (`docker compose build`).
+FROM apache/airflow:3.3.2-python3.11
+
+USER root
+# spark-submit, shipped in the pyspark wheel, needs a Java runtime; Spark 4 requires Java 17+.
+# The man1 folder is missing on slim Debian images and the JRE's post-install step expects it.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/*
+
+USER airflow
+# The same lock as the local virtualenv, so both paths run identical library versions
+# (it pins apache-airflow itself to the base image's version).
+COPY requirements.lock /tmp/requirements.lock
+RUN pip install --no-cache-dir -r /tmp/requirements.lock

@@ -1,0 +1,237 @@
+"""The request pipeline against the real broker, PostgreSQL and the AI stand-in over HTTP."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from confluent_kafka import Consumer
+
+from consumers.pipeline import PipelineConfig, StageConfig, running_pipeline
+from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
+from tests.stack import Stack
+
+BURST = 240
+
+
+@pytest.fixture(scope="module")
+def ai() -> Iterator[AIService]:
+    with ai_service() as service:
+        yield service
+
+
+@dataclass
+class BurstRun:
+    run_id: str
+    counts: dict[str, int]
+    ai_stats: dict
+    load_started: float
+    load_finished: float
+    partitions: int
+    generate_members: int
+    generate_window: int
+
+
+def run_burst(stack: Stack, ai: AIService, config: PipelineConfig, count: int,
+              reject_share: float = 0.1) -> BurstRun:
+    ai.reset()
+    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints) as pipeline:
+        started = time.time()
+        pipeline.send(count, reject_share=reject_share)
+        counts = pipeline.wait_terminal(count, timeout_s=180)
+        finished = time.time()
+    return BurstRun(pipeline.run_id, counts, ai.stats(), started, finished, config.partitions,
+                    config.generate.members, config.generate.window)
+
+
+@pytest.fixture(scope="module")
+def flow_run(stack: Stack, ai: AIService) -> BurstRun:
+    config = PipelineConfig(partitions=8, time_scale=TIME_SCALE, replication_factor=1,
+                            check=StageConfig("flow", members=1, window=16),
+                            generate=StageConfig("flow", members=2, window=8))
+    return run_burst(stack, ai, config, BURST)
+
+
+def test_every_request_completes_both_stages_exactly_once(stack: Stack, flow_run: BurstRun) -> None:
+    counts = flow_run.counts
+    assert counts.get("completed", 0) + counts.get("rejected", 0) == BURST, counts
+    assert counts.get("rejected", 0) > 0
+    results = dict(query(stack.database_url, "SELECT stage, count(*) FROM stage_results "
+                         "WHERE run_id = %s GROUP BY stage", flow_run.run_id))
+    assert results == {"intake": BURST, "check": BURST, "generate": counts["completed"]}
+    unnotified = scalar(stack.database_url, "SELECT count(*) FROM requests WHERE run_id = %s "
+                        "AND notified_at IS NULL", flow_run.run_id)
+    assert unnotified == 0
+
+
+def test_attempts_account_for_every_ai_call(stack: Stack, flow_run: BurstRun) -> None:
+    rows = dict(query(stack.database_url, "SELECT stage, count(*) FROM ai_attempts WHERE run_id = %s "
+                      "AND outcome <> 'skipped_done' GROUP BY stage", flow_run.run_id))
+    stats = flow_run.ai_stats
+    for stage, endpoint in (("check", "check"), ("generate", "generate")):
+        calls = stats[endpoint]
+        assert rows[stage] == calls["served"] + calls["rejected_429"] + calls["errors_5xx"]
+    duplicates = scalar(stack.database_url, "SELECT count(*) FROM (SELECT request_id, stage FROM "
+                        "ai_attempts WHERE run_id = %s AND outcome = 'ok' GROUP BY 1, 2 "
+                        "HAVING count(*) > 1) d", flow_run.run_id)
+    assert duplicates == 0
+
+
+def test_flow_never_exceeds_its_window_with_fewer_members_than_partitions(flow_run: BurstRun) -> None:
+    window = flow_run.generate_members * flow_run.generate_window
+    observed = flow_run.ai_stats["generate"]["max_in_flight"]
+    assert flow_run.generate_members < flow_run.partitions
+    assert observed <= window
+    assert observed >= window // 2, "the window was never used: the test proves nothing"
+
+
+def rebalances_during_load(stack: Stack, run: BurstRun, group_suffix: str) -> int:
+    return scalar(stack.database_url, "SELECT count(*) FROM rebalance_events WHERE run_id = %s "
+                  "AND group_id LIKE %s AND event IN ('revoke', 'lost', 'max_poll_exceeded') "
+                  "AND at BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
+                  run.run_id, f"%{group_suffix}", run.load_started, run.load_finished)
+
+
+def test_flow_has_no_rebalance_after_initial_assignment(stack: Stack, flow_run: BurstRun) -> None:
+    assert rebalances_during_load(stack, flow_run, ".generate") == 0
+    assert rebalances_during_load(stack, flow_run, ".check") == 0
+
+
+def test_bounded_has_no_rebalance_after_initial_assignment(stack: Stack, ai: AIService) -> None:
+    config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
+                            check=StageConfig("bounded", members=4, batch_size=2),
+                            generate=StageConfig("bounded", members=4, batch_size=2))
+    run = run_burst(stack, ai, config, 120)
+    assert run.counts.get("completed", 0) + run.counts.get("rejected", 0) == 120
+    assert rebalances_during_load(stack, run, ".generate") == 0
+    assert ai.stats()["generate"]["max_in_flight"] <= 4  # one request in flight per member
+
+
+def test_baseline_long_batch_is_expelled_and_reconsumed(stack: Stack, ai: AIService) -> None:
+    # 300 keyless events land on few partitions; 500-record batches at 60 ms per call outlast
+    # max.poll.interval.ms (300 s x 0.02 = 6 s).
+    config = PipelineConfig(partitions=2, time_scale=TIME_SCALE, replication_factor=1,
+                            key_strategy="none", profile="latency",
+                            check=StageConfig("flow", members=1, window=32),
+                            generate=StageConfig("baseline", members=2))
+    run = run_burst(stack, ai, config, 300, reject_share=0.0)
+    assert run.counts.get("completed", 0) == 300, run.counts
+    events = dict(query(stack.database_url, "SELECT event, count(*) FROM rebalance_events WHERE "
+                        "run_id = %s AND group_id LIKE '%%.generate' AND at > to_timestamp(%s) "
+                        "GROUP BY event", run.run_id, run.load_started))
+    assert events.get("max_poll_exceeded", 0) >= 1, events
+    assert events.get("revoke", 0) + events.get("lost", 0) >= 1, events
+    reconsumed = scalar(stack.database_url, "SELECT count(*) FROM (SELECT request_id FROM ai_attempts "
+                        "WHERE run_id = %s AND stage = 'generate' GROUP BY request_id "
+                        "HAVING count(*) > 1) r", run.run_id)
+    assert reconsumed > 0
+    results = scalar(stack.database_url, "SELECT count(*) FROM stage_results WHERE run_id = %s "
+                     "AND stage = 'generate'", run.run_id)
+    assert results == 300  # re-consumption never duplicates a result
+
+
+def test_bad_input_is_dead_lettered_and_the_partition_moves_on(stack: Stack, ai: AIService) -> None:
+    config = PipelineConfig(partitions=2, time_scale=TIME_SCALE, replication_factor=1)
+    bad = {
+        "malformed_json": b"{not json",
+        "missing_field": b'{"request_id": "7f1c4a36-5a5c-4d8e-9a57-2f5f1b9c0d11"}',
+        "wrong_type": b'{"request_id": 5, "run_id": "r", "style": "minimal", "description": "d", '
+                      b'"produced_at": 1}',
+        "oversize": b'{"pad": "' + b"x" * 70_000 + b'"}',
+        "unknown_style": b'{"request_id": "7f1c4a36-5a5c-4d8e-9a57-2f5f1b9c0d12", "run_id": "r", '
+                         b'"style": "baroque", "description": "d", "produced_at": 1}',
+    }
+    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints) as pipeline:
+        producer = pipeline.fleets["check"].producer
+        for value in bad.values():
+            producer.send(pipeline.topics.style, value=value, partition=0).result(10)
+        valid = pipeline.send(1)  # lands on either partition; partition 0 checked below
+        for value in bad.values():
+            producer.send(pipeline.topics.style, value=value, partition=0).result(10)
+        producer.send(pipeline.topics.style, value=_style_for(valid.request_ids[0], pipeline.run_id),
+                      partition=0).result(10)
+        counts = pipeline.wait_terminal(1, timeout_s=60)
+        dead = _read_dead_letters(stack.bootstrap, pipeline.topics.dead_letter, 2 * len(bad))
+    assert counts == {"completed": 1}
+    assert sorted(h["reason"] for h in dead) == sorted(list(bad) * 2)
+    assert all(h["source_topic"] == pipeline.topics.style and h["source_partition"] == "0" for h in dead)
+    rows = query(stack.database_url, "SELECT split_part(reason, ':', 1), count(*) FROM dead_letters "
+                 "WHERE run_id = %s GROUP BY 1", pipeline.run_id)
+    assert dict(rows) == dict.fromkeys(bad, 2)
+
+
+def _style_for(request_id: str, run_id: str) -> bytes:
+    from consumers import events
+
+    return events.encode(events.style_event(run_id, request_id, "minimal", "slides again"))
+
+
+def _read_dead_letters(bootstrap: str, topic: str, expected: int) -> list[dict[str, str]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"dlq-{topic}",
+                         "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    found: list[dict[str, str]] = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(found) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                found.append({k: v.decode() for k, v in msg.headers()})
+    finally:
+        consumer.close()
+    return found
+
+
+def test_ai_error_burst_is_retried_then_dead_lettered(stack: Stack, ai: AIService) -> None:
+    config = PipelineConfig(partitions=2, time_scale=TIME_SCALE, replication_factor=1, max_attempts=3,
+                            backoff_base_s=0.05)
+    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints) as pipeline:
+        ai.configure(endpoint="generate", error_rate=1.0)
+        try:
+            failed = pipeline.send(5)
+            pipeline.wait_terminal(5, timeout_s=60)
+        finally:
+            ai.configure(endpoint="generate", error_rate=0.0)
+        pipeline.send(5)
+        counts = pipeline.wait_terminal(10, timeout_s=60)
+    assert counts == {"dead_lettered": 5, "completed": 5}
+    tries = query(stack.database_url, "SELECT request_id, count(*), bool_and(outcome = 'http_5xx') "
+                  "FROM ai_attempts WHERE run_id = %s AND stage = 'generate' AND request_id = ANY(%s) "
+                  "GROUP BY request_id", pipeline.run_id, failed.request_ids)
+    assert sorted(t[1:] for t in tries) == [(3, True)] * 5
+
+
+def test_uuid_keys_reach_every_partition_and_no_keys_concentrate(stack: Stack, ai: AIService) -> None:
+    config = PipelineConfig(partitions=16, time_scale=TIME_SCALE, replication_factor=1)
+    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints,
+                          stages=()) as pipeline:
+        keyed = pipeline.send(640, key_strategy="uuid").per_partition(16)
+        keyless = pipeline.send(640, key_strategy="none").per_partition(16)
+    mean = 640 / 16
+    assert min(keyed) >= 15, keyed  # every partition gets a share of the burst
+    assert sum(sorted(keyed)[-3:]) < 0.35 * 640, keyed
+    # Sticky partitioning: whole batch windows land on one partition each.
+    assert sum(sorted(keyless)[-3:]) >= 0.5 * 640, keyless
+    assert max(keyless) >= 3 * mean, keyless
+
+
+def test_graceful_shutdown_under_load_loses_and_duplicates_nothing(stack: Stack, ai: AIService) -> None:
+    config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
+                            check=StageConfig("flow", members=1, window=8),
+                            generate=StageConfig("flow", members=1, window=4))
+    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints) as pipeline:
+        pipeline.send(200)
+        time.sleep(1.0)
+        run_id = pipeline.run_id
+    interrupted = sum(pipeline.status_counts().get(s, 0) for s in ("completed", "rejected"))
+    assert interrupted < 200, "the load finished before the shutdown: the test proves nothing"
+    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints,
+                          run_id=run_id) as resumed:
+        counts = resumed.wait_terminal(200, timeout_s=120)
+    assert counts == {"completed": 200}
+    duplicates = scalar(stack.database_url, "SELECT count(*) FROM (SELECT request_id, stage FROM "
+                        "ai_attempts WHERE run_id = %s AND outcome = 'ok' GROUP BY 1, 2 "
+                        "HAVING count(*) > 1) d", run_id)
+    assert duplicates == 0

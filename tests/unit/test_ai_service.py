@@ -1,0 +1,275 @@
+"""The AI service stand-in, served in-process on an ephemeral port and called over real HTTP."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from consumers.ai_service import EndpointConfig, ServiceConfig, sample_latency, serve
+
+SCALE = 0.1
+REPO = Path(__file__).resolve().parents[2]
+CHECK = {"request_id": "r-1", "style": "minimal", "description": "a calm logo"}
+GENERATE = {"request_id": "r-2", "style": "playful", "description": "a fox on a bike"}
+
+Start = Callable[..., str]
+
+
+@pytest.fixture
+def start() -> Iterator[Start]:
+    """Starts services from ServiceConfig keyword arguments; all are stopped after the test."""
+    servers = []
+
+    def _start(**kwargs: object) -> str:
+        kwargs.setdefault("time_scale", SCALE)
+        server = serve(ServiceConfig(**kwargs), host="127.0.0.1", port=0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield _start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def timed_post(url: str, payload: dict, **kwargs: object) -> tuple[requests.Response, float]:
+    began = time.monotonic()
+    response = requests.post(url, json=payload, timeout=kwargs.pop("timeout", 5), **kwargs)
+    return response, time.monotonic() - began
+
+
+def stats(base: str, **kwargs: object) -> dict:
+    response = requests.get(f"{base}/v1/stats", timeout=5, **kwargs)
+    response.raise_for_status()
+    return response.json()
+
+
+def test_answers_after_the_scaled_latency(start: Start) -> None:
+    base = start()
+    response, elapsed = timed_post(f"{base}/v1/generate", GENERATE)
+    assert response.status_code == 200
+    assert response.json() == {"request_id": "r-2", "result_url": "https://results.example/r-2.png"}
+    assert elapsed >= 3.0 * SCALE
+    response, elapsed = timed_post(f"{base}/v1/check", CHECK)
+    assert response.json() == {"request_id": "r-1", "verdict": "approved"}
+    assert elapsed >= 0.5 * SCALE
+    assert stats(base)["generate"]["served"] == 1
+
+
+def test_forbidden_description_is_rejected(start: Start) -> None:
+    base = start(check=EndpointConfig(latency_s=0.01))
+    response, _ = timed_post(f"{base}/v1/check", {**CHECK, "description": "a Forbidden symbol"})
+    assert response.status_code == 200
+    assert response.json()["verdict"] == "rejected"
+    response, _ = timed_post(f"{base}/v1/check", {**CHECK, "description": "forbiddenly fine"})
+    assert response.json()["verdict"] == "approved"
+
+
+def test_sampled_latencies_follow_the_distribution_and_the_seed() -> None:
+    uniform = EndpointConfig(latency_s=2.0, distribution="uniform", jitter=0.25)
+    draws = [sample_latency(uniform, random.Random(7)) for _ in range(3)]
+    assert len(set(draws)) == 1  # same seed, same draw
+    rng = random.Random(1)
+    spread = [sample_latency(uniform, rng) for _ in range(2000)]
+    assert min(spread) >= 1.5 and max(spread) <= 2.5 and statistics.pstdev(spread) > 0.2
+    lognormal = EndpointConfig(latency_s=3.0, distribution="lognormal", sigma=0.5)
+    rng = random.Random(3)
+    samples = [sample_latency(lognormal, rng) for _ in range(4000)]
+    assert statistics.fmean(samples) == pytest.approx(3.0, rel=0.05)
+    assert max(samples) > 4.5
+
+
+def test_uniform_latency_is_honoured_over_http(start: Start) -> None:
+    base = start(generate=EndpointConfig(latency_s=3.0, distribution="uniform", jitter=0.5), seed=11)
+    for _ in range(3):
+        response, elapsed = timed_post(f"{base}/v1/generate", GENERATE)
+        assert response.status_code == 200
+        assert elapsed >= 3.0 * 0.5 * SCALE
+
+
+def test_excess_concurrency_gets_429_with_retry_after(start: Start) -> None:
+    base = start(generate=EndpointConfig(latency_s=6.0, limit=4, retry_after_s=2.0))
+    barrier = threading.Barrier(12)
+    responses: list[requests.Response] = []
+    lock = threading.Lock()
+
+    def call() -> None:
+        barrier.wait()
+        response = requests.post(f"{base}/v1/generate", json=GENERATE, timeout=10)
+        with lock:
+            responses.append(response)
+
+    threads = [threading.Thread(target=call) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    codes = sorted(r.status_code for r in responses)
+    assert codes == [200] * 4 + [429] * 8
+    rejected = [r for r in responses if r.status_code == 429]
+    assert all(float(r.headers["Retry-After"]) == pytest.approx(2.0 * SCALE) for r in rejected)
+    assert rejected[0].json()["error"] == "too_many_requests"
+    generate = stats(base)["generate"]
+    assert (generate["served"], generate["rejected_429"]) == (4, 8)
+    assert generate["max_in_flight"] == 4
+    assert generate["in_flight"] == 0
+
+
+def test_sustains_hundreds_of_concurrent_sleeping_requests(start: Start) -> None:
+    base = start(check=EndpointConfig(latency_s=3.0, limit=300))
+    barrier = threading.Barrier(200)
+    codes: list[int] = []
+
+    def call() -> None:
+        barrier.wait()
+        codes.append(requests.post(f"{base}/v1/check", json=CHECK, timeout=10).status_code)
+
+    threads = [threading.Thread(target=call) for _ in range(200)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert codes == [200] * 200
+    assert stats(base)["check"]["max_in_flight"] > 64
+
+
+def test_error_rate_answers_500_after_the_latency(start: Start) -> None:
+    base = start(check=EndpointConfig(latency_s=1.0, error_rate=1.0))
+    response, elapsed = timed_post(f"{base}/v1/check", CHECK)
+    assert response.status_code == 500
+    assert elapsed >= 1.0 * SCALE
+    check = stats(base)["check"]
+    assert (check["errors_5xx"], check["served"]) == (1, 0)
+
+
+def test_hang_outlasts_the_client_timeout(start: Start) -> None:
+    base = start(generate=EndpointConfig(hang_rate=1.0))  # 30 s x 0.1 = 3 s
+    with pytest.raises(requests.Timeout):
+        requests.post(f"{base}/v1/generate", json=GENERATE, timeout=0.3)
+    assert stats(base)["generate"]["hangs"] == 1
+
+
+def test_hang_ends_with_504(start: Start) -> None:
+    base = start(generate=EndpointConfig(hang_rate=1.0, hang_s=1.0))
+    response, elapsed = timed_post(f"{base}/v1/generate", GENERATE)
+    assert response.status_code == 504
+    assert elapsed >= 1.0 * SCALE
+
+
+def test_bearer_token_is_required_when_configured(start: Start) -> None:
+    base = start(token="s3cret", check=EndpointConfig(latency_s=0.01))
+    url = f"{base}/v1/check"
+    assert requests.post(url, json=CHECK, timeout=5).status_code == 401
+    wrong = {"Authorization": "Bearer nope"}
+    assert requests.post(url, json=CHECK, headers=wrong, timeout=5).status_code == 401
+    right = {"Authorization": "Bearer s3cret"}
+    assert requests.post(url, json=CHECK, headers=right, timeout=5).status_code == 200
+    assert requests.get(f"{base}/v1/stats", timeout=5).status_code == 401
+    check = stats(base, headers=right)["check"]
+    assert (check["unauthorized"], check["served"]) == (2, 1)
+    assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
+
+
+def test_stats_reset_zeroes_counters_and_peak(start: Start) -> None:
+    base = start(check=EndpointConfig(latency_s=0.01, limit=1))
+    timed_post(f"{base}/v1/check", CHECK)
+    timed_post(f"{base}/v1/check", {"description": "no id"})
+    before = stats(base)["check"]
+    assert (before["served"], before["bad_requests"], before["max_in_flight"]) == (1, 1, 1)
+    requests.post(f"{base}/v1/stats/reset", timeout=5).raise_for_status()
+    after = stats(base)
+    for name in ("check", "generate"):
+        counters = {k: v for k, v in after[name].items() if k != "config"}
+        assert set(counters.values()) == {0}, counters
+    assert after["check"]["config"]["limit"] == 1
+
+
+def test_put_config_injects_and_clears_an_error_burst(start: Start) -> None:
+    base = start(check=EndpointConfig(latency_s=0.01), generate=EndpointConfig(latency_s=0.01))
+    config = f"{base}/v1/config"
+    requests.put(config, json={"endpoint": "check", "error_rate": 1.0}, timeout=5).raise_for_status()
+    assert timed_post(f"{base}/v1/check", CHECK)[0].status_code == 500
+    assert timed_post(f"{base}/v1/generate", GENERATE)[0].status_code == 200
+    requests.put(config, json={"endpoint": "check", "error_rate": 0.0}, timeout=5).raise_for_status()
+    assert timed_post(f"{base}/v1/check", CHECK)[0].status_code == 200
+    requests.put(config, json={"generate": {"limit": 0}}, timeout=5).raise_for_status()
+    assert timed_post(f"{base}/v1/generate", GENERATE)[0].status_code == 429
+
+
+def test_put_config_changes_latency_and_time_scale(start: Start) -> None:
+    base = start(time_scale=0.01)
+    config = f"{base}/v1/config"
+    response = requests.put(config, json={"time_scale": 0.1, "generate": {"latency_s": 2.0}}, timeout=5)
+    assert response.status_code == 200
+    assert response.json()["generate"]["config"]["scaled_latency_s"] == pytest.approx(0.2)
+    assert timed_post(f"{base}/v1/generate", GENERATE)[1] >= 0.2
+
+
+def test_put_config_refuses_invalid_changes_as_a_whole(start: Start) -> None:
+    base = start()
+    config = f"{base}/v1/config"
+    for bad in ({"error_rate": 2}, {"latency": 1}, {"endpoint": "draw"}, {"time_scale": 0},
+                {"check": {"limit": 3}, "generate": {"distribution": "pareto"}}):
+        assert requests.put(config, json=bad, timeout=5).status_code == 400, bad
+    current = stats(base)
+    assert current["check"]["config"]["limit"] == 64
+    assert current["check"]["config"]["error_rate"] == 0.0
+    assert current["service"]["time_scale"] == SCALE
+
+
+def test_routing_and_validation(start: Start) -> None:
+    base = start()
+    assert requests.get(f"{base}/healthz", timeout=5).json() == {"status": "ok"}
+    assert requests.get(f"{base}/v1/nothing", timeout=5).status_code == 404
+    assert requests.get(f"{base}/v1/check", timeout=5).status_code == 405
+    response = requests.post(f"{base}/v1/generate", json={"request_id": "r"}, timeout=5)
+    assert response.status_code == 400
+    response = requests.post(f"{base}/v1/check", data=b"not json", timeout=5)
+    assert response.status_code == 400
+    assert stats(base)["generate"]["bad_requests"] == 1
+
+
+def test_metrics_expose_the_counters(start: Start) -> None:
+    base = start(check=EndpointConfig(latency_s=0.01))
+    timed_post(f"{base}/v1/check", CHECK)
+    response = requests.get(f"{base}/metrics", timeout=5)
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("text/plain")
+    text = response.text
+    assert 'ai_service_requests_total{endpoint="check",outcome="served"} 1.0' in text
+    for name in ("ai_service_in_flight", "ai_service_max_in_flight", "ai_service_limit",
+                 'outcome="rejected_429"', 'outcome="errors_5xx"', 'outcome="hangs"'):
+        assert name in text, name
+
+
+def test_command_line_serves_and_stops_on_sigterm() -> None:
+    env = {**os.environ, "AI_SERVICE_TOKEN": "tok"}
+    process = subprocess.Popen([sys.executable, "-m", "consumers.ai_service", "--port", "0",
+                                "--time-scale", "0.01"], cwd=REPO, env=env,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        assert "serving on 127.0.0.1 port" in line, line
+        port = int(line.split(" port ")[1].split()[0])
+        base = f"http://127.0.0.1:{port}"
+        assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
+        headers = {"Authorization": "Bearer tok"}
+        assert requests.post(f"{base}/v1/check", json=CHECK, headers=headers, timeout=5).status_code == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=5) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

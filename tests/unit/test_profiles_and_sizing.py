@@ -1,0 +1,75 @@
+"""Profiles drive client settings; sizing follows max(ceil(t/t_produce), ceil(t/t_consume))."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from consumers import profiles
+from consumers.ai_client import RetryPolicy
+from consumers.producer import key_for
+from consumers.provisioning import ProvisioningError, Sizing, ai_consume_rps_per_partition
+
+
+def test_time_scale_shrinks_group_clocks() -> None:
+    config = profiles.consumer_config("durability", "b:9092", "g", mode="bounded", time_scale=0.1)
+    assert config["max.poll.interval.ms"] == 30_000
+    assert config["session.timeout.ms"] == 4_500
+    assert config["enable.auto.commit"] is False
+
+
+def test_kip848_leaves_out_client_side_group_settings() -> None:
+    config = profiles.consumer_config("durability", "b", "g", mode="flow", group_protocol="consumer")
+    assert config["group.protocol"] == "consumer"
+    assert "session.timeout.ms" not in config
+    assert "partition.assignment.strategy" not in config
+
+
+def test_baseline_keeps_client_fetch_defaults() -> None:
+    baseline = profiles.consumer_config("throughput", "b", "g", mode="baseline")
+    bounded = profiles.consumer_config("throughput", "b", "g", mode="bounded")
+    assert "fetch.min.bytes" not in baseline
+    assert bounded["fetch.min.bytes"] == 65536
+
+
+@pytest.mark.parametrize("bad", [{"profile": "fastest"}, {"mode": "greedy"}])
+def test_unknown_names_are_refused(bad: dict) -> None:
+    args = {"profile": "durability", "mode": "flow", **bad}
+    with pytest.raises(ValueError, match="choose one of"):
+        profiles.consumer_config(args["profile"], "b", "g", mode=args["mode"])
+
+
+def test_production_default_is_durable() -> None:
+    durable = profiles.get("durability")
+    assert (durable.topic.replication_factor, durable.topic.min_insync_replicas) == (3, 2)
+    assert durable.producer["acks"] == "all" and durable.producer["enable.idempotence"] is True
+
+
+def test_sizing_takes_the_larger_need() -> None:
+    # 21.3 rps target, 5000 rps produce per partition, 1 in flight / 3 s per partition.
+    consume = ai_consume_rps_per_partition(1, 3.0)
+    sizing = Sizing(21.3, 5000, consume)
+    assert sizing.partitions == 64  # ceil(21.3 / 0.3333) = ceil(63.9)
+    assert "bound by the consumers" in sizing.reasoning()
+    assert Sizing(1000, 100, 500).partitions == 10
+
+
+def test_sizing_rejects_non_positive_rates() -> None:
+    with pytest.raises(ProvisioningError):
+        _ = Sizing(-1, 100, 100).partitions
+
+
+def test_backoff_honours_retry_after_and_caps() -> None:
+    policy = RetryPolicy(max_attempts=5, backoff_base_s=0.1, backoff_max_s=0.4)
+    rng = random.Random(1)
+    assert all(policy.backoff(a, None, rng) <= 0.4 for a in range(1, 10))
+    assert policy.backoff(1, 2.5, rng) == 2.5
+
+
+def test_key_strategies() -> None:
+    assert key_for("none", {}) is None
+    assert len(key_for("uuid", {})) == 16
+    assert key_for("field:user_id", {"user_id": "u1"}) == b"u1"
+    with pytest.raises(ValueError):
+        key_for("random", {})
