@@ -5,15 +5,11 @@ baseline  consume up to 500 records, process them one by one, commit after the b
           `max.poll.interval.ms`.
 bounded   consume `batch_size` records sized so a batch always finishes well inside
           `max.poll.interval.ms`, process, commit: one request in flight per member.
-flow      polling decoupled from processing: records go to an application buffer and run on
-          a pool of `window` workers (the member's share of the AI concurrency); offsets are
-          committed at the highest contiguous completed position. When the buffer fills the
-          member drains what librdkafka has already fetched into the buffer and then pauses
-          all its partitions, resuming only once the buffer is down to a quarter: librdkafka
-          discards fetched data of paused partitions, so pausing is rare, coarse, and done
-          with nearly nothing left to discard. It keeps polling while paused to stay in the
-          group. On revocation it finishes (or, past a deadline, abandons) the revoked
-          partitions' work and commits before letting them go.
+flow      polling decoupled from processing: records go to an application buffer
+          (`FetchBuffer`: coarse pause/resume with hysteresis) and run on a pool of `window`
+          workers (the member's share of the AI concurrency); offsets are committed at the
+          highest contiguous completed position. On revocation it finishes (or, past a
+          deadline, abandons) the revoked partitions' work and commits before letting them go.
 """
 
 from __future__ import annotations
@@ -23,7 +19,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,6 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from consumers import events, metrics, profiles
 from consumers.ai_client import AIUnavailable
+from consumers.fetch_buffer import FetchBuffer
 from consumers.offsets import OffsetTracker
 from consumers.stages import StageContext, handle
 from consumers.storage import Origin
@@ -111,11 +107,10 @@ class Member:
         self.failure: BaseException | None = None
         self._consumer: Consumer | None = None
         # flow-mode state
-        self._buffer: deque[Message] = deque()
+        self._buffer: FetchBuffer | None = None
         self._done: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._tracker = OffsetTracker()
-        self._paused = False
-        self._pause_cycles = 0
+        self._assignment_changed = False
 
     # ----------------------------------------------------------------- lifecycle
     def run(self, stop: threading.Event) -> None:
@@ -154,8 +149,7 @@ class Member:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.assignment |= {(p.topic, p.partition) for p in partitions}
         self._record("assign", _names(partitions))
-        if self._paused and partitions:
-            self._reapply_pause = True
+        self._assignment_changed = True
         self.assigned_once.set()
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -174,8 +168,9 @@ class Member:
 
     def _on_stats(self, raw: str) -> None:
         summary = stats_summary(raw)
-        summary["app_consumed_bytes"] = self.consumed_bytes
-        summary["pause_cycles"] = self._pause_cycles
+        buffered = self._buffer
+        summary["app_consumed_bytes"] = self.consumed_bytes + (buffered.delivered_bytes if buffered else 0)
+        summary["pause_cycles"] = buffered.pause_cycles if buffered else 0
         self.last_stats = summary
         metrics.LAG.labels(**self.labels).set(
             sum(max(0, p["consumer_lag"]) for p in summary["partitions"].values()))
@@ -266,35 +261,33 @@ class Member:
     # ----------------------------------------------------------------- flow
     def _run_flow(self, stop: threading.Event) -> None:
         s = self.settings
-        self._reapply_pause = False
+        self._buffer = FetchBuffer(self._consumer, high=s.buffer)
         last_commit = time.monotonic()
         with ThreadPoolExecutor(max_workers=s.window, thread_name_prefix=f"{self.name}-w") as pool:
             while not stop.is_set():
-                self._collect_done(block_s=0.02 if self._buffer and self._free_slots() == 0 else 0)
+                waiting = len(self._buffer) > 0 and self._free_slots() == 0
+                self._collect_done(block_s=0.02 if waiting else 0)
                 self._dispatch(pool)
-                if not self._paused and len(self._buffer) >= s.buffer:
-                    self._pause()
-                elif self._paused and len(self._buffer) <= s.buffer // 4:
-                    self._resume()
-                if self._reapply_pause and self._paused:
-                    self._consumer.pause([TopicPartition(t, p) for t, p in self.assignment])
-                    self._reapply_pause = False
-                room = max(1, s.buffer - len(self._buffer))
-                timeout = 0 if (self._buffer or self._paused) else 0.05
-                self._accept(self._consumer.consume(num_messages=room, timeout=timeout),
-                             self._buffer.append)
+                if self._assignment_changed:
+                    self._buffer.reassert_pause()
+                    self._assignment_changed = False
+                timeout = 0 if (len(self._buffer) or self._buffer.paused) else 0.05
+                self._accept(self._buffer.poll(timeout), self._unexpected)
                 metrics.BUFFERED.labels(**self.labels).set(len(self._buffer))
+                metrics.PAUSED.labels(**self.labels).set(int(self._buffer.paused))
                 if time.monotonic() - last_commit >= s.commit_interval_s:
                     self._commit_completed(self.assignment)
                     last_commit = time.monotonic()
             self._shutdown_flow()
 
+    def _unexpected(self, msg: Message) -> None:
+        raise AssertionError(f"FetchBuffer returned a data record: {msg.topic()}:{msg.partition()}")
+
     def _free_slots(self) -> int:
         return self.settings.window - self._tracker.in_flight()
 
     def _dispatch(self, pool: ThreadPoolExecutor) -> None:
-        while self._buffer and self._free_slots() > 0:
-            msg = self._buffer.popleft()
+        while self._free_slots() > 0 and (msg := self._buffer.pop()) is not None:
             self._tracker.dispatched(_tp(msg), msg.offset())
             pool.submit(self._work, msg)
         metrics.IN_FLIGHT.labels(**self.labels).set(self._tracker.in_flight())
@@ -317,20 +310,6 @@ class Member:
             except queue.Empty:
                 return
 
-    def _pause(self) -> None:
-        """Take what librdkafka already fetched, then pause: the pause then discards ~nothing."""
-        while drained := self._consumer.consume(num_messages=1000, timeout=0):
-            self._accept(drained, self._buffer.append)
-        self._consumer.pause([TopicPartition(t, p) for t, p in self.assignment])
-        self._paused = True
-        self._pause_cycles += 1
-        metrics.PAUSED.labels(**self.labels).set(1)
-
-    def _resume(self) -> None:
-        self._consumer.resume([TopicPartition(t, p) for t, p in self.assignment])
-        self._paused = False
-        metrics.PAUSED.labels(**self.labels).set(0)
-
     def _commit_completed(self, tps: set[tuple[str, int]]) -> None:
         positions = self._tracker.committable(tps)
         if self._commit(positions):
@@ -338,7 +317,8 @@ class Member:
 
     def _release(self, tps: set[tuple[str, int]], commit: bool) -> None:
         """Hand partitions back: drop their buffered records, finish in-flight work, commit."""
-        self._buffer = deque(m for m in self._buffer if _tp(m) not in tps)
+        if self._buffer is not None:
+            self._buffer.drop(tps)
         if commit:
             deadline = time.monotonic() + self.settings.revoke_deadline_s
             while self._tracker.in_flight(tps) and time.monotonic() < deadline:

@@ -1,4 +1,5 @@
-"""Start, inspect and stop the local stack: Kafka (KRaft), PostgreSQL and the Airflow metadata.
+"""Start, inspect and stop the local stack: Kafka (KRaft), PostgreSQL, the AI service stand-in
+and the Airflow metadata database.
 
     python -m infra.stack up [--brokers 3]   # idempotent; writes .local/<stack>/stack.env
     python -m infra.stack down
@@ -22,9 +23,9 @@ import sys
 from pathlib import Path
 
 from infra import kafka_cluster, postgres_server
-from infra.layout import LOCAL, REPO, SPARK_JARS, Layout, current, port_in_use
+from infra.layout import LOCAL, REPO, SPARK_JARS, Layout, current, port_in_use, wait_for_port
 from infra.migrate import migrate
-from infra.processes import alive
+from infra.processes import alive, spawn, terminate
 
 
 def load_state(layout: Layout) -> dict:
@@ -42,9 +43,19 @@ def running(state: dict) -> bool:
     return any(alive(pid) for pid in state.get("kafka", {}).values())
 
 
+def start_ai_service(layout: Layout) -> int:
+    """The AI stand-in at real scale (a run changes the scale through PUT /v1/config)."""
+    cmd = [sys.executable, "-m", "consumers.ai_service", "--port", str(layout.ai_service_port),
+           "--time-scale", os.environ.get("AI_TIME_SCALE", "1.0")]
+    pid = spawn(cmd, layout.root / "ai-service.log", cwd=REPO)
+    if not wait_for_port(layout.ai_service_port, 30):
+        raise RuntimeError(f"AI service did not start: see {layout.root / 'ai-service.log'}")
+    return pid
+
+
 def ports(layout: Layout, brokers: int) -> dict[str, int]:
     """Every port the stack will listen on, named for error messages."""
-    named = {"PostgreSQL": layout.postgres_port}
+    named = {"PostgreSQL": layout.postgres_port, "AI service": layout.ai_service_port}
     for node in range(1, brokers + 1):
         named[f"Kafka broker {node}"] = layout.kafka_port(node)
         named[f"Kafka controller {node}"] = layout.controller_port(node)
@@ -72,6 +83,9 @@ def environment(layout: Layout, brokers: int) -> dict[str, str]:
         "KAFKA_BROKERS": str(brokers),
         "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
         "DATABASE_URL": layout.database_url(),
+        "AI_SERVICE_URL": f"http://127.0.0.1:{layout.ai_service_port}",
+        "AI_CHECK_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/check",
+        "AI_GENERATE_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/generate",
         "SPARK_MASTER": "local[*]",
         "SPARK_JARS": ",".join(str(p) for p in sorted(SPARK_JARS.glob("*.jar"))),
         "AIRFLOW_HOME": str(layout.root / "airflow"),
@@ -119,6 +133,8 @@ def up(layout: Layout, brokers: int) -> None:
         for node in map(int, state["kafka"]):
             if not alive(state["kafka"][str(node)]):
                 state["kafka"][str(node)] = kafka_cluster.start_node(layout, node)
+        if not alive(state.get("ai_service")):
+            state["ai_service"] = start_ai_service(layout)
         save_state(layout, state)
         print(f"{layout.name} stack already running")
         write_env(layout, environment(layout, brokers))
@@ -146,6 +162,10 @@ def up(layout: Layout, brokers: int) -> None:
     save_state(layout, state)
     kafka_cluster.wait_registered(layout, pids, brokers)
 
+    print(f"starting the AI service stand-in on 127.0.0.1:{layout.ai_service_port}")
+    state["ai_service"] = start_ai_service(layout)
+    save_state(layout, state)
+
     env = environment(layout, brokers)
     print("preparing the Airflow metadata database")
     airflow_db_migrate(layout, env)
@@ -155,11 +175,12 @@ def up(layout: Layout, brokers: int) -> None:
 
 def down(layout: Layout) -> None:
     state = load_state(layout)
+    terminate(state.get("ai_service"), grace_s=10)
     for pid in state.get("kafka", {}).values():
         kafka_cluster.stop_node(pid)
     postgres_server.stop(layout)
     if state:
-        state["kafka"] = {}
+        state["kafka"], state["ai_service"] = {}, None
         save_state(layout, state)
     left = [f"{name} port {port}" for name, port in ports(layout, state.get("brokers", 3)).items()
             if port_in_use(port)]
@@ -174,6 +195,7 @@ def status(layout: Layout) -> int:
         print(f"kafka node {node}: pid {pid} {'up' if alive(pid) else 'down'}")
     pg = port_in_use(layout.postgres_port)
     print(f"postgres: {'up' if pg else 'down'} on {layout.postgres_port}")
+    print(f"AI service: {'up' if alive(state.get('ai_service')) else 'down'} on {layout.ai_service_port}")
     return 0 if running(state) and pg else 1
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks: side-by-side comparisons in one run, figures printed and saved."""
