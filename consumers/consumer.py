@@ -261,7 +261,9 @@ class Member:
     # ----------------------------------------------------------------- flow
     def _run_flow(self, stop: threading.Event) -> None:
         s = self.settings
-        self._buffer = FetchBuffer(self._consumer, high=s.buffer)
+        poll_interval_s = s.kafka_config()["max.poll.interval.ms"] / 1000
+        self._buffer = FetchBuffer(self._consumer, high=s.buffer, keepalive_s=min(1.0, poll_interval_s / 10),
+                                   pause_after_s=poll_interval_s / 3)
         last_commit = time.monotonic()
         with ThreadPoolExecutor(max_workers=s.window, thread_name_prefix=f"{self.name}-w") as pool:
             while not stop.is_set():

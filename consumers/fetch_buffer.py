@@ -1,18 +1,21 @@
 """An application-side buffer between librdkafka and the workers, with coarse back-pressure.
 
-librdkafka discards what it has already fetched for a partition when that partition is paused
-and fetches it again after `resume()`, so pausing per message (or per poll) multiplies the
-bytes read from the brokers. This buffer pauses rarely and cheaply:
+librdkafka discards what it has fetched for a partition when that partition is paused, and
+fetches it again after `resume()`; pausing per message or per poll multiplies the bytes read
+from the brokers. This buffer applies back-pressure in two steps instead:
 
-- records are taken from librdkafka into per-partition queues as soon as they arrive;
-- only when the buffer reaches `high` does it pause, and first it drains whatever librdkafka
-  already holds into the buffer, so the pause discards (almost) nothing;
-- it resumes once the buffer is down to `low` (hysteresis), and keeps polling while paused so
-  the member stays in its group.
+1. hold: when the buffer reaches `high` it stops taking records. librdkafka keeps fetching
+   only up to its own bounded queue (`queued.max.messages.kbytes`) and then stops by itself,
+   with nothing discarded. A keep-alive `consume()` of at most one record every
+   `keepalive_s` keeps the member in its group and serves rebalance callbacks.
+2. pause: only if the hold lasts longer than `pause_after_s` are the partitions paused (after
+   draining librdkafka's queue into the buffer, so the pause itself discards ~nothing), which
+   stops even the keep-alive trickle. They resume once the buffer is down to `low`.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from confluent_kafka import Consumer, Message, TopicPartition
@@ -23,29 +26,46 @@ TP = tuple[str, int]
 class FetchBuffer:
     """Per-partition queues of fetched records, served round-robin or by partition."""
 
-    def __init__(self, consumer: Consumer, high: int, low: int | None = None) -> None:
+    def __init__(self, consumer: Consumer, high: int, low: int | None = None, keepalive_s: float = 1.0,
+                 pause_after_s: float = 5.0) -> None:
         self.consumer = consumer
         self.high = high
         self.low = high // 4 if low is None else low
+        self.keepalive_s = keepalive_s
+        self.pause_after_s = pause_after_s
         self.paused = False
         self.pause_cycles = 0
         self.delivered_bytes = 0  # key + value bytes librdkafka handed over
         self._queues: dict[TP, deque[Message]] = {}
         self._size = 0
+        self._last_consume = time.monotonic()
+        self._holding_since: float | None = None
 
     def __len__(self) -> int:
         return self._size
 
     def poll(self, timeout_s: float) -> list[Message]:
-        """Fetch into the buffer (nothing new while paused); return error events for the caller."""
-        room = max(1, self.high - self._size)
-        errors = self._take(self.consumer.consume(num_messages=room, timeout=timeout_s))
-        if not self.paused and self._size >= self.high:
-            errors += self._pause()
-        elif self.paused and self._size <= self.low:
-            self.consumer.resume(self._assigned())
-            self.paused = False
-        return errors
+        """Fetch into the buffer while there is room; return error events for the caller."""
+        now = time.monotonic()
+        if self.paused:
+            errors = self._consume(1000, timeout_s)  # paused partitions deliver nothing
+            if self._size <= self.low:
+                self.consumer.resume(self._assigned())
+                self.paused = False
+            return errors
+        if self._size < self.high:
+            self._holding_since = None
+            return self._consume(self.high - self._size, timeout_s)
+        self._holding_since = self._holding_since or now
+        if now - self._holding_since >= self.pause_after_s:
+            return self._pause()
+        if now - self._last_consume >= self.keepalive_s:
+            return self._consume(1, 0)
+        return []
+
+    def _consume(self, count: int, timeout_s: float) -> list[Message]:
+        self._last_consume = time.monotonic()
+        return self._take(self.consumer.consume(num_messages=max(1, count), timeout=timeout_s))
 
     def _take(self, msgs: list[Message]) -> list[Message]:
         errors = []
@@ -65,6 +85,7 @@ class FetchBuffer:
         self.consumer.pause(self._assigned())
         self.paused = True
         self.pause_cycles += 1
+        self._holding_since = None
         return errors
 
     def _assigned(self) -> list[TopicPartition]:
