@@ -24,7 +24,8 @@ import requests
 from rich.console import Console
 
 from bench import figures, kafka_throughput, pause_benchmark, report, scenarios
-from consumers.pipeline import Endpoints, new_run_id, running_pipeline
+from consumers.pipeline import new_run_id, running_pipeline
+from consumers.pipeline_config import Endpoints
 
 console = Console()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from consumers.pipeline import PipelineConfig, StageConfig
+from consumers.pipeline_config import PipelineConfig, StageConfig
 
 NAMES = ("baseline", "tuned", "flow", "flow-kip848")
 

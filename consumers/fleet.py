@@ -1,7 +1,7 @@
 """Run N members of one stage's consumer group as threads of one process.
 
-    python -m consumers.fleet --stage generate --mode flow --members 4 --window 16 \\
-        --prefix demo --run-id r1 --time-scale 0.1
+    python -m consumers.fleet --stage generate --run-id r1 --config @candidate.json
+    python -m consumers.fleet --stage generate --run-id r1 --mode flow --members 4 --window 16
 
 SIGTERM or SIGINT stops the fleet gracefully: members stop taking work, finish their in-flight
 records within the deadline, commit and leave the group. Consumer threads spend their time in
@@ -11,6 +11,7 @@ librdkafka and HTTP calls, which release the GIL, so threads are enough for doze
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -19,10 +20,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from consumers import events, metrics, profiles
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
 from consumers.consumer import Member, MemberSettings
+from consumers.pipeline_config import Endpoints, PipelineConfig
 from consumers.producer import KeyedProducer
 from consumers.stages import StageContext
 from consumers.storage import Storage
@@ -136,49 +139,66 @@ class Fleet:
             self.stop()
 
 
-def settings_from_args(args: argparse.Namespace) -> FleetSettings:
+def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events.Topics,
+                 bootstrap: str, database_url: str, endpoints: Endpoints) -> FleetSettings:
+    """The fleet of one stage of a pipeline configuration."""
+    stage_cfg = config.stage(stage)
     member = MemberSettings(
-        run_id=args.run_id, stage=args.stage, mode=args.mode, group_id=args.group_id or
-        f"{args.prefix}.{args.stage}", bootstrap=args.bootstrap_servers, profile=args.profile,
-        time_scale=args.time_scale, group_protocol=args.group_protocol, batch_size=args.batch_size,
-        window=args.window, buffer=args.buffer or 4 * args.window,
-        revoke_deadline_s=args.shutdown_deadline, stats_interval_ms=args.stats_interval_ms)
-    token = os.environ.get(args.ai_token_env) if args.ai_token_env else None
+        run_id=run_id, stage=stage, mode=stage_cfg.mode, group_id=f"{topics.prefix}.{stage}",
+        bootstrap=bootstrap, profile=config.profile, time_scale=config.time_scale,
+        group_protocol=config.group_protocol, batch_size=stage_cfg.batch_size,
+        window=stage_cfg.window, buffer=4 * stage_cfg.window,
+        revoke_deadline_s=config.shutdown_deadline_s, stats_interval_ms=config.stats_interval_ms)
     return FleetSettings(
-        member=member, members=args.members, prefix=args.prefix, database_url=args.database_url,
-        key_strategy=args.keys, check_url=args.check_url, generate_url=args.generate_url,
-        ai_timeout_s=args.ai_timeout,
-        ai_auth_header=f"Bearer {token}" if token else None,
-        retry=replace(RetryPolicy(), max_attempts=args.max_attempts),
-        shutdown_deadline_s=args.shutdown_deadline)
+        member=member, members=stage_cfg.members, prefix=topics.prefix, database_url=database_url,
+        key_strategy=config.key_strategy, check_url=endpoints.check_url,
+        generate_url=endpoints.generate_url, ai_timeout_s=config.ai_timeout_s,
+        ai_auth_header=endpoints.auth_header,
+        retry=RetryPolicy(max_attempts=config.max_attempts,
+                          backoff_base_s=config.backoff_base_s * max(config.time_scale, 0.05)),
+        shutdown_deadline_s=config.shutdown_deadline_s)
+
+
+def config_from_args(args: argparse.Namespace) -> PipelineConfig:
+    """The --config document with the command-line overrides applied to it."""
+    text = args.config
+    if text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    config = PipelineConfig.from_dict(json.loads(text))
+    stage = config.stage(args.stage)
+    stage = replace(stage, **{k: v for k, v in (("mode", args.mode), ("members", args.members),
+                                                ("window", args.window), ("batch_size", args.batch_size))
+                              if v is not None})
+    overrides = {k: v for k, v in (("profile", args.profile), ("group_protocol", args.group_protocol),
+                                   ("time_scale", args.time_scale), ("key_strategy", args.keys),
+                                   ("stats_interval_ms", args.stats_interval_ms))
+                 if v is not None}
+    return replace(config, **overrides, **{args.stage: stage})
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--stage", choices=events.STAGES, required=True)
-    p.add_argument("--mode", choices=profiles.CONSUMER_MODES, default="flow")
-    p.add_argument("--members", type=int, default=1, help="group members in this process")
-    p.add_argument("--prefix", required=True, help="topic prefix of the pipeline")
-    p.add_argument("--run-id", required=True)
-    p.add_argument("--group-id", help="default: <prefix>.<stage>")
-    p.add_argument("--profile", choices=list(profiles.PROFILES), default="durability")
-    p.add_argument("--keys", default="uuid", help="downstream event keys: uuid | none | field:<name>")
-    p.add_argument("--group-protocol", choices=profiles.GROUP_PROTOCOLS, default="classic")
-    p.add_argument("--time-scale", type=float, default=1.0,
+    p.add_argument("--run-id", required=True, help="run the records are written under")
+    p.add_argument("--prefix", help="topic prefix of the pipeline (default: the run id)")
+    p.add_argument("--config", default="{}",
+                   help="pipeline configuration as JSON, or @file.json (defaults for missing keys)")
+    p.add_argument("--mode", choices=profiles.CONSUMER_MODES)
+    p.add_argument("--members", type=int, help="group members in this process")
+    p.add_argument("--window", type=int, help="flow mode: records in flight per member")
+    p.add_argument("--batch-size", type=int, help="bounded mode: records per consume")
+    p.add_argument("--profile", choices=list(profiles.PROFILES))
+    p.add_argument("--group-protocol", choices=profiles.GROUP_PROTOCOLS)
+    p.add_argument("--time-scale", type=float,
                    help="shrinks max.poll.interval.ms and the session timeout with the AI latency")
-    p.add_argument("--batch-size", type=int, default=1, help="bounded mode: records per consume")
-    p.add_argument("--window", type=int, default=16, help="flow mode: records in flight per member")
-    p.add_argument("--buffer", type=int, default=0, help="flow mode: buffer that pauses (default 4x window)")
+    p.add_argument("--keys", help="downstream event keys: uuid | none | field:<name>")
+    p.add_argument("--stats-interval-ms", type=int)
     p.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     p.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     p.add_argument("--check-url", default=os.environ.get("AI_CHECK_URL"))
     p.add_argument("--generate-url", default=os.environ.get("AI_GENERATE_URL"))
-    p.add_argument("--ai-timeout", type=float, default=10.0, help="seconds per HTTP call")
     p.add_argument("--ai-token-env", default="AI_SERVICE_TOKEN",
                    help="environment variable holding the bearer token (unset: no auth header)")
-    p.add_argument("--max-attempts", type=int, default=4)
-    p.add_argument("--shutdown-deadline", type=float, default=30.0)
-    p.add_argument("--stats-interval-ms", type=int, default=0)
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
     return p
 
@@ -188,13 +208,18 @@ def main() -> None:
     args = parser().parse_args()
     if not args.bootstrap_servers or not args.database_url:
         parser().error("set --bootstrap-servers and --database-url (or source .local/stack.env)")
+    token = os.environ.get(args.ai_token_env) if args.ai_token_env else None
+    endpoints = Endpoints(args.check_url or "", args.generate_url or "",
+                          f"Bearer {token}" if token else None)
+    config = config_from_args(args)
     metrics.serve(args.metrics_port)
-    fleet = Fleet(settings_from_args(args))
+    fleet = Fleet(settings_for(config, args.stage, args.run_id, events.Topics(args.prefix or args.run_id),
+                               args.bootstrap_servers, args.database_url, endpoints))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     fleet.start()
-    log.info("fleet %s/%s running with %d member(s)", args.stage, args.mode, args.members)
+    log.info("fleet %s running: %s", args.stage, config.stage(args.stage))
     stop.wait()
     log.info("stopping: finishing in-flight work")
     fleet.stop()

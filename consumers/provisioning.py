@@ -77,12 +77,15 @@ class TopicReport:
     warnings: list[str] = field(default_factory=list)
 
 
-def provision(bootstrap: str, topics: list[str], partitions: int, profile: str = "durability",
+def provision(cluster: str | AdminClient, topics: list[str], partitions: int, profile: str = "durability",
               replication_factor: int | None = None, timeout_s: float = 30.0) -> list[TopicReport]:
-    """Create or grow `topics` to `partitions` with the profile's topic settings."""
+    """Create or grow `topics` to `partitions` with the profile's topic settings.
+
+    `cluster` is a bootstrap list or an AdminClient (Airflow passes the one its Kafka hook built).
+    """
     settings = profiles.get(profile).topic
     rf = settings.replication_factor if replication_factor is None else replication_factor
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient({"bootstrap.servers": cluster}) if isinstance(cluster, str) else cluster
     brokers = len(admin.list_topics(timeout=timeout_s).brokers)
     _check_request(partitions, rf, settings.min_insync_replicas, brokers)
     min_isr = min(settings.min_insync_replicas, rf)

@@ -10,7 +10,7 @@ import psycopg2
 import requests
 
 from consumers.ai_service import EndpointConfig, ServiceConfig, serve
-from consumers.pipeline import Endpoints
+from consumers.pipeline_config import Endpoints
 
 TIME_SCALE = 0.02  # generate 3 s -> 60 ms, check 0.5 s -> 10 ms
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import Consumer
 
-from consumers.pipeline import PipelineConfig, StageConfig, running_pipeline
+from consumers.pipeline import running_pipeline
+from consumers.pipeline_config import PipelineConfig, StageConfig
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.stack import Stack
 
