@@ -23,14 +23,15 @@ from typing import Any
 import requests
 from rich.console import Console
 
-from bench import figures, kafka_throughput, pause_benchmark, report, scenarios
+from bench import figures, kafka_throughput, pause_benchmark, report
+from consumers import presets
 from consumers.pipeline import new_run_id, running_pipeline
 from consumers.pipeline_config import Endpoints
 
 console = Console()
 
 
-def configure_ai(base_url: str, p: scenarios.BenchParams) -> None:
+def configure_ai(base_url: str, p: presets.PresetParams) -> None:
     """Same limits for every scenario; counters reset so each scenario's are its own."""
     requests.put(f"{base_url}/v1/config", timeout=10, json={
         "time_scale": p.time_scale,
@@ -40,8 +41,8 @@ def configure_ai(base_url: str, p: scenarios.BenchParams) -> None:
     requests.post(f"{base_url}/v1/stats/reset", timeout=10).raise_for_status()
 
 
-def run_scenario(name: str, p: scenarios.BenchParams, bench_id: str, env: dict[str, str]) -> dict[str, Any]:
-    config = replace(scenarios.build(name, p), stats_interval_ms=500)
+def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[str, str]) -> dict[str, Any]:
+    config = replace(presets.build(name, p), stats_interval_ms=500)
     base = env["AI_SERVICE_URL"]
     configure_ai(base, p)
     endpoints = Endpoints(f"{base}/v1/check", f"{base}/v1/generate")
@@ -93,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=64, help="per AI endpoint")
     p.add_argument("--burst", type=int, default=0, help="requests (default 20 x concurrency)")
     p.add_argument("--flow-members", type=int, default=4)
-    p.add_argument("--scenarios", default=",".join(scenarios.NAMES))
+    p.add_argument("--scenarios", default=",".join(presets.NAMES))
     p.add_argument("--perf-records", type=int, default=1_000_000)
     p.add_argument("--pause-seconds", type=float, default=10.0)
     p.add_argument("--smoke", action="store_true", help="a small run that checks the output")
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> Path:
     if len(env) < 3:
         raise SystemExit("the stack's addresses are not set: run `make up` and source .local/stack.env")
     brokers = int(os.environ.get("KAFKA_BROKERS", "1"))
-    params = scenarios.BenchParams(partitions=args.partitions, concurrency=args.concurrency,
+    params = presets.PresetParams(partitions=args.partitions, concurrency=args.concurrency,
                                    time_scale=args.scale, burst=args.burst or 20 * args.concurrency,
                                    flow_members=args.flow_members, replication_factor=min(3, brokers))
     bench_id = new_run_id("bench")

@@ -1,4 +1,5 @@
-"""The configurations compared side by side, built from the same parameters.
+"""Named pipeline configurations, built from shared parameters: the benchmark compares them
+side by side and the tuning DAG offers them as candidates.
 
 baseline     no keys (sticky partitions), client defaults, 500-record batches processed before
              committing: the reference article's starting point
@@ -18,8 +19,8 @@ NAMES = ("baseline", "tuned", "flow", "flow-kip848")
 
 
 @dataclass(frozen=True)
-class BenchParams:
-    """What every scenario shares: the same broker, AI limits and load."""
+class PresetParams:
+    """What every preset shares: partitions, AI limits, time scale and load."""
 
     partitions: int = 64
     concurrency: int = 64  # per AI endpoint
@@ -36,8 +37,8 @@ class BenchParams:
         return self.concurrency / (self.generate_latency_s * self.time_scale)
 
 
-def build(name: str, p: BenchParams) -> PipelineConfig:
-    """The PipelineConfig of a named scenario."""
+def build(name: str, p: PresetParams) -> PipelineConfig:
+    """The PipelineConfig of a named preset."""
     common = PipelineConfig(partitions=p.partitions, replication_factor=p.replication_factor,
                             time_scale=p.time_scale, max_attempts=6,
                             ai_timeout_s=max(1.0, 4 * p.generate_latency_s * p.time_scale),
@@ -57,5 +58,5 @@ def build(name: str, p: BenchParams) -> PipelineConfig:
         "flow-kip848": replace(flow, group_protocol="consumer"),
     }
     if name not in configs:
-        raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(NAMES)}")
+        raise ValueError(f"unknown preset {name!r}; choose from {', '.join(NAMES)}")
     return configs[name]

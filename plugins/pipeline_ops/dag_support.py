@@ -1,0 +1,62 @@
+"""What every DAG of the platform shares: default arguments, form parameters, Spark wiring."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Param
+
+from consumers import presets, profiles
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_ARGS: dict[str, Any] = {"owner": "platform", "retries": 1, "retry_delay": timedelta(seconds=30)}
+TAGS_PIPELINE = ["pipeline", "kafka", "genai"]
+
+BOOTSTRAP = "{{ conn.kafka_default.extra_dejson['bootstrap.servers'] }}"
+DATABASE_URL = "{{ conn.postgres_default.get_uri() }}"
+
+
+def spark_jars() -> str:
+    """The Kafka connector and JDBC driver jars for spark-submit (`make jars` resolves them)."""
+    listed = os.environ.get("SPARK_JARS")
+    if listed:
+        return listed
+    return ",".join(str(p) for p in sorted((REPO / ".local" / "jars" / "spark").glob("*.jar")))
+
+
+def spark_application(job: str) -> str:
+    return str(REPO / "spark" / f"{job}.py")
+
+
+def spark_env() -> dict[str, str]:
+    """Executors use the same interpreter as the driver (the project's environment)."""
+    return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
+def profile_param(default: str = "durability") -> Param:
+    return Param(default, type="string", enum=list(profiles.PROFILES),
+                 description="Kafka optimisation profile: topic replication/min ISR and client settings")
+
+
+def preset_params() -> dict[str, Param]:
+    """Form fields shared by the DAGs that build a candidate from a preset."""
+    return {
+        "partitions": Param(16, type="integer", minimum=1, maximum=1024,
+                            description="partitions of the stage topics"),
+        "concurrency": Param(16, type="integer", minimum=1, maximum=1024,
+                             description="AI concurrency per endpoint (the service's limit)"),
+        "time_scale": Param(0.05, type="number", exclusiveMinimum=0, maximum=1,
+                            description="multiplies AI latencies and Kafka group timeouts; 1 = real scale"),
+        "burst": Param(320, type="integer", minimum=1, description="requests sent as fast as possible"),
+        "flow_members": Param(2, type="integer", minimum=1, description="members per flow stage"),
+    }
+
+
+def candidate_param() -> Param:
+    return Param("active", type="string", enum=["active", *presets.NAMES],
+                 description="configuration to measure: the active version (the flow preset when "
+                             "none is active yet) or a named preset")
