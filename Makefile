@@ -10,7 +10,7 @@ MVN := mvn -q -B -s infra/maven-settings.xml
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
 
-.PHONY: deps venv jars postgres-server up down status demo test test-unit lint airflow kafka-tools
+.PHONY: deps venv jars postgres-server up down status demo bench bench-smoke test test-unit lint airflow
 
 deps: venv jars postgres-server
 
@@ -46,8 +46,16 @@ down:
 status:
 	$(PY) -m infra.stack status
 
+# The main job: pipeline_tuning end to end (SCALE=1 for real AI latencies).
 demo: up
-	$(DEV_ENV) && .venv/bin/airflow dags test kafka_smoke
+	$(DEV_ENV) && $(PY) -m infra.demo
+
+# The benchmark: baseline, tuned, flow and flow-kip848 side by side, plus Kafka-level figures.
+bench: up
+	$(DEV_ENV) && $(PY) -m bench.run $(if $(SCALE),--scale $(SCALE),)
+
+bench-smoke: up
+	$(DEV_ENV) && $(PY) -m bench.run --smoke
 
 # The UI on http://127.0.0.1:8080 with login (user admin, password printed at start and kept
 # in .local/dev/airflow/passwords.json). Ctrl-C stops it.

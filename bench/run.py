@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> Path:
     summary = {
         "run_id": bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
         "versions": versions(), "params": asdict(params),
-        "scenarios": {n: {k: v for k, v in r.items() if k not in ("completion_times", "load_started")}
+        "scenarios": {n: {k: v for k, v in r.items() if k != "completion_times"}
                       for n, r in results.items()},
         "ratios": ratios(results), "producer_vs_perftest": producer, "pause_benchmark": pause,
     }

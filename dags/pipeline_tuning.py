@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import Param, dag
 
@@ -63,19 +62,12 @@ def pipeline_tuning() -> None:
         profile="{{ ti.xcom_pull(task_ids='resolve')['config']['profile'] }}",
         replication_factor="{{ ti.xcom_pull(task_ids='resolve')['config']['replication_factor'] or '' }}")
     deploy = DeployFleetOperator(task_id="deploy", action="start", run_id=RUN,
-                                 version="{{ ti.xcom_pull(task_ids='resolve')['version'] }}")
+                                 version="{{ ti.xcom_pull(task_ids='resolve')['version'] }}",
+                                 ai_limit="{{ params.concurrency }}")
     load = LoadTestOperator(task_id="load_test", run_id=RUN, burst="{{ params.burst }}",
                             version="{{ ti.xcom_pull(task_ids='resolve')['version'] }}")
     stop = DeployFleetOperator(task_id="stop_fleets", action="stop", run_id=RUN, trigger_rule="all_done")
-    partition_load = SparkSubmitOperator(
-        task_id="partition_load", conn_id="spark_default", application=s.spark_application("partition_load"),
-        jars=s.spark_jars(), env_vars=s.spark_env(), name="partition_load",
-        application_args=["--bootstrap-servers", s.BOOTSTRAP, "--topics", RUN + ".style",
-                          "--run-id", RUN, "--database-url", s.DATABASE_URL])
-    analysis = SparkSubmitOperator(
-        task_id="pipeline_analysis", conn_id="spark_default",
-        application=s.spark_application("pipeline_analysis"), jars=s.spark_jars(), env_vars=s.spark_env(),
-        name="pipeline_analysis", application_args=["--run-id", RUN, "--database-url", s.DATABASE_URL])
+    partition_load, analysis = s.spark_analysis(RUN)
     gate = PromotionGateOperator(task_id="gate", candidate=candidate, load=load.output,
                                  min_throughput_rps="{{ params.min_throughput_rps }}",
                                  tolerance="{{ params.tolerance }}", max_skew="{{ params.max_skew }}")
@@ -85,7 +77,8 @@ def pipeline_tuning() -> None:
                                 trigger_rule="none_failed_min_one_success")
 
     resolve >> provision >> deploy >> load >> stop
-    [load, stop] >> partition_load >> analysis >> gate >> [promote, reject] >> report
+    [load, stop] >> partition_load
+    analysis >> gate >> [promote, reject] >> report
 
 
 pipeline_tuning()

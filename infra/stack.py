@@ -103,7 +103,7 @@ def environment(layout: Layout, brokers: int) -> dict[str, str]:
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(kafka_conn),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": layout.database_url().replace("postgresql://", "postgres://"),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
-        "AIRFLOW_CONN_AI_SERVICE": f"http://127.0.0.1:{layout.ai_service_port}",
+        "AIRFLOW_CONN_AI_SERVICE": f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true",
         "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
         "PYTHONPATH": f"{REPO}:{REPO / 'plugins'}",
         # spark-submit and the fleet commands come from the project's environment.

@@ -30,6 +30,17 @@ def load_env(layout: Layout) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class DagTestRun:
+    state: str
+    output: str
+    logical_date: str
+
+    @property
+    def ts_nodash(self) -> str:
+        return datetime.fromisoformat(self.logical_date).strftime("%Y%m%dT%H%M%S")
+
+
+@dataclass(frozen=True)
 class Stack:
     """The stack under test."""
 
@@ -51,8 +62,8 @@ class Stack:
     def subprocess_env(self) -> dict[str, str]:
         return {**os.environ, **self.env}
 
-    def run_dag(self, dag_id: str, conf: str | None = None, timeout_s: float = 900) -> tuple[str, str]:
-        """`airflow dags test` one run; return (state from the metadata DB, combined output).
+    def run_dag(self, dag_id: str, conf: str | None = None, timeout_s: float = 900) -> DagTestRun:
+        """`airflow dags test` one run; return its state (from the metadata DB) and output.
 
         The CLI logs task failures instead of exiting non-zero, so the run's state is read back
         from the metadata database by its unique logical date.
@@ -60,14 +71,14 @@ class Stack:
         logical_date = datetime.now(UTC).replace(microsecond=0).isoformat()
         cmd = [str(Path(sys.executable).parent / "airflow"), "dags", "test", dag_id, logical_date]
         if conf:
-            cmd[4:4] = ["-c", conf]
+            cmd += ["-c", conf]
         proc = subprocess.run(cmd, env=self.subprocess_env(), capture_output=True, text=True,
                               timeout=timeout_s, cwd=REPO)
         with psycopg2.connect(self.layout.database_url("airflow")) as conn, conn.cursor() as cur:
             cur.execute("SELECT state FROM dag_run WHERE dag_id = %s AND logical_date = %s",
                         (dag_id, logical_date))
             row = cur.fetchone()
-        return (row[0] if row else "missing"), proc.stdout + proc.stderr
+        return DagTestRun(row[0] if row else "missing", proc.stdout + proc.stderr, logical_date)
 
 
 def unique(prefix: str) -> str:

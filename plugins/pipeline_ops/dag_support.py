@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param
 
 from consumers import presets, profiles
@@ -35,6 +36,22 @@ def spark_application(job: str) -> str:
 def spark_env() -> dict[str, str]:
     """Executors use the same interpreter as the driver (the project's environment)."""
     return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+
+
+def spark_analysis(run_id: str) -> tuple[SparkSubmitOperator, SparkSubmitOperator]:
+    """The two Spark jobs over one run, on `spark_default`: partition load/skew of its style topic,
+    then the run's pipeline figures. `run_id` may be a template."""
+    common = {"conn_id": "spark_default", "jars": spark_jars(), "env_vars": spark_env()}
+    partition_load = SparkSubmitOperator(
+        task_id="partition_load", application=spark_application("partition_load"), name="partition_load",
+        application_args=["--bootstrap-servers", BOOTSTRAP, "--topics", run_id + ".style",
+                          "--run-id", run_id, "--database-url", DATABASE_URL], **common)
+    analysis = SparkSubmitOperator(
+        task_id="pipeline_analysis", application=spark_application("pipeline_analysis"),
+        name="pipeline_analysis", application_args=["--run-id", run_id, "--database-url", DATABASE_URL],
+        **common)
+    partition_load >> analysis
+    return partition_load, analysis
 
 
 def profile_param(default: str = "durability") -> Param:

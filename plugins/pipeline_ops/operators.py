@@ -9,6 +9,7 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
+import requests
 from airflow.providers.apache.kafka.hooks.client import KafkaAdminClientHook
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.providers.standard.operators.branch import BaseBranchOperator
@@ -23,10 +24,28 @@ from pipeline_ops.deploy import FleetEnvironment, FleetSupervisor
 from pipeline_ops.registry import ConfigRegistry
 
 
+def ai_base_url(ai_conn_id: str) -> str:
+    ai = BaseHook.get_connection(ai_conn_id)
+    return f"{ai.schema or 'http'}://{ai.host}:{ai.port}"
+
+
+def configure_stand_in(ai_conn_id: str, time_scale: float, limit: int) -> bool:
+    """Set the AI stand-in's time scale and concurrency limit for a run.
+
+    Only when the connection says it is the stand-in (extra `stand_in`): a real AI endpoint is
+    never reconfigured. Returns whether it was.
+    """
+    if str(BaseHook.get_connection(ai_conn_id).extra_dejson.get("stand_in", "")).lower() != "true":
+        return False
+    response = requests.put(f"{ai_base_url(ai_conn_id)}/v1/config", timeout=10, json={
+        "time_scale": time_scale, "check": {"limit": limit}, "generate": {"limit": limit}})
+    response.raise_for_status()
+    return True
+
+
 def fleet_environment(kafka_config_id: str, postgres_conn_id: str, ai_conn_id: str) -> FleetEnvironment:
     """Addresses for fleet processes, from the three Airflow connections."""
-    ai = BaseHook.get_connection(ai_conn_id)
-    base = f"{ai.schema or 'http'}://{ai.host}:{ai.port}"
+    base = ai_base_url(ai_conn_id)
     return FleetEnvironment(bootstrap=bootstrap_servers(kafka_config_id),
                             database_url=database_url(postgres_conn_id),
                             check_url=f"{base}/v1/check", generate_url=f"{base}/v1/generate")
@@ -78,12 +97,13 @@ class ResolveCandidateOperator(BaseOperator):
 class ProvisionTopicsOperator(BaseOperator):
     """Create or grow a pipeline's topics from a profile; partitions given or sized from rates."""
 
-    template_fields = ("prefix", "partitions", "profile", "replication_factor", "target_rps")
+    template_fields = ("prefix", "partitions", "profile", "replication_factor", "target_rps",
+                       "produce_rps", "consume_rps")
 
     def __init__(self, *, prefix: str, profile: str = "durability", partitions: int | str | None = None,
                  replication_factor: int | str | None = None, target_rps: float | str | None = None,
-                 produce_rps_per_partition: float = 50_000.0,
-                 consume_rps_per_partition: float | None = None,
+                 produce_rps_per_partition: float | str = 50_000.0,
+                 consume_rps_per_partition: float | str | None = None,
                  kafka_config_id: str = "kafka_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.prefix, self.profile, self.partitions = prefix, profile, partitions
@@ -96,7 +116,7 @@ class ProvisionTopicsOperator(BaseOperator):
         partitions = int(self.partitions) if self.partitions else None
         reasoning = None
         if partitions is None:
-            sizing = Sizing(float(self.target_rps), self.produce_rps, self.consume_rps)
+            sizing = Sizing(float(self.target_rps), float(self.produce_rps), float(self.consume_rps))
             partitions, reasoning = sizing.partitions, sizing.reasoning()
             self.log.info(reasoning)
         admin = KafkaAdminClientHook(kafka_config_id=self.kafka_config_id).get_conn
@@ -111,14 +131,16 @@ class ProvisionTopicsOperator(BaseOperator):
 class DeployFleetOperator(BaseOperator):
     """Start, scale or stop the consumer fleets of a run at a configuration version."""
 
-    template_fields = ("action", "run_id", "version", "members")
+    template_fields = ("action", "run_id", "version", "members", "ai_limit")
 
     def __init__(self, *, action: str, run_id: str, version: int | str | None = None,
-                 members: int | str | None = None, kafka_config_id: str = "kafka_default",
+                 members: int | str | None = None, ai_limit: int | str | None = None,
+                 kafka_config_id: str = "kafka_default",
                  postgres_conn_id: str = "postgres_default", ai_conn_id: str = "ai_service",
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.action, self.run_id, self.version, self.members = action, run_id, version, members
+        self.ai_limit = ai_limit
         self.conns = (kafka_config_id, postgres_conn_id, ai_conn_id)
 
     def execute(self, context: Any) -> Any:
@@ -135,6 +157,8 @@ class DeployFleetOperator(BaseOperator):
                              generate=replace(config.generate, members=n))
         if self.action == "scale":
             supervisor.stop(self.run_id)
+        if self.ai_limit and configure_stand_in(self.conns[2], config.time_scale, int(self.ai_limit)):
+            self.log.info("AI stand-in set to time scale %s, limit %s", config.time_scale, self.ai_limit)
         started = supervisor.start(self.run_id, version.version, config, fleet_environment(*self.conns))
         self.log.info("fleets of %s running: %s", self.run_id, started)
         return started

@@ -1,0 +1,52 @@
+"""Provision a pipeline's topics from a profile and a target throughput."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import Asset, Param, dag
+
+from pipeline_ops import dag_support as s
+from pipeline_ops.operators import ProvisionTopicsOperator
+
+TOPICS = Asset("kafka://pipeline/topics")
+
+
+@dag(
+    dag_id="kafka_provision_topics",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=[*s.TAGS_PIPELINE, "provisioning"],
+    default_args=s.DEFAULT_ARGS,
+    params={
+        "prefix": Param("pipeline", type="string", pattern="^[a-zA-Z0-9._-]{1,100}$",
+                        description="topic prefix: <prefix>.intake, .style, .generate, .notify, .dlq"),
+        "profile": s.profile_param(),
+        "target_rps": Param(21.3, type="number", exclusiveMinimum=0,
+                            description="throughput the topics must carry (requests/s)"),
+        "produce_rps_per_partition": Param(50000.0, type="number", exclusiveMinimum=0,
+                                           description="measured producer throughput per partition"),
+        "consume_rps_per_partition": Param(0.333, type="number", exclusiveMinimum=0,
+                                           description="measured consumer throughput per partition; for "
+                                                       "AI consumers concurrency per partition / latency"),
+        "replication_factor": Param(1, type="integer", minimum=1, maximum=16,
+                                    description="copies of each partition (at most the broker count)"),
+    },
+    doc_md="""
+### Provision topics
+Sizes the partitions as max(ceil(t / t_produce), ceil(t / t_consume)), then creates the topics or
+grows them (never shrinks; growing moves keys, which the log warns about) with the profile's
+replication, min ISR, retention and compression. Updates the `kafka://pipeline/topics` asset.
+""",
+)
+def kafka_provision_topics() -> None:
+    ProvisionTopicsOperator(
+        task_id="provision", prefix="{{ params.prefix }}", profile="{{ params.profile }}",
+        target_rps="{{ params.target_rps }}",
+        produce_rps_per_partition="{{ params.produce_rps_per_partition }}",
+        consume_rps_per_partition="{{ params.consume_rps_per_partition }}",
+        replication_factor="{{ params.replication_factor }}", outlets=[TOPICS])
+
+
+kafka_provision_topics()

@@ -1,0 +1,42 @@
+"""Start, scale or stop the consumer fleets of a pipeline at a configuration version."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import Param, dag
+
+from pipeline_ops import dag_support as s
+from pipeline_ops.operators import DeployFleetOperator
+
+
+@dag(
+    dag_id="pipeline_deploy",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=[*s.TAGS_PIPELINE, "deploy"],
+    default_args={**s.DEFAULT_ARGS, "retries": 0},
+    params={
+        "action": Param("start", type="string", enum=["start", "scale", "stop"],
+                        description="start the fleets, restart them with a new size, or stop them"),
+        "run_id": Param("pipeline", type="string", pattern="^[a-zA-Z0-9._-]{1,100}$",
+                        description="the deployment: records are written under it and its topics are "
+                                    "<run_id>.*"),
+        "version": Param(1, type="integer", minimum=1, description="configuration version (registry)"),
+        "members": Param(0, type="integer", minimum=0,
+                         description="members per AI stage for `scale` (0: the version's own)"),
+    },
+    doc_md="""
+### Deploy
+On the local stack the fleets are supervised processes (one per stage) recorded in the
+`deployments` table with their pid, metrics port and health. With docker-compose the consumer
+services pick up the active version instead.
+""",
+)
+def pipeline_deploy() -> None:
+    DeployFleetOperator(task_id="deploy", action="{{ params.action }}", run_id="{{ params.run_id }}",
+                        version="{{ params.version }}", members="{{ params.members }}")
+
+
+pipeline_deploy()

@@ -1,0 +1,32 @@
+"""Spark analysis of one pipeline run: partition load and skew, latency, duplicates, rebalances."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import Param, dag
+
+from pipeline_ops import dag_support as s
+
+
+@dag(
+    dag_id="pipeline_skew_analysis",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=[*s.TAGS_PIPELINE, "spark"],
+    default_args=s.DEFAULT_ARGS,
+    params={"run_id": Param("", type="string", minLength=1, pattern="^[a-zA-Z0-9._-]+$",
+                            description="the run to analyse (its topics are <run_id>.*)")},
+    doc_md="""
+### Skew analysis
+`SparkSubmitOperator` on `spark_default` (local[*] here; a `spark://` master when the connection
+says so) runs `spark/partition_load.py` over the run's style topic and
+`spark/pipeline_analysis.py` over its records; results go to the `analysis_*` tables.
+""",
+)
+def pipeline_skew_analysis() -> None:
+    s.spark_analysis("{{ params.run_id }}")
+
+
+pipeline_skew_analysis()

@@ -1,0 +1,80 @@
+"""The benchmark's smoke run: its output is complete and consistent, and its figures can be
+recomputed from the database rows (never a check of timings)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import run as bench_run
+from consumers.presets import NAMES
+from tests.integration.pipeline_fixtures import query, scalar
+from tests.stack import Stack
+
+SCENARIO_FIELDS = {"throughput_rps", "steady_throughput_rps", "utilization", "lost", "duplicate_ai_calls",
+                   "rebalances", "skew_max_over_mean", "skew_cv", "p50_ms", "p95_ms", "p99_ms",
+                   "overhead_p99_ms", "refetch_amplification"}
+
+
+@pytest.fixture(scope="module")
+def smoke(stack: Stack) -> tuple[Path, dict]:
+    out = bench_run.main(["--smoke"])
+    return out, json.loads((out / "summary.json").read_text())
+
+
+def test_summary_has_every_field(smoke: tuple[Path, dict]) -> None:
+    _, summary = smoke
+    assert {"run_id", "time_scale", "ai_capacity_rps", "versions", "params", "scenarios",
+            "producer_vs_perftest", "pause_benchmark"} <= set(summary)
+    assert set(summary["scenarios"]) == set(NAMES)
+    for name, figures in summary["scenarios"].items():
+        assert set(figures) >= SCENARIO_FIELDS, (name, SCENARIO_FIELDS - set(figures))
+    assert {"project_records_per_s", "perftest_records_per_s", "ratio", "mb_per_s_per_partition"} <= set(
+        summary["producer_vs_perftest"])
+    assert {"naive_records", "flow_records", "naive_fetch_amplification",
+            "flow_fetch_amplification"} <= set(summary["pause_benchmark"])
+
+
+def test_counts_add_up(smoke: tuple[Path, dict]) -> None:
+    _, summary = smoke
+    burst = summary["params"]["burst"]
+    for name, s in summary["scenarios"].items():
+        terminal = sum(s["status"].get(k, 0) for k in ("completed", "rejected", "dead_lettered"))
+        assert s["produced"] == burst == terminal + s["lost"], name
+        assert sum(s["requests_per_partition"]) == burst, name
+        assert len(s["requests_per_partition"]) == summary["params"]["partitions"], name
+
+
+def test_figures_recomputed_from_the_database(stack: Stack, smoke: tuple[Path, dict]) -> None:
+    _, summary = smoke
+    db = stack.database_url
+    for name, s in summary["scenarios"].items():
+        run = s["run_id"]
+        done, last = query(db, "SELECT count(*), extract(epoch FROM max(completed_at)) FROM stage_results "
+                           "WHERE run_id = %s AND stage = 'generate'", run)[0]
+        assert s["completed"] == done, name
+        assert s["throughput_rps"] == pytest.approx(done / (float(last) - s["load_started"]), abs=0.01)
+        terminal = scalar(db, "SELECT count(*) FROM requests WHERE run_id = %s AND status IN "
+                          "('completed', 'rejected', 'dead_lettered')", run)
+        assert s["lost"] == s["produced"] - terminal
+        calls = query(db, "SELECT request_id, stage, count(*) FROM ai_attempts WHERE run_id = %s "
+                      "AND outcome = 'ok' GROUP BY 1, 2", run)
+        assert s["duplicate_ai_calls"] == sum(n - 1 for _, _, n in calls)
+        p99 = scalar(db, "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM "
+                     "notified_at - styled_at)) FROM requests WHERE run_id = %s "
+                     "AND status = 'completed'", run)
+        assert s["p99_ms"] == pytest.approx(float(p99) * 1000, abs=0.1)
+
+
+def test_csv_and_plots_match_the_summary(smoke: tuple[Path, dict]) -> None:
+    out, summary = smoke
+    with open(out / "completions_per_second.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    for name, s in summary["scenarios"].items():
+        assert sum(int(r[name]) for r in rows) == s["completed"], name
+    for plot in ("completions.png", "requests_per_partition.png"):
+        assert (out / plot).stat().st_size > 10_000
+    assert (out.parent / "latest").resolve() == out.resolve()
