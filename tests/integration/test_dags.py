@@ -67,7 +67,7 @@ def test_smoke_dag_succeeds(stack: Stack) -> None:
 
 
 def tuning_conf(candidate: str, **extra: object) -> str:
-    return json.dumps({"candidate": candidate, "partitions": 8, "concurrency": 8, "burst": 160,
+    return json.dumps({"candidate": candidate, "partitions": 16, "concurrency": 16, "burst": 320,
                        "time_scale": 0.05, "min_throughput_rps": 1.0, **extra})
 
 
@@ -81,7 +81,9 @@ def decision_of(stack: Stack, run: DagTestRun) -> tuple:
 
 
 def test_tuning_promotes_a_good_candidate_and_rejects_a_poor_one(stack: Stack) -> None:
-    good = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow"))
+    # Whatever an earlier run left active was measured under other conditions: compare the
+    # poor candidate with the good one measured here, not the good one with history.
+    good = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", tolerance=0.9))
     assert good.state == "success", good.output[-6000:]
     version, name, passed, reasons, figures = decision_of(stack, good)
     assert (name, passed) == ("flow", True), reasons
