@@ -1,1 +1,1 @@
-"""Benchmarks: side-by-side comparisons in one run, figures printed and saved."""
+"""Benchmarks: timed runs that print and save figures; never run as tests."""

@@ -21,7 +21,6 @@ import argparse
 import itertools
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -166,9 +165,8 @@ def generate(bootstrap: str, topic: str, records: int, *, skew: str = "uniform",
             if len(errors) < 5:
                 errors.append(str(err))
 
-    config = profiles.producer_config("availability", bootstrap, **BULK_CONFIG, on_delivery=on_error,
-                                      **overrides)
-    producer = Producer(config)
+    producer = Producer(profiles.producer_config(
+        "availability", bootstrap, **{**BULK_CONFIG, "on_delivery": on_error, **overrides}))
     values = itertools.cycle([os.urandom(record_size) for _ in range(VALUE_POOL)])
     key_maker = Keys(keys)
     with _progress(progress) as bar:
@@ -234,7 +232,6 @@ def main(argv: list[str] | None = None) -> None:
     elapsed = time.perf_counter() - started
     print(json.dumps({"topic": args.topic, "records": args.records, "seconds": round(elapsed, 3),
                       "records_per_s": round(args.records / elapsed), "partitions": counts}))
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

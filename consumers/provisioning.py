@@ -1,4 +1,7 @@
-"""Create or grow the pipeline's topics from a configuration profile, and size partitions.
+"""Create or grow the pipeline's topics from a configuration profile.
+
+Partition counts come from `--partitions` or from the sizing formula of
+`spark/partition_sizing.py` (the one place it is written) given measured rates.
 
     python -m consumers.provisioning --prefix demo --profile durability --partitions 64
     python -m consumers.provisioning --prefix demo --target-rps 21.3 \\
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 
@@ -28,42 +30,13 @@ from confluent_kafka.admin import (
 )
 
 from consumers import events, profiles
+from spark.partition_sizing import SizingInput, size
 
 log = logging.getLogger(__name__)
 
 
 class ProvisioningError(ValueError):
     """A request the cluster cannot satisfy; nothing was changed."""
-
-
-@dataclass(frozen=True)
-class Sizing:
-    """Partitions for a target throughput: max(ceil(t / t_produce), ceil(t / t_consume))."""
-
-    target_rps: float
-    produce_rps_per_partition: float
-    consume_rps_per_partition: float
-
-    @property
-    def partitions(self) -> int:
-        if min(self.target_rps, self.produce_rps_per_partition, self.consume_rps_per_partition) <= 0:
-            raise ProvisioningError("target and per-partition throughputs must be positive")
-        return max(math.ceil(self.target_rps / self.produce_rps_per_partition),
-                   math.ceil(self.target_rps / self.consume_rps_per_partition))
-
-    def reasoning(self) -> str:
-        by_produce = math.ceil(self.target_rps / self.produce_rps_per_partition)
-        by_consume = math.ceil(self.target_rps / self.consume_rps_per_partition)
-        bound = "consumers" if by_consume >= by_produce else "producers"
-        return (f"target {self.target_rps:g} rps: producers need ceil({self.target_rps:g}/"
-                f"{self.produce_rps_per_partition:g}) = {by_produce}, consumers need "
-                f"ceil({self.target_rps:g}/{self.consume_rps_per_partition:g}) = {by_consume}; "
-                f"{self.partitions} partitions, bound by the {bound}")
-
-
-def ai_consume_rps_per_partition(concurrency_per_partition: int, service_time_s: float) -> float:
-    """An AI consumer's per-partition throughput: requests in flight / service time."""
-    return concurrency_per_partition / service_time_s
 
 
 @dataclass
@@ -153,9 +126,10 @@ def main() -> None:
     if partitions is None:
         if None in (args.target_rps, args.produce_rps_per_partition, args.consume_rps_per_partition):
             p.error("give --partitions, or --target-rps with both per-partition rates")
-        sizing = Sizing(args.target_rps, args.produce_rps_per_partition, args.consume_rps_per_partition)
-        partitions = sizing.partitions
-        print(sizing.reasoning())
+        sizing = size(SizingInput(args.target_rps, args.produce_rps_per_partition,
+                                  args.consume_rps_per_partition))
+        partitions = sizing["partitions"]
+        print("\n".join(sizing["reasoning"]))
     try:
         reports = provision(args.bootstrap_servers, events.Topics(args.prefix).all(), partitions,
                             args.profile, args.replication_factor)

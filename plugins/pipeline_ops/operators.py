@@ -18,10 +18,11 @@ from airflow.sdk import BaseHook, BaseOperator
 from consumers import events, presets
 from consumers.pipeline import Pipeline
 from consumers.pipeline_config import PipelineConfig
-from consumers.provisioning import Sizing, provision
+from consumers.provisioning import provision
 from pipeline_ops import gate, report
 from pipeline_ops.deploy import FleetEnvironment, FleetSupervisor
 from pipeline_ops.registry import ConfigRegistry
+from spark.partition_sizing import SizingInput, size
 
 
 def ai_base_url(ai_conn_id: str) -> str:
@@ -116,8 +117,9 @@ class ProvisionTopicsOperator(BaseOperator):
         partitions = int(self.partitions) if self.partitions else None
         reasoning = None
         if partitions is None:
-            sizing = Sizing(float(self.target_rps), float(self.produce_rps), float(self.consume_rps))
-            partitions, reasoning = sizing.partitions, sizing.reasoning()
+            sizing = size(SizingInput(float(self.target_rps), float(self.produce_rps),
+                                      float(self.consume_rps)))
+            partitions, reasoning = sizing["partitions"], "; ".join(sizing["reasoning"])
             self.log.info(reasoning)
         admin = KafkaAdminClientHook(kafka_config_id=self.kafka_config_id).get_conn
         rf = int(self.replication_factor) if self.replication_factor else None

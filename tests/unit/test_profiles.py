@@ -1,4 +1,4 @@
-"""Profiles drive client settings; sizing follows max(ceil(t/t_produce), ceil(t/t_consume))."""
+"""Profiles drive client settings; retry backoff and key strategies behave as documented."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 from consumers import profiles
 from consumers.ai_client import RetryPolicy
 from consumers.producer import key_for
-from consumers.provisioning import ProvisioningError, Sizing, ai_consume_rps_per_partition
 
 
 def test_time_scale_shrinks_group_clocks() -> None:
@@ -44,20 +43,6 @@ def test_production_default_is_durable() -> None:
     durable = profiles.get("durability")
     assert (durable.topic.replication_factor, durable.topic.min_insync_replicas) == (3, 2)
     assert durable.producer["acks"] == "all" and durable.producer["enable.idempotence"] is True
-
-
-def test_sizing_takes_the_larger_need() -> None:
-    # 21.3 rps target, 5000 rps produce per partition, 1 in flight / 3 s per partition.
-    consume = ai_consume_rps_per_partition(1, 3.0)
-    sizing = Sizing(21.3, 5000, consume)
-    assert sizing.partitions == 64  # ceil(21.3 / 0.3333) = ceil(63.9)
-    assert "bound by the consumers" in sizing.reasoning()
-    assert Sizing(1000, 100, 500).partitions == 10
-
-
-def test_sizing_rejects_non_positive_rates() -> None:
-    with pytest.raises(ProvisioningError):
-        _ = Sizing(-1, 100, 100).partitions
 
 
 def test_backoff_honours_retry_after_and_caps() -> None:

@@ -1,0 +1,23 @@
+"""Registers the gate page (pipeline_ops.ui) with Airflow: the app on the API server under
+/pipeline-gate, and a navigation entry (Browse > Pipeline gate) that shows it inside the UI at
+/plugin/pipeline-gate."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from airflow.plugins_manager import AirflowPlugin
+
+from pipeline_ops.ui import app
+
+
+class PipelineGatePlugin(AirflowPlugin):
+    """The promotion gate's decisions, the active version and the promotions, in the Airflow UI."""
+
+    name = "pipeline_gate"
+    fastapi_apps: ClassVar[list[dict[str, Any]]] = [
+        {"app": app, "url_prefix": "/pipeline-gate", "name": "Pipeline gate"}]
+    # With a url_route the UI embeds href in its own frame instead of opening a new tab.
+    external_views: ClassVar[list[dict[str, Any]]] = [
+        {"name": "Pipeline gate", "href": "/pipeline-gate/", "destination": "nav",
+         "url_route": "pipeline-gate", "category": "browse"}]

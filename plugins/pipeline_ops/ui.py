@@ -1,0 +1,110 @@
+"""The gate page inside the Airflow UI: what the promotion gate decided, and why.
+
+A FastAPI app that the `gate_ui_plugin` plugin mounts on the API server under /pipeline-gate.
+It shows the latest gate decisions with every check (measured against required), the active
+configuration, the promotion history and the plots of the most recent run, and serves the same
+decisions as JSON at /pipeline-gate/api/decisions. Reading needs an Airflow login with read access
+to the runs of `pipeline_tuning` (the UI's session cookie or a bearer token), because the page
+sits on the same server as the REST API.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.core_api.security import requires_access_dag
+from airflow.providers.postgres.hooks.postgres import PostgresHook
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from pipeline_ops.registry import ConfigRegistry
+
+CONN_ID = "postgres_default"
+DAG_ID = "pipeline_tuning"
+PLOTS = ("completions.png", "requests_per_partition.png")
+# Run ids are made by the resolve task (e.g. tuning-20261122t084146-v1); anything else is refused
+# before it gets near the file system.
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+
+_templates = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
+                         autoescape=select_autoescape(["html"]))
+
+app = FastAPI(title="Pipeline gate", description="Gate decisions, active version and promotions.",
+              dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN, DAG_ID))])
+
+
+def results_dir() -> Path:
+    """Where the report task writes `results/<run id>/` (same rule as pipeline_ops.report, which is
+    not imported here so the API server does not load matplotlib)."""
+    default = Path(__file__).resolve().parents[2] / "results"
+    return Path(os.environ.get("PIPELINE_RESULTS_DIR", default)).resolve()
+
+
+def decisions(hook: PostgresHook, limit: int = 20, run_id: str | None = None) -> list[dict[str, Any]]:
+    """The latest gate decisions, newest first, with the candidate's name."""
+    rows = hook.get_records(
+        "SELECT d.id, d.run_id, d.candidate, c.name, d.active_before, d.passed, d.reasons, d.figures, "
+        "d.thresholds, d.decided_at FROM gate_decisions d JOIN configurations c ON c.version = d.candidate "
+        "WHERE %(run_id)s::text IS NULL OR d.run_id = %(run_id)s "
+        "ORDER BY d.decided_at DESC, d.id DESC LIMIT %(limit)s",
+        parameters={"run_id": run_id, "limit": limit})
+    keys = ("id", "run_id", "version", "name", "active_before", "passed", "reasons", "figures",
+            "thresholds", "decided_at")
+    return [_utc(dict(zip(keys, row, strict=True))) for row in rows]
+
+
+def plot_path(run_id: str, name: str) -> Path | None:
+    """The plot file of a run, or None when the names are not a known plot inside the results dir."""
+    if name not in PLOTS or not RUN_ID.match(run_id):
+        return None
+    root = results_dir()
+    path = (root / run_id / name).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        return None
+    return path
+
+
+def _utc(row: dict[str, Any]) -> dict[str, Any]:
+    """Timestamps in UTC whatever the database session's time zone, as the page labels them."""
+    return {k: v.astimezone(UTC) if isinstance(v, datetime) else v for k, v in row.items()}
+
+
+def _jsonable(decision: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in decision.items()}
+
+
+@app.get("/api/decisions")
+def api_decisions(limit: Annotated[int, Query(ge=1, le=500)] = 20,
+                  run_id: str | None = None) -> list[dict[str, Any]]:
+    """The latest decisions as stored by the gate (reasons, figures and thresholds as JSON)."""
+    return [_jsonable(d) for d in decisions(PostgresHook(postgres_conn_id=CONN_ID), limit, run_id)]
+
+
+@app.get("/results/{run_id}/{name}", name="plot")
+def plot(run_id: str, name: str) -> FileResponse:
+    """A plot written by the report task; only the known PNGs under the results dir are served."""
+    path = plot_path(run_id, name)
+    if path is None:
+        raise HTTPException(status_code=404, detail="no such plot")
+    return FileResponse(path, media_type="image/png")
+
+
+@app.get("/", response_class=HTMLResponse)
+def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20) -> HTMLResponse:
+    """The server-rendered page the navigation link opens."""
+    hook = PostgresHook(postgres_conn_id=CONN_ID)
+    registry = ConfigRegistry(CONN_ID)
+    rows = decisions(hook, limit)
+    latest = rows[0]["run_id"] if rows else None
+    plots = [{"name": name, "url": request.url_for("plot", run_id=latest, name=name).path}
+             for name in PLOTS if latest and plot_path(latest, name)]
+    html = _templates.get_template("gate.html").render(
+        decisions=rows, active=registry.active(), history=[_utc(h) for h in registry.history()],
+        latest=latest, plots=plots, results_dir=results_dir())
+    return HTMLResponse(html)

@@ -1,0 +1,267 @@
+"""Load and skew per Kafka partition, read in batch through the Spark Kafka connector.
+
+Per topic and partition: records, bytes (key + value lengths), distinct keys, records per time
+bucket (record timestamps), and whether the partition is hot (records > threshold x the
+topic's mean). Per topic, the skew over all partitions, empty ones included (partition counts
+come from the broker's metadata, or `--partitions`): max/mean, coefficient of variation
+(population std / mean), Gini coefficient and the hottest partition's share.
+
+Only topic, partition, key, key + value length and timestamp leave the scan, and only the
+aggregates reach the driver, so ten million records never cross into Python.
+
+Run it as `python -m spark.partition_load ...` or
+`PYSPARK_PYTHON=.venv/bin/python spark-submit --jars $SPARK_JARS spark/partition_load.py ...`.
+spark-submit puts only the script's folder on sys.path, so when run as a file the script
+replaces that entry with the repository root before importing the project. That is enough
+because the jobs use DataFrame expressions only: no project code runs in the executors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a file by spark-submit: import the project from the repo root
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from confluent_kafka.admin import AdminClient
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from spark import job_io
+from spark.session import build
+
+RECORD_COLUMNS = ("topic", "partition", "bytes", "key", "ts_ms")
+KEY_SLICES = 64  # 10M uuid keys / 64: ~160k keys per slice, counted without spilling
+
+
+def read_records(spark: SparkSession, bootstrap: str, topics: list[str], *, start_ms: int | None = None,
+                 end_ms: int | None = None, min_partitions: int | None = None) -> DataFrame:
+    """The topics' records in batch: earliest to latest offsets, or a [start, end) time window.
+
+    A time window is resolved to offsets by the broker (first offset at or after a timestamp);
+    since CreateTime need not grow with the offset, records outside the window are also
+    filtered out. A partition with nothing after `start_ms` starts at its end instead of failing.
+
+    `fetch.max.wait.ms` drops from 500 to 10: each task's consumer otherwise ends on a fetch
+    the broker holds for the full wait at the log end, which cost 0.5 s per partition
+    (64-partition topic: 2-3x the scan time, measured here).
+    """
+    reader = (spark.read.format("kafka")
+              .option("kafka.bootstrap.servers", bootstrap)
+              .option("kafka.fetch.max.wait.ms", "10")
+              .option("subscribe", ",".join(topics)))
+    if start_ms is None:
+        reader = reader.option("startingOffsets", "earliest")
+    else:
+        reader = (reader.option("startingTimestamp", str(start_ms))
+                  .option("startingOffsetsByTimestampStrategy", "latest"))
+    if end_ms is None:
+        reader = reader.option("endingOffsets", "latest")
+    else:
+        reader = reader.option("endingTimestamp", str(end_ms))
+    if min_partitions:
+        reader = reader.option("minPartitions", str(min_partitions))
+    records = project(reader.load())
+    if start_ms is not None:
+        records = records.where(F.col("ts_ms") >= start_ms)
+    if end_ms is not None:
+        records = records.where(F.col("ts_ms") < end_ms)
+    return records
+
+
+def project(kafka_frame: DataFrame) -> DataFrame:
+    """Only the columns the figures need: bytes = key + value lengths (null counts as 0)."""
+    return kafka_frame.select(
+        "topic", "partition",
+        (F.coalesce(F.length("key"), F.lit(0)) + F.coalesce(F.length("value"), F.lit(0))).alias("bytes"),
+        "key",
+        F.unix_millis("timestamp").alias("ts_ms"),
+    )
+
+
+def partition_totals(records: DataFrame) -> DataFrame:
+    """Records, bytes and distinct (non-null) keys per topic and partition."""
+    return records.groupBy("topic", "partition").agg(
+        F.count(F.lit(1)).alias("records"),
+        F.sum("bytes").alias("bytes"),
+        F.count_distinct("key").alias("distinct_keys"),
+    )
+
+
+def fill_partitions(totals: DataFrame, partitions: dict[str, int]) -> DataFrame:
+    """Every partition of every topic, with zeros where no record was read."""
+    spark = totals.sparkSession
+    every = spark.createDataFrame([(t, p) for t, n in partitions.items() for p in range(n)],
+                                  "topic string, partition int")
+    return (every.join(totals, ["topic", "partition"], "left")
+            .fillna(0, subset=["records", "bytes", "distinct_keys"]))
+
+
+def flag_hot(totals: DataFrame, threshold: float) -> DataFrame:
+    """Mark partitions whose records exceed `threshold` x the mean of their topic."""
+    mean = F.avg("records").over(Window.partitionBy("topic"))
+    return totals.withColumn("hot", F.col("records") > F.lit(threshold) * mean)
+
+
+def skew(totals: DataFrame) -> DataFrame:
+    """Skew figures per topic over the given partitions (zero-filled ones count).
+
+    Gini = 2 * sum(i * x_i) / (n * sum(x)) - (n + 1) / n with x ascending and i from 1: 0 when
+    every partition has the same load, (n - 1) / n when one partition has all of it. Ratios are
+    null for a topic without records. Ties for the hottest partition go to the lowest number.
+    """
+    rank = F.row_number().over(Window.partitionBy("topic").orderBy("records", "partition"))
+    stats = totals.withColumn("rank", rank).groupBy("topic").agg(
+        F.count(F.lit(1)).alias("partitions"),
+        F.sum("records").alias("records"),
+        F.max("records").alias("max_records"),
+        F.avg("records").alias("mean"),
+        F.stddev_pop("records").alias("std"),
+        F.sum(F.col("rank") * F.col("records")).alias("weighted"),
+        F.max_by("partition", F.struct(F.col("records"), -F.col("partition"))).alias("hottest_partition"),
+    )
+    n, total = F.col("partitions"), F.col("records")
+
+    def ratio(value: Any) -> Any:
+        return F.when(total > 0, value)
+
+    return stats.select(
+        "topic", "partitions", "records", "hottest_partition",
+        ratio(F.col("max_records") / F.col("mean")).alias("max_over_mean"),
+        ratio(F.col("std") / F.col("mean")).alias("cv"),
+        ratio(2 * F.col("weighted") / (n * total) - (n + 1) / n).alias("gini"),
+        ratio(F.col("max_records") / total).alias("hottest_share"),
+    )
+
+
+def bucket_counts(records: DataFrame, bucket_seconds: int) -> DataFrame:
+    """Records per topic, partition and time bucket (epoch-aligned, start in epoch seconds)."""
+    bucket_ms = bucket_seconds * 1000
+    start = (F.floor(F.col("ts_ms") / bucket_ms) * bucket_seconds).cast("long")
+    return (records.groupBy("topic", "partition", start.alias("bucket_start"))
+            .agg(F.count(F.lit(1)).alias("records")))
+
+
+@dataclass
+class LoadResult:
+    """The collected figures: one dict per partition, per topic and per (partition, bucket)."""
+
+    partitions: list[dict[str, Any]]
+    skew: list[dict[str, Any]]
+    buckets: list[dict[str, Any]]
+
+    def document(self, run_id: str, **params: Any) -> dict[str, Any]:
+        buckets = [{**b, "bucket_start": job_io.utc_iso(b["bucket_start"])} for b in self.buckets]
+        return {"run_id": run_id, "params": params, "partitions": self.partitions, "skew": self.skew,
+                "buckets": buckets}
+
+
+def analyse(records: DataFrame, partitions: dict[str, int], *, hot_threshold: float = 2.0,
+            bucket_seconds: int = 1, key_slices: int = KEY_SLICES) -> LoadResult:
+    """Compute and collect every figure; only the small aggregates reach the driver.
+
+    The slim projection is read from Kafka once, hash-partitioned by (topic, partition, key)
+    into `key_slices` slices and persisted: both aggregations then see the same records (a
+    second read would resolve "latest" again), the distinct-key count needs no second
+    shuffle, and each slice is small enough to count in memory instead of spilling.
+    Measured on 10M records / 64 partitions: about 15% faster than a plain persist.
+    """
+    slim = (records.select(*RECORD_COLUMNS).repartition(key_slices, "topic", "partition", "key")
+            .persist(StorageLevel.MEMORY_AND_DISK))
+    try:
+        totals = flag_hot(fill_partitions(partition_totals(slim), partitions), hot_threshold).cache()
+        per_partition = _collect(totals, "topic", "partition")
+        per_topic = _collect(skew(totals), "topic")
+        buckets = _collect(bucket_counts(slim, bucket_seconds), "topic", "partition", "bucket_start")
+        totals.unpersist()
+    finally:
+        slim.unpersist()
+    for topic in per_topic:
+        topic["hot_partitions"] = [p["partition"] for p in per_partition
+                                   if p["topic"] == topic["topic"] and p["hot"]]
+    return LoadResult(per_partition, per_topic, buckets)
+
+
+def _collect(frame: DataFrame, *order: str) -> list[dict[str, Any]]:
+    return [row.asDict() for row in frame.orderBy(*order).collect()]
+
+
+def topic_partitions(bootstrap: str, topics: list[str], timeout_s: float = 30) -> dict[str, int]:
+    """Partition counts from the cluster metadata, so partitions nobody wrote to still count."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    metadata = admin.list_topics(timeout=timeout_s)
+    missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
+    if missing:
+        raise SystemExit(f"unknown topics: {', '.join(missing)}")
+    return {t: len(metadata.topics[t].partitions) for t in topics}
+
+
+def store(database_url: str, run_id: str, result: LoadResult, hot_threshold: float) -> None:
+    """Replace this run's rows for each topic in the analysis tables."""
+    for topic in result.skew:
+        name = topic["topic"]
+        scope = {"run_id": run_id, "topic": name}
+        job_io.replace_rows(
+            database_url, "analysis_partition_load", scope,
+            ["kafka_partition", "records", "bytes", "distinct_keys", "hot"],
+            [(p["partition"], p["records"], p["bytes"], p["distinct_keys"], p["hot"])
+             for p in result.partitions if p["topic"] == name])
+        job_io.replace_rows(
+            database_url, "analysis_skew", scope,
+            ["partitions", "records", "max_over_mean", "cv", "gini", "hottest_share", "hottest_partition",
+             "hot_partitions", "hot_threshold"],
+            [(topic["partitions"], topic["records"], topic["max_over_mean"], topic["cv"], topic["gini"],
+              topic["hottest_share"], topic["hottest_partition"], topic["hot_partitions"], hot_threshold)])
+        job_io.replace_rows(
+            database_url, "analysis_partition_buckets", scope,
+            ["kafka_partition", "bucket_start", "records"],
+            [(b["partition"], job_io.utc_iso(b["bucket_start"]), b["records"])
+             for b in result.buckets if b["topic"] == name])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    job_io.add_common_args(parser, kafka=True)
+    parser.add_argument("--start-ms", type=int, help="window start, epoch ms (default: earliest offsets)")
+    parser.add_argument("--end-ms", type=int, help="window end, epoch ms, exclusive (default: latest)")
+    parser.add_argument("--bucket-seconds", type=int, default=1, help="time bucket length (default 1)")
+    parser.add_argument("--hot-threshold", type=float, default=2.0,
+                        help="hot when records > threshold x mean (default 2.0)")
+    parser.add_argument("--partitions", type=int,
+                        help="partition count of every topic (default: from the cluster metadata)")
+    parser.add_argument("--min-partitions", type=int, help="Kafka connector minPartitions (Spark tasks)")
+    args = parser.parse_args(argv)
+    if not args.bootstrap_servers:
+        parser.error("no Kafka: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    run_id = args.run_id or job_io.default_run_id("load")
+    partitions = ({t: args.partitions for t in args.topics} if args.partitions
+                  else topic_partitions(args.bootstrap_servers, args.topics))
+    spark = build("partition-load", args.master)
+    records = read_records(spark, args.bootstrap_servers, args.topics, start_ms=args.start_ms,
+                           end_ms=args.end_ms, min_partitions=args.min_partitions)
+    result = analyse(records, partitions, hot_threshold=args.hot_threshold,
+                     bucket_seconds=args.bucket_seconds)
+    document = result.document(run_id, topics=args.topics, start_ms=args.start_ms, end_ms=args.end_ms,
+                               bucket_seconds=args.bucket_seconds, hot_threshold=args.hot_threshold)
+    job_io.write_json(args.output_json, document)
+    if args.database_url:
+        store(args.database_url, run_id, result, args.hot_threshold)
+    for topic in result.skew:
+        print(f"{topic['topic']}: {topic['records']} records over {topic['partitions']} partitions, "
+              f"max/mean {topic['max_over_mean']}, cv {topic['cv']}, gini {topic['gini']}, "
+              f"hot {topic['hot_partitions']}")
+    return document
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""The Airflow UI end to end, as a person uses it: log in, trigger `pipeline_tuning` from its form
+with a non-default value, watch the run finish, and read the gate's decision on the gate page.
+
+Airflow (standalone) runs on the test stack for this module only; Chromium is Debian's
+(`make browser`), driven headless by Playwright. Screenshots go to results/ui/.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from infra import airflow_ui
+from tests.stack import REPO, Stack
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = REPO / "results" / "ui"
+DAG_ID = "pipeline_tuning"
+BURST = 200  # the form's default is 320: seeing 200 in the run's conf proves the form was used
+RUN_TIMEOUT_S = 600
+# The nightly schedule would add a run of its own as soon as the DAG is unpaused (catchup=False
+# still runs the latest missed interval); this Airflow only runs what is triggered.
+AIRFLOW_ENV = {"AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False"}
+
+
+class Api:
+    """The REST API with a token from POST /auth/token, for what the test checks behind the UI."""
+
+    def __init__(self, base_url: str, username: str, password: str) -> None:
+        self.base_url = base_url
+        resp = requests.post(f"{base_url}/auth/token", json={"username": username, "password": password},
+                             timeout=30)
+        resp.raise_for_status()
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {resp.json()['access_token']}"
+
+    def get(self, path: str) -> Any:
+        resp = self.session.get(f"{self.base_url}{path}", timeout=30)
+        resp.raise_for_status()
+        return resp.json()
+
+    def patch(self, path: str, body: dict[str, Any]) -> Any:
+        resp = self.session.patch(f"{self.base_url}{path}", json=body, timeout=30)
+        resp.raise_for_status()
+        return resp.json()
+
+
+@pytest.fixture(scope="module")
+def airflow(stack: Stack) -> Iterator[str]:
+    with airflow_ui.running(stack.layout, extra_env=AIRFLOW_ENV) as base_url:
+        yield base_url
+
+
+@pytest.fixture(scope="module")
+def password(stack: Stack, airflow: str) -> str:
+    """The admin password standalone generated (or kept) in the stack's passwords file."""
+    path = Path(stack.env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
+    return json.loads(path.read_text())["admin"]
+
+
+@pytest.fixture
+def page(airflow: str) -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with playwright_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        try:
+            yield page
+        finally:
+            browser.close()
+
+
+def wait_for_run(api: Api, run_id: str, timeout_s: float) -> dict[str, Any]:
+    """Poll the run until it ends; fail with the task states when it does not succeed."""
+    deadline = time.monotonic() + timeout_s
+    run = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
+    while run["state"] not in ("success", "failed") and time.monotonic() < deadline:
+        time.sleep(5)
+        run = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
+    if run["state"] != "success":
+        tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        states = {t["task_id"]: t["state"] for t in tasks}
+        pytest.fail(f"run {run_id} is {run['state']} after {timeout_s:.0f}s at most; tasks: {states}")
+    return run
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 600)
+def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, airflow: str, password: str,
+                                                                 page: Any) -> None:
+    expect = playwright_api.expect
+    api = Api(airflow, "admin", password)
+    was_paused = api.get(f"/api/v2/dags/{DAG_ID}")["is_paused"]
+    try:
+        # An anonymous visit lands on the login page.
+        page.goto(f"{airflow}/")
+        expect(page.get_by_role("button", name="Sign in")).to_be_visible()
+        assert "/auth/login" in page.url
+        page.screenshot(path=SHOTS / "login.png")
+        page.get_by_label("Username").fill("admin")
+        page.get_by_label("Password").fill(password)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(f"{airflow}/")
+
+        # The DAG's trigger form, with a non-default burst and a gate the loaded test machine passes.
+        page.goto(f"{airflow}/dags/{DAG_ID}")
+        page.get_by_role("button", name="Trigger").first.click()
+        dialog = page.get_by_role("dialog")
+        expect(dialog.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
+        form = {"burst": BURST, "min_throughput_rps": 1, "tolerance": 0.9}
+        for name, value in form.items():
+            field = dialog.get_by_role("spinbutton", name=name, exact=True)
+            field.fill(str(value))
+            field.blur()
+            expect(field).to_have_value(str(value))
+        expect(dialog.get_by_label(f"Unpause {DAG_ID} on trigger")).to_be_checked()
+        dialog.get_by_role("spinbutton", name="burst", exact=True).scroll_into_view_if_needed()
+        page.screenshot(path=SHOTS / "trigger_form.png")
+        with page.expect_response(lambda r: r.request.method == "POST"
+                                  and r.url.endswith(f"/api/v2/dags/{DAG_ID}/dagRuns")) as posted:
+            dialog.get_by_test_id("trigger-dag-submit").click()
+        assert posted.value.ok, posted.value.text()
+        run_id = posted.value.json()["dag_run_id"]
+
+        # The run executes (it is queued until the scheduler's executor picks it up) and succeeds.
+        run = wait_for_run(api, run_id, RUN_TIMEOUT_S)
+        assert run["run_type"] == "manual"
+        assert run["conf"]["burst"] == BURST
+        assert run["conf"]["min_throughput_rps"] == 1
+        tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        states = {t["task_id"]: t["state"] for t in tasks}
+        assert states["gate"] == states["load_test"] == states["report"] == "success", states
+        resolved = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/resolve/xcomEntries/"
+                           "return_value")["value"]
+        pipeline_run = resolved["run_id"]
+
+        page.goto(f"{airflow}/dags/{DAG_ID}/runs/{run_id}")
+        expect(page.get_by_text(run_id).first).to_be_visible()
+        expect(page.get_by_text("success", exact=False).first).to_be_visible()
+        page.screenshot(path=SHOTS / "run_finished.png")
+
+        # The gate page, through its navigation entry, shows this run's decision and its checks.
+        decision = api.get(f"/pipeline-gate/api/decisions?run_id={pipeline_run}")
+        assert len(decision) == 1, decision
+        decision = decision[0]
+        assert decision["version"] == resolved["version"]
+        assert decision["thresholds"]["min_throughput_rps"] == 1
+        assert decision["passed"], decision["reasons"]
+        page.get_by_role("button", name="Browse").click()
+        page.get_by_role("menuitem", name="Pipeline gate").click()
+        page.wait_for_url(f"{airflow}/plugin/pipeline-gate")
+        gate = page.frame_locator("iframe").first
+        row = gate.locator(f'tr[data-run-id="{pipeline_run}"]')
+        expect(row).to_be_visible()
+        expect(row).to_contain_text(f"v{decision['version']} ({decision['name']})")
+        expect(row).to_contain_text("passed")
+        for check in decision["reasons"]:
+            expect(row).to_contain_text(check["name"])
+            expect(row).to_contain_text(check["required"])
+        expect(row).to_contain_text(f"{decision['figures']['throughput_rps']:.2f}")
+        expect(gate.locator("#active-version")).to_contain_text(f"v{decision['version']}")
+        for plot in ("completions.png", "requests_per_partition.png"):
+            image = gate.locator(f'img[alt="{plot}"]')
+            expect(image).to_be_visible()
+            assert image.evaluate("img => img.complete && img.naturalWidth > 0"), f"{plot} did not load"
+        page.set_viewport_size({"width": 1400, "height": 1500})
+        page.screenshot(path=SHOTS / "gate_page.png")
+    except BaseException:
+        page.screenshot(path=SHOTS / "failure.png")
+        raise
+    finally:
+        if was_paused:
+            api.patch(f"/api/v2/dags/{DAG_ID}", {"is_paused": True})

@@ -1,0 +1,294 @@
+"""The analysis jobs against the real stack: counts known from the generator, figures from SQL."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg2
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from pyspark.sql import SparkSession
+
+from consumers import datagen
+from spark import partition_load, pipeline_analysis
+from spark.session import build
+from tests.stack import REPO, Stack, unique
+
+PARTITIONS = 6
+SKEW = "weights:1,1,1,5,1,0"  # partition 3 hot, partition 5 never written
+RECORD_SIZE = 100
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = build("integration-jobs", "local[2]")
+    yield session
+    session.stop()
+
+
+def watermarks(bootstrap: str, topic: str) -> dict[int, int]:
+    """Records per partition as the broker reports them (log end - log start)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("watermarks")})
+    try:
+        marks = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+                 for p in range(PARTITIONS)]
+        return {p: high - low for p, (low, high) in enumerate(marks)}
+    finally:
+        consumer.close()
+
+
+def gini(values: list[int]) -> float:
+    """Mean absolute difference over twice the mean: the textbook definition, not the job's formula."""
+    n, total = len(values), sum(values)
+    return sum(abs(a - b) for a in values for b in values) / (2 * n * total)
+
+
+@pytest.fixture(scope="module")
+def skewed_topic(stack: Stack) -> tuple[str, dict[int, int], dict[int, int], int]:
+    """A topic written in two batches: a skewed one, then a uniform one after a time boundary."""
+    topic = unique("spark-load")
+    first = datagen.generate(stack.bootstrap, topic, 3000, skew=SKEW, partitions=PARTITIONS,
+                             record_size=RECORD_SIZE, progress=False)
+    time.sleep(0.2)
+    boundary_ms = int(time.time() * 1000)
+    time.sleep(0.2)
+    second = datagen.generate(stack.bootstrap, topic, 600, skew="uniform", record_size=RECORD_SIZE,
+                              progress=False)
+    return topic, first, second, boundary_ms
+
+
+def test_datagen_counts_are_what_the_broker_holds(stack: Stack, skewed_topic) -> None:
+    topic, first, second, _ = skewed_topic
+    assert sum(first.values()) == 3000 and sum(second.values()) == 600
+    assert max(first, key=first.get) == 3 and first[5] == 0
+    assert watermarks(stack.bootstrap, topic) == {p: first[p] + second[p] for p in range(PARTITIONS)}
+
+
+def test_partition_load_through_spark_submit(stack: Stack, skewed_topic, tmp_path: Path) -> None:
+    topic, first, second, _ = skewed_topic
+    expected = {p: first[p] + second[p] for p in range(PARTITIONS)}
+    run_id, output = unique("load-run"), tmp_path / "load.json"
+    env = {k: v for k, v in stack.subprocess_env().items() if k != "PYTHONPATH"}  # the script finds the repo
+    env["PYSPARK_PYTHON"] = sys.executable
+    cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
+           "--jars", stack.env["SPARK_JARS"], str(REPO / "spark" / "partition_load.py"),
+           "--bootstrap-servers", stack.bootstrap, "--topics", topic, "--run-id", run_id,
+           "--database-url", stack.database_url, "--output-json", str(output), "--hot-threshold", "2.0"]
+    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+    document = json.loads(output.read_text())
+    rows = {p["partition"]: p for p in document["partitions"]}
+    assert {p: r["records"] for p, r in rows.items()} == expected
+    record_bytes = RECORD_SIZE + 16  # value plus a 16-byte key
+    assert {p: r["bytes"] for p, r in rows.items()} == {p: n * record_bytes for p, n in expected.items()}
+    assert {p: r["distinct_keys"] for p, r in rows.items()} == expected  # a random 16-byte key each
+    assert [p for p, r in rows.items() if r["hot"]] == [3]
+
+    (skew,) = document["skew"]
+    counts = [expected[p] for p in range(PARTITIONS)]
+    mean = sum(counts) / PARTITIONS
+    assert (skew["records"], skew["partitions"], skew["hottest_partition"], skew["hot_partitions"]) == (
+        3600, PARTITIONS, 3, [3])
+    assert skew["max_over_mean"] == pytest.approx(max(counts) / mean)
+    assert skew["hottest_share"] == pytest.approx(max(counts) / 3600)
+    assert skew["gini"] == pytest.approx(gini(counts))
+    assert skew["cv"] == pytest.approx((sum((c - mean) ** 2 for c in counts) / PARTITIONS) ** 0.5 / mean)
+    assert sum(b["records"] for b in document["buckets"]) == 3600
+
+    with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT kafka_partition, records, hot FROM analysis_partition_load "
+                    "WHERE run_id = %s AND topic = %s", (run_id, topic))
+        stored = {p: (n, hot) for p, n, hot in cur.fetchall()}
+        cur.execute("SELECT records, hottest_partition, hot_partitions, gini FROM analysis_skew "
+                    "WHERE run_id = %s AND topic = %s", (run_id, topic))
+        stored_skew = cur.fetchone()
+        cur.execute("SELECT kafka_partition, sum(records) FROM analysis_partition_buckets "
+                    "WHERE run_id = %s GROUP BY 1", (run_id,))
+        stored_buckets = dict(cur.fetchall())
+        for table in ("analysis_partition_load", "analysis_skew", "analysis_partition_buckets"):
+            cur.execute(f"DELETE FROM {table} WHERE run_id = %s", (run_id,))
+    conn.close()
+    assert stored == {p: (n, p == 3) for p, n in expected.items()}
+    assert stored_skew[:3] == (3600, 3, [3]) and stored_skew[3] == pytest.approx(gini(counts))
+    assert stored_buckets == {p: n for p, n in expected.items() if n}
+
+
+def test_partition_load_time_window(stack: Stack, spark: SparkSession, skewed_topic) -> None:
+    topic, _, second, boundary_ms = skewed_topic
+    records = partition_load.read_records(spark, stack.bootstrap, [topic], start_ms=boundary_ms)
+    result = partition_load.analyse(records, {topic: PARTITIONS})
+    assert {p["partition"]: p["records"] for p in result.partitions} == second
+    before = partition_load.read_records(spark, stack.bootstrap, [topic], end_ms=boundary_ms)
+    assert before.count() == 3000
+
+
+# --- pipeline analysis ------------------------------------------------------------------------
+
+BASE = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+def at(seconds: float | None) -> datetime | None:
+    return None if seconds is None else BASE + timedelta(microseconds=round(seconds * 1_000_000))
+
+
+def insert_run(cur, run_id: str) -> None:
+    """A synthetic run with rejections, missing notifications, retries, duplicates and rebalances."""
+    rng = random.Random(11)
+    members = ["m0", "m1", "m2"]
+    for i in range(40):
+        rid, member = f"{run_id}-r{i}", members[i % 3]
+        produced = rng.uniform(0, 5)
+        checked = produced + rng.uniform(0.2, 1.0)
+        rejected = i % 10 == 9
+        generated = None if rejected else checked + rng.uniform(1.5, 4.5)
+        notified = None if generated is None or i % 7 == 0 else generated + rng.uniform(0.01, 0.2)
+        cur.execute("INSERT INTO requests (request_id, run_id, user_id, object_id, status, produced_at, "
+                    "checked_at, generated_at, notified_at) "
+                    "VALUES (%s, %s, 'u', 'o', 'done', %s, %s, %s, %s)",
+                    (rid, run_id, at(produced), at(checked), at(generated), at(notified)))
+        stages = [("check", produced, checked, "rejected" if rejected else "ok")]
+        if generated is not None:
+            stages.append(("generate", checked, generated, "ok"))
+        for offset, (stage, start, end, outcome) in enumerate(stages):
+            cur.execute("INSERT INTO stage_results (request_id, stage, run_id, outcome, member, topic, "
+                        "kafka_partition, kafka_offset, completed_at) "
+                        "VALUES (%s, %s, %s, %s, %s, 't', 0, %s, %s)",
+                        (rid, stage, run_id, outcome, member, i * 2 + offset, at(end)))
+            calls = [(member, "ok", start, end)]
+            if i % 8 == 0:
+                calls.insert(0, (member, "error", start - 0.3, start - 0.1))
+            if i % 6 == 0 and stage == "generate":
+                calls.append((members[(i + 1) % 3], "ok", start + 0.05, end + rng.uniform(-0.5, 0.5)))
+            for attempt, (who, result, began, ended) in enumerate(calls, start=1):
+                cur.execute("INSERT INTO ai_attempts (run_id, request_id, stage, attempt, member, topic, "
+                            "kafka_partition, kafka_offset, started_at, ended_at, outcome) "
+                            "VALUES (%s, %s, %s, %s, %s, 't', 0, 0, %s, %s, %s)",
+                            (run_id, rid, stage, attempt, who, at(began), at(ended), result))
+    events = [("g-main", "m0", "revoke", 3.0), ("g-main", "m1", "revoke", 3.1),
+              ("g-main", "m0", "assign", 3.9), ("g-main", "m1", "assign", 4.0),
+              ("g-main", "m2", "max_poll_exceeded", 5.9), ("g-main", "m2", "lost", 6.0),
+              ("g-main", "m0", "revoke", 6.2), ("g-main", "m0", "assign", 7.6),
+              ("g-side", "m9", "revoke", 8.5)]
+    for group, member, event, when in events:
+        cur.execute("INSERT INTO rebalance_events (run_id, group_id, member, event, at) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    (run_id, group, member, event, at(when)))
+
+
+WINDOWS_SQL = """
+WITH ev AS (SELECT group_id, event, at FROM rebalance_events WHERE run_id = %(run)s),
+done AS (SELECT completed_at FROM stage_results WHERE run_id = %(run)s AND stage = 'generate'),
+run_end AS (SELECT greatest((SELECT max(at) FROM ev), (SELECT max(completed_at) FROM done)) AS t),
+opens AS (SELECT group_id, at AS start, count(*) AS events FROM ev
+          WHERE event IN ('revoke', 'lost') GROUP BY group_id, at),
+closed AS (SELECT o.group_id, o.start, o.events,
+                  greatest(o.start, coalesce((SELECT min(a.at) FROM ev a WHERE a.group_id = o.group_id
+                                              AND a.event = 'assign' AND a.at >= o.start),
+                                             (SELECT t FROM run_end))) AS finish
+           FROM opens o),
+flagged AS (SELECT *, CASE WHEN start <= max(finish) OVER (PARTITION BY group_id ORDER BY start, finish
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS new
+            FROM closed),
+islands AS (SELECT *, sum(new) OVER (PARTITION BY group_id ORDER BY start, finish ROWS UNBOUNDED PRECEDING)
+                     AS island FROM flagged),
+merged AS (SELECT group_id, min(start) AS start, max(finish) AS finish, sum(events) AS events
+           FROM islands GROUP BY group_id, island)
+SELECT group_id, start, finish, events,
+       (SELECT count(*) FROM generate_series(floor(extract(epoch FROM start) / %(b)s)::bigint,
+                                             floor(extract(epoch FROM finish) / %(b)s)::bigint) AS slot
+        WHERE NOT EXISTS (SELECT 1 FROM done
+                          WHERE floor(extract(epoch FROM done.completed_at) / %(b)s)::bigint = slot)) * %(b)s
+FROM merged ORDER BY group_id, start
+"""
+
+
+def sql_figures(cur, run_id: str, bucket: int) -> dict:
+    """The same figures straight from PostgreSQL: percentile_cont, COUNT, generate_series."""
+    q = "ARRAY[0.5, 0.95, 0.99]"
+    figures: dict = {}
+    cur.execute("SELECT count(*) FROM requests WHERE run_id = %s", (run_id,))
+    figures["requests"] = cur.fetchone()[0]
+    cur.execute("SELECT count(*), extract(epoch FROM max(completed_at) - "
+                "(SELECT min(produced_at) FROM requests WHERE run_id = %s))::float8 "
+                "FROM stage_results WHERE run_id = %s AND stage = 'generate'", (run_id, run_id))
+    figures["completed"], span = cur.fetchone()
+    figures["completed_per_s"] = figures["completed"] / span
+    cur.execute("SELECT stage, floor(extract(epoch FROM completed_at) / %s)::bigint * %s, count(*) "
+                "FROM stage_results WHERE run_id = %s GROUP BY 1, 2 ORDER BY 1, 2", (bucket, bucket, run_id))
+    figures["completions"] = {}
+    for stage, start, n in cur.fetchall():
+        figures["completions"].setdefault(stage, []).append(
+            {"bucket_start": datetime.fromtimestamp(start, UTC).isoformat(), "completions": n})
+    figures["end_to_end"] = {}
+    for measure in ("generated", "notified"):
+        cur.execute(f"SELECT count(*), percentile_cont({q}) WITHIN GROUP "
+                    f"(ORDER BY extract(epoch FROM {measure}_at - produced_at)) FROM requests "
+                    f"WHERE run_id = %s AND {measure}_at IS NOT NULL AND produced_at IS NOT NULL", (run_id,))
+        figures["end_to_end"][measure] = cur.fetchone()
+    cur.execute(f"SELECT stage, count(*), percentile_cont({q}) WITHIN GROUP "
+                "(ORDER BY extract(epoch FROM ended_at - started_at)) FROM ai_attempts "
+                "WHERE run_id = %s AND outcome = 'ok' GROUP BY stage", (run_id,))
+    figures["stages"] = {stage: (n, qs) for stage, n, qs in cur.fetchall()}
+    cur.execute("SELECT member, count(*), count(*) FILTER (WHERE outcome = 'ok') FROM ai_attempts "
+                "WHERE run_id = %s GROUP BY member", (run_id,))
+    figures["members"] = {m: {"attempts": a, "ok": ok} for m, a, ok in cur.fetchall()}
+    cur.execute("SELECT stage, sum(calls - 1) FROM (SELECT stage, count(*) AS calls FROM ai_attempts "
+                "WHERE run_id = %s AND outcome = 'ok' GROUP BY request_id, stage) c GROUP BY stage",
+                (run_id,))
+    figures["duplicates"] = {stage: int(n) for stage, n in cur.fetchall()}
+    cur.execute(WINDOWS_SQL, {"run": run_id, "b": bucket})
+    figures["windows"] = cur.fetchall()
+    return figures
+
+
+def assert_quantiles(spark_figures: dict, count: int, quantiles: list[float]) -> None:
+    assert spark_figures["count"] == count
+    assert [spark_figures[k] for k in ("p50", "p95", "p99")] == pytest.approx(quantiles, abs=1e-6)
+
+
+def test_pipeline_analysis_matches_sql(stack: Stack, spark: SparkSession, tmp_path: Path) -> None:
+    run_id, output = unique("analysis-run"), tmp_path / "pipeline.json"
+    with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
+        insert_run(cur, run_id)
+    try:
+        figures = pipeline_analysis.main(["--run-id", run_id, "--database-url", stack.database_url,
+                                          "--output-json", str(output), "--bucket-seconds", "1"])
+        with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
+            expected = sql_figures(cur, run_id, 1)
+            cur.execute("SELECT figures FROM analysis_pipeline WHERE run_id = %s", (run_id,))
+            stored = cur.fetchone()[0]
+    finally:
+        with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
+            for table in ("requests", "stage_results", "ai_attempts", "rebalance_events",
+                          "analysis_pipeline"):
+                cur.execute(f"DELETE FROM {table} WHERE run_id = %s", (run_id,))
+        conn.close()
+
+    assert json.loads(output.read_text()) == stored == json.loads(json.dumps(figures))
+    assert (figures["requests"], figures["completed"]) == (expected["requests"], expected["completed"])
+    assert figures["completed_per_s"] == pytest.approx(expected["completed_per_s"])
+    assert figures["completions"] == expected["completions"]
+    for measure, (count, quantiles) in expected["end_to_end"].items():
+        assert_quantiles(figures["latency_s"]["end_to_end"][measure], count, quantiles)
+    assert set(figures["latency_s"]["stages"]) == set(expected["stages"]) == {"check", "generate"}
+    for stage, (count, quantiles) in expected["stages"].items():
+        assert_quantiles(figures["latency_s"]["stages"][stage], count, quantiles)
+    assert figures["members"] == expected["members"]
+    assert figures["duplicates"] == {"total": sum(expected["duplicates"].values()),
+                                     "by_stage": expected["duplicates"]}
+    assert figures["duplicates"]["total"] > 0
+
+    windows = [(w["group_id"], datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]),
+                w["events"], w["cost_seconds"]) for w in figures["rebalances"]["windows"]]
+    assert windows == [tuple(row) for row in expected["windows"]]
+    assert [w[0] for w in windows] == ["g-main", "g-main", "g-side"]  # 3.0 and 3.1 merged; 6.0 and 6.2 merged
+    assert figures["rebalances"]["cost_seconds"] == sum(row[4] for row in expected["windows"])
+    assert figures["rebalances"]["events"] == {"assign": 3, "lost": 1, "max_poll_exceeded": 1, "revoke": 4}

@@ -1,0 +1,271 @@
+"""The analysis jobs' transformations on small in-memory frames, against hand-computed figures."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from spark import job_io, partition_load, partition_sizing, pipeline_analysis
+from spark.session import build
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)  # epoch seconds 1767225600: every bucket boundary lines up
+T0_S = 1_767_225_600
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = build("unit", "local[2]")
+    yield session
+    session.stop()
+
+
+def by(rows: list[dict], *keys: str) -> dict:
+    return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r for r in rows}
+
+
+def collect(frame: DataFrame) -> list[dict]:
+    return [r.asDict() for r in frame.collect()]
+
+
+# --- partition load ---------------------------------------------------------------------------
+
+def totals_frame(spark: SparkSession, counts: dict[str, list[int]]) -> DataFrame:
+    rows = [(t, p, n, n * 10, n) for t, per in counts.items() for p, n in enumerate(per)]
+    schema = "topic string, partition int, records long, bytes long, distinct_keys long"
+    return spark.createDataFrame(rows, schema)
+
+
+def test_project_counts_null_key_and_value_as_zero_bytes(spark: SparkSession) -> None:
+    kafka = spark.createDataFrame(
+        [("t", 0, b"abc", b"0123456789", at(1.5)), ("t", 1, None, b"01234", at(2)),
+         ("t", 1, b"k", None, at(3))],
+        "topic string, partition int, key binary, value binary, timestamp timestamp")
+    rows = collect(partition_load.project(kafka))
+    assert [(r["partition"], r["bytes"], r["ts_ms"]) for r in rows] == [
+        (0, 13, (T0_S + 1.5) * 1000), (1, 5, (T0_S + 2) * 1000), (1, 1, (T0_S + 3) * 1000)]
+    assert tuple(rows[0]) == partition_load.RECORD_COLUMNS
+
+
+def test_partition_totals_counts_records_bytes_and_distinct_non_null_keys(spark: SparkSession) -> None:
+    records = spark.createDataFrame(
+        [("t", 0, 10, b"a", 0), ("t", 0, 12, b"a", 0), ("t", 0, 7, b"b", 0), ("t", 0, 3, None, 0),
+         ("t", 2, 5, None, 0), ("u", 0, 1, b"a", 0)],
+        "topic string, partition int, bytes int, key binary, ts_ms long")
+    rows = by(collect(partition_load.partition_totals(records)), "topic", "partition")
+    assert {k: (r["records"], r["bytes"], r["distinct_keys"]) for k, r in rows.items()} == {
+        ("t", 0): (4, 32, 2), ("t", 2): (1, 5, 0), ("u", 0): (1, 1, 1)}
+
+
+def test_fill_partitions_adds_empty_partitions_with_zeros(spark: SparkSession) -> None:
+    totals = totals_frame(spark, {"t": [0, 7, 0, 4]}).where("records > 0")
+    filled = by(collect(partition_load.fill_partitions(totals, {"t": 5, "empty": 2})), "topic", "partition")
+    assert {k: r["records"] for k, r in filled.items()} == {
+        ("t", 0): 0, ("t", 1): 7, ("t", 2): 0, ("t", 3): 4, ("t", 4): 0, ("empty", 0): 0, ("empty", 1): 0}
+    assert filled[("t", 4)]["bytes"] == 0 and filled[("t", 4)]["distinct_keys"] == 0
+
+
+def test_skew_figures_against_hand_computed_values(spark: SparkSession) -> None:
+    totals = totals_frame(spark, {"ramp": [20, 0, 40, 10, 30], "even": [5, 5, 5], "one": [0, 0, 12, 0],
+                                  "none": [0, 0]})
+    rows = by(collect(partition_load.skew(totals)), "topic")
+
+    ramp = rows["ramp"]  # loads 0..40 step 10: mean 20, population variance 200
+    assert (ramp["partitions"], ramp["records"], ramp["hottest_partition"]) == (5, 100, 2)
+    assert ramp["max_over_mean"] == pytest.approx(2.0)
+    assert ramp["cv"] == pytest.approx(math.sqrt(200) / 20)
+    assert ramp["gini"] == pytest.approx(0.4)  # sum |xi - xj| over all pairs = 400; 400 / (2 * 25 * 20)
+    assert ramp["hottest_share"] == pytest.approx(0.4)
+
+    even = rows["even"]
+    assert (even["max_over_mean"], even["cv"], even["gini"]) == (pytest.approx(1.0), 0.0, pytest.approx(0.0))
+    assert (even["hottest_share"], even["hottest_partition"]) == (pytest.approx(1 / 3), 0)  # tie: lowest
+
+    one = rows["one"]  # everything on one of four partitions: mean 3, variance 27
+    assert (one["max_over_mean"], one["cv"], one["gini"], one["hottest_share"]) == (
+        pytest.approx(4.0), pytest.approx(math.sqrt(27) / 3), pytest.approx(0.75), pytest.approx(1.0))
+    assert one["hottest_partition"] == 2
+
+    none = rows["none"]
+    assert (none["records"], none["max_over_mean"], none["cv"], none["gini"], none["hottest_share"]) == (
+        0, None, None, None, None)
+
+
+def test_hot_flag_is_strictly_above_threshold_times_topic_mean(spark: SparkSession) -> None:
+    totals = totals_frame(spark, {"ramp": [0, 10, 20, 30, 40], "other": [100, 1]})
+    strict = by(collect(partition_load.flag_hot(totals, 2.0)), "topic", "partition")
+    assert [k for k, r in strict.items() if r["hot"]] == []  # 40 is not > 2 x 20; 100 not > 2 x 50.5
+    lower = by(collect(partition_load.flag_hot(totals, 1.5)), "topic", "partition")
+    assert sorted(k for k, r in lower.items() if r["hot"]) == [("other", 0), ("ramp", 4)]
+
+
+def test_bucket_counts_per_partition_and_epoch_aligned_bucket(spark: SparkSession) -> None:
+    offsets_ms = [(0, 0), (0, 1999), (0, 2000), (0, 3500), (1, 5999), (1, 6000)]
+    records = spark.createDataFrame([("t", p, 1, None, T0_S * 1000 + ms) for p, ms in offsets_ms],
+                                    "topic string, partition int, bytes int, key binary, ts_ms long")
+    rows = by(collect(partition_load.bucket_counts(records, 2)), "partition", "bucket_start")
+    assert {k: r["records"] for k, r in rows.items()} == {
+        (0, T0_S): 2, (0, T0_S + 2): 2, (1, T0_S + 4): 1, (1, T0_S + 6): 1}
+
+
+def test_analyse_collects_zero_filled_partitions_skew_and_hot_list(spark: SparkSession) -> None:
+    rows = [("t", p, 100, f"k{i % 3}".encode(), T0_S * 1000 + i) for p, n in [(1, 6), (2, 1), (3, 1)]
+            for i in range(n)]
+    records = spark.createDataFrame(rows, "topic string, partition int, bytes int, key binary, ts_ms long")
+    result = partition_load.analyse(records, {"t": 4}, hot_threshold=2.0, bucket_seconds=1)
+    got = [(p["partition"], p["records"], p["bytes"], p["distinct_keys"], p["hot"])
+           for p in result.partitions]
+    assert got == [(0, 0, 0, 0, False), (1, 6, 600, 3, True), (2, 1, 100, 1, False), (3, 1, 100, 1, False)]
+    (topic,) = result.skew
+    assert (topic["records"], topic["partitions"], topic["hot_partitions"]) == (8, 4, [1])
+    assert topic["max_over_mean"] == pytest.approx(3.0)
+    assert [(b["partition"], b["bucket_start"], b["records"]) for b in result.buckets] == [
+        (1, T0_S, 6), (2, T0_S, 1), (3, T0_S, 1)]
+
+
+# --- pipeline analysis ------------------------------------------------------------------------
+
+def run_frames(spark: SparkSession) -> pipeline_analysis.RunFrames:
+    """A small run: 4 requests, stages check and generate, 3 members, two consumer groups."""
+    requests = spark.createDataFrame(
+        [("r1", at(0), at(1), at(1.5)), ("r2", at(0.5), at(2.5), None), ("r3", at(1), at(4), at(5)),
+         ("r4", at(2), None, None)],
+        "request_id string, produced_at timestamp, generated_at timestamp, notified_at timestamp")
+    stage_results = spark.createDataFrame(
+        [("r1", "check", "ok", "m1", at(10.05)), ("r2", "check", "ok", "m2", at(10.9)),
+         ("r3", "check", "rejected", "m1", at(12.2)),
+         ("r1", "generate", "ok", "m1", at(10.1)), ("r2", "generate", "ok", "m2", at(11.7)),
+         ("r4", "generate", "ok", "m3", at(20.4)), ("r3", "generate", "ok", "m3", at(33.2))],
+        "request_id string, stage string, outcome string, member string, completed_at timestamp")
+    attempts = spark.createDataFrame(
+        [("r1", "check", "m1", "ok", at(0), at(1)), ("r1", "check", "m2", "ok", at(1), at(3)),
+         ("r1", "check", "m2", "ok", at(3), at(6)), ("r1", "check", "m1", "error", at(6), at(6.5)),
+         ("r2", "check", "m2", "ok", at(0), at(4)),
+         ("r1", "generate", "m3", "ok", at(0), at(2)), ("r1", "generate", "m3", "ok", at(2), at(3)),
+         ("r2", "generate", "m1", "timeout", at(0), at(9))],
+        "request_id string, stage string, member string, outcome string, started_at timestamp, "
+        "ended_at timestamp")
+    rebalances = spark.createDataFrame(
+        [("g1", "m1", "revoke", at(10.2)), ("g1", "m2", "revoke", at(10.5)), ("g1", "m1", "assign", at(12.3)),
+         ("g1", "m2", "assign", at(12.4)), ("g1", "m3", "max_poll_exceeded", at(19.9)),
+         ("g1", "m3", "lost", at(20.0)), ("g1", "m1", "assign", at(21.5)), ("g2", "m9", "revoke", at(30.0))],
+        "group_id string, member string, event string, at timestamp")
+    return pipeline_analysis.RunFrames(requests, stage_results, attempts, rebalances)
+
+
+def test_completions_per_stage_and_bucket(spark: SparkSession) -> None:
+    frames = run_frames(spark)
+    rows = by(collect(pipeline_analysis.completions(frames.stage_results, 2)), "stage", "bucket_start")
+    assert {k: r["completions"] for k, r in rows.items()} == {
+        ("check", T0_S + 10): 2, ("check", T0_S + 12): 1, ("generate", T0_S + 10): 2,
+        ("generate", T0_S + 20): 1, ("generate", T0_S + 32): 1}
+
+
+def test_percentiles_interpolate_linearly_between_ranks(spark: SparkSession) -> None:
+    values = [("a", 4.0), ("a", 1.0), ("a", 3.0), ("a", 2.0), ("b", 7.0)]
+    frame = spark.createDataFrame(values, "k string, v double")
+    rows = by(collect(pipeline_analysis.percentiles(frame, ["k"], "v")), "k")
+    # rank (n - 1) * q: 1.5 -> 2.5, 2.85 -> 3.85, 2.97 -> 3.97
+    assert (rows["a"]["count"], rows["a"]["p50"], rows["a"]["p95"], rows["a"]["p99"]) == (
+        4, pytest.approx(2.5), pytest.approx(3.85), pytest.approx(3.97))
+    assert (rows["b"]["p50"], rows["b"]["p99"]) == (7.0, 7.0)
+
+
+def test_end_to_end_latency_uses_requests_with_both_ends(spark: SparkSession) -> None:
+    rows = by(collect(pipeline_analysis.end_to_end_latency(run_frames(spark).requests)), "measure")
+    generated, notified = rows["generated"], rows["notified"]  # generated 1, 2, 3 s; notified 1.5, 4 s
+    assert (generated["count"], generated["p50"], generated["p95"]) == (
+        3, pytest.approx(2.0), pytest.approx(2.9))
+    assert (notified["count"], notified["p50"], notified["p99"]) == (
+        2, pytest.approx(2.75), pytest.approx(1.5 + 0.99 * 2.5))
+
+
+def test_stage_latency_counts_successful_attempts_only(spark: SparkSession) -> None:
+    rows = by(collect(pipeline_analysis.stage_latency(run_frames(spark).attempts)), "stage")
+    assert (rows["check"]["count"], rows["check"]["p50"]) == (4, pytest.approx(2.5))  # 1, 2, 3, 4 s
+    assert (rows["generate"]["count"], rows["generate"]["p50"]) == (2, pytest.approx(1.5))  # 2, 1 s
+
+
+def test_member_load_and_duplicate_calls(spark: SparkSession) -> None:
+    frames = run_frames(spark)
+    load = by(collect(pipeline_analysis.member_load(frames.attempts)), "member")
+    assert {m: (r["attempts"], r["ok"]) for m, r in load.items()} == {
+        "m1": (3, 1), "m2": (3, 3), "m3": (2, 2)}
+    duplicates = by(collect(pipeline_analysis.duplicate_calls(frames.attempts)), "stage")
+    # r1/check: 3 ok -> 2 extra; r2/check: 1 ok; r1/generate: 2 ok -> 1 extra; r2/generate: none ok
+    assert {s: r["duplicates"] for s, r in duplicates.items()} == {"check": 2, "generate": 1}
+
+
+def test_rebalance_windows_merge_and_cost_idle_buckets(spark: SparkSession) -> None:
+    frames = run_frames(spark)
+    run_end = (T0_S + 33.2) * 1_000_000  # the last generate completion, after the last event
+    windows = pipeline_analysis.rebalance_windows(frames.rebalances, int(run_end))
+    costed = collect(pipeline_analysis.rebalance_cost(windows, frames.stage_results, "generate", 1))
+    got = sorted((w["group_id"], w["start_us"], w["end_us"], w["events"], w["cost_seconds"]) for w in costed)
+    us = 1_000_000
+    assert got == [
+        # two revokes close at the first assign (12.3): buckets 10, 11, 12; completions in 10 and 11
+        ("g1", (T0_S * us) + 10_200_000, (T0_S * us) + 12_300_000, 2, 1),
+        # lost at 20.0 closes at 21.5: buckets 20 (a completion at 20.4) and 21
+        ("g1", (T0_S * us) + 20_000_000, (T0_S * us) + 21_500_000, 1, 1),
+        # never reassigned: open until the run's end (33.2); buckets 30..33, a completion in 33
+        ("g2", (T0_S * us) + 30_000_000, int(run_end), 1, 3),
+    ]
+
+
+def test_analyse_document(spark: SparkSession) -> None:
+    doc = pipeline_analysis.analyse(run_frames(spark), "run-x", bucket_seconds=1)
+    assert (doc["requests"], doc["completed"]) == (4, 4)
+    assert doc["completed_per_s"] == pytest.approx(4 / 33.2)  # first produced at 0, last generate at 33.2
+    assert doc["duplicates"] == {"total": 3, "by_stage": {"check": 2, "generate": 1}}
+    assert doc["rebalances"]["cost_seconds"] == 5
+    assert doc["rebalances"]["events"] == {"assign": 3, "lost": 1, "max_poll_exceeded": 1, "revoke": 3}
+    assert [w["seconds"] for w in doc["rebalances"]["windows"]] == [pytest.approx(2.1), pytest.approx(1.5),
+                                                                    pytest.approx(3.2)]
+    assert doc["completions"]["generate"][0] == {"bucket_start": at(10).isoformat(), "completions": 1}
+    assert doc["latency_s"]["stages"]["generate"]["p99"] == pytest.approx(1.99)
+
+
+# --- sizing and helpers -----------------------------------------------------------------------
+
+def test_partitions_for_rounds_up_but_not_past_an_exact_quotient() -> None:
+    assert partition_sizing.partitions_for(100, 25) == 4
+    assert partition_sizing.partitions_for(101, 25) == 5
+    assert partition_sizing.partitions_for(100, 4 / 3) == 75  # 100 / 1.333... is 75.00000000000001
+    assert partition_sizing.partitions_for(0.5, 10) == 1
+
+
+def test_sizing_takes_the_larger_of_the_produce_and_consume_terms() -> None:
+    produce_bound = partition_sizing.size(partition_sizing.SizingInput(
+        target=1000, produce_per_partition=60, consume_per_partition=250, current_partitions=32))
+    terms = (produce_bound["by_produce"], produce_bound["by_consume"], produce_bound["partitions"])
+    assert terms == (17, 4, 17)
+    assert produce_bound["limiting"] == "produce" and produce_bound["warning"] is None
+
+    # AI consumers: 8 calls in flight per partition at 3 s each -> 8/3 per s; 21.3 / (8/3) = 7.99 -> 8
+    ai = partition_sizing.size(partition_sizing.SizingInput(
+        target=21.3, produce_per_partition=5000, concurrency_per_partition=8, service_time_s=3,
+        current_partitions=6))
+    assert ai["t_consume"] == pytest.approx(8 / 3)
+    assert (ai["by_produce"], ai["by_consume"], ai["partitions"], ai["limiting"]) == (1, 8, 8, "consume")
+    assert "6 to 8 partitions" in ai["warning"] and "keys" in ai["warning"]
+    assert ai["reasoning"][-1] == "partitions = max(1, 8) = 8, limited by: consume"
+
+
+def test_sizing_needs_a_consume_rate() -> None:
+    with pytest.raises(ValueError, match="concurrency_per_partition"):
+        partition_sizing.size(partition_sizing.SizingInput(target=10, produce_per_partition=5))
+
+
+def test_jdbc_settings_move_credentials_out_of_the_url() -> None:
+    jdbc = job_io.jdbc_from("postgresql://ana:s%40cret@db.example:5433/pipeline?sslmode=require")
+    assert jdbc.options() == {"url": "jdbc:postgresql://db.example:5433/pipeline?sslmode=require",
+                              "driver": "org.postgresql.Driver", "user": "ana", "password": "s@cret"}
+    assert job_io.sql_literal("it's") == "'it''s'"
