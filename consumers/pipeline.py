@@ -92,6 +92,7 @@ def running_pipeline(config: PipelineConfig, bootstrap: str, database_url: str, 
                                          endpoints))
             if not pipeline.fleets:
                 fleet.storage.start_run(run_id, scenario, asdict(config))
-            stack.enter_context(fleet.running())
+            # A classic group settles one join round at a time: allow more for large fleets.
+            stack.enter_context(fleet.running(wait_assigned_s=60.0 + 2.0 * len(fleet.members)))
             pipeline.fleets[stage] = fleet
         yield pipeline
