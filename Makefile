@@ -1,7 +1,7 @@
 # The project's commands. `make demo` runs the main job end to end on the local stack,
 # `make test` runs the test suite against a stack of its own that it starts and stops.
 # Every target installs what it needs first (Python venv from the lock, jars via Maven,
-# the PostgreSQL server package).
+# Debian's PostgreSQL server and Chromium packages).
 
 SHELL := /bin/bash
 PY := .venv/bin/python
@@ -10,9 +10,9 @@ MVN := mvn -q -B -s infra/maven-settings.xml
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
 
-.PHONY: deps venv jars postgres-server up down status demo bench bench-smoke test test-unit lint airflow
+.PHONY: deps venv jars postgres-server browser up down status demo bench bench-smoke test test-unit lint airflow
 
-deps: venv jars postgres-server
+deps: venv jars postgres-server browser
 
 venv: .venv/.installed
 .venv/.installed: requirements.lock
@@ -36,6 +36,11 @@ jars: .local/jars/kafka/.resolved .local/jars/spark/.resolved
 postgres-server:
 	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || \
 	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql; }
+
+# Debian's Chromium for the UI test (browser downloads by test tools are not used).
+browser:
+	@test -x /usr/bin/chromium || \
+	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
 up: deps
 	$(PY) -m infra.stack up --brokers $(BROKERS)
