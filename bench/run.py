@@ -29,6 +29,7 @@ from consumers.pipeline import new_run_id, running_pipeline
 from consumers.pipeline_config import Endpoints
 
 console = Console()
+STATS_INTERVAL_MS = 2000
 
 
 def configure_ai(base_url: str, p: presets.PresetParams) -> None:
@@ -42,7 +43,7 @@ def configure_ai(base_url: str, p: presets.PresetParams) -> None:
 
 
 def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[str, str]) -> dict[str, Any]:
-    config = replace(presets.build(name, p), stats_interval_ms=500)
+    config = replace(presets.build(name, p), stats_interval_ms=STATS_INTERVAL_MS)
     base = env["AI_SERVICE_URL"]
     configure_ai(base, p)
     endpoints = Endpoints(f"{base}/v1/check", f"{base}/v1/generate")
@@ -50,11 +51,12 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[st
     timeout_s = 60 + 1.5 * p.burst * (p.generate_latency_s + p.check_latency_s) * p.time_scale
     console.rule(f"[bold]{name}")
     with running_pipeline(config, env["KAFKA_BOOTSTRAP_SERVERS"], env["DATABASE_URL"], endpoints,
-                          run_id=f"{bench_id}-{name}", scenario=name) as pipeline:
+                          run_id=f"{bench_id}-{name}", scenario=name, fleet_processes=True) as pipeline:
         started = time.time()
         sent = pipeline.send(p.burst, progress=True)
         counts = pipeline.wait_terminal(p.burst, timeout_s, progress=True)
-        time.sleep(1.0)  # one more statistics emission from every member
+        # One more statistics emission from every member: its last snapshot is written at close.
+        time.sleep(1.5 * STATS_INTERVAL_MS / 1000)
     console.print(f"{name}: {counts} in {time.time() - started:.1f}s")
     result = figures.scenario_figures(env["DATABASE_URL"], env["KAFKA_BOOTSTRAP_SERVERS"], pipeline.run_id,
                                       pipeline.topics, len(sent.request_ids), started, p.ai_capacity_rps)

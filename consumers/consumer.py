@@ -36,6 +36,10 @@ from consumers.storage import Origin
 log = logging.getLogger(__name__)
 
 BASELINE_BATCH = 500  # the Java client's max.poll.records default
+# Statistics arrive every `stats_interval_ms`; writing each one would put a database round trip
+# into every member's poll loop (at 128 members that starves the loops), so the history is
+# kept at this granularity and the last snapshot is written when the member closes.
+STATS_RECORD_INTERVAL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class Member:
         self.assigned_once = threading.Event()
         self.consumed_bytes = 0  # key + value bytes handed to the application
         self.last_stats: dict[str, Any] = {}
+        self._stats_recorded_at = 0.0
         self.failure: BaseException | None = None
         self._consumer: Consumer | None = None
         # flow-mode state
@@ -138,6 +143,8 @@ class Member:
         finally:
             self._consumer.close()  # leaves the group; triggers a final revoke
             self._record("closed", [])
+            if self.last_stats:
+                self.ctx.storage.record_stats(self.settings.run_id, self.name, self.last_stats)
 
     # ----------------------------------------------------------------- group events
     def _record(self, event: str, partitions: list[str]) -> None:
@@ -174,7 +181,9 @@ class Member:
         self.last_stats = summary
         metrics.LAG.labels(**self.labels).set(
             sum(max(0, p["consumer_lag"]) for p in summary["partitions"].values()))
-        self.ctx.storage.record_stats(self.settings.run_id, self.name, summary)
+        if time.monotonic() - self._stats_recorded_at >= STATS_RECORD_INTERVAL_S:
+            self._stats_recorded_at = time.monotonic()
+            self.ctx.storage.record_stats(self.settings.run_id, self.name, summary)
 
     # ----------------------------------------------------------------- one record
     def _process(self, msg: Message) -> None:

@@ -18,10 +18,11 @@ from rich.progress import Progress
 
 from consumers import events
 from consumers.fleet import Fleet, settings_for
+from consumers.fleet_process import FleetProcess
 from consumers.pipeline_config import Endpoints, PipelineConfig
-from consumers.producer import KeyedProducer
 from consumers.provisioning import provision
-from consumers.source import SourceReport, send_requests
+from consumers.source import SourceReport, send_in_process
+from consumers.storage import Storage
 
 TERMINAL = ("completed", "rejected", "dead_lettered")
 
@@ -35,18 +36,13 @@ class Pipeline:
     config: PipelineConfig
     bootstrap: str
     database_url: str
-    fleets: dict[str, Fleet] = field(default_factory=dict)
+    fleets: dict[str, Fleet | FleetProcess] = field(default_factory=dict)
 
     def send(self, count: int, rate: float | None = None, reject_share: float = 0.0,
              key_strategy: str | None = None, progress: bool = False) -> SourceReport:
-        producer = KeyedProducer(self.bootstrap,
-                                 profile=self.config.producer_profile or self.config.profile,
-                                 key_strategy=key_strategy or self.config.key_strategy)
-        try:
-            return send_requests(producer, self.topics, self.run_id, count, rate=rate,
-                                 reject_share=reject_share, progress=progress)
-        finally:
-            producer.close()
+        return send_in_process(self.bootstrap, self.config.producer_profile or self.config.profile,
+                               key_strategy or self.config.key_strategy, self.topics, self.run_id,
+                               count, rate=rate, reject_share=reject_share, progress=progress)
 
     def status_counts(self) -> dict[str, int]:
         with psycopg2.connect(self.database_url) as conn, conn.cursor() as cur:
@@ -80,19 +76,26 @@ def provision_pipeline(config: PipelineConfig, topics: events.Topics, bootstrap:
 @contextmanager
 def running_pipeline(config: PipelineConfig, bootstrap: str, database_url: str, endpoints: Endpoints,
                      run_id: str | None = None, stages: tuple[str, ...] = events.STAGES,
-                     scenario: str = "") -> Iterator[Pipeline]:
-    """Provision fresh topics, start the stage fleets, yield, and stop the fleets gracefully."""
+                     scenario: str = "", fleet_processes: bool = False) -> Iterator[Pipeline]:
+    """Provision fresh topics, start the stage fleets, yield, and stop the fleets gracefully.
+
+    `fleet_processes` runs each stage's fleet in a child process, as deployments do (benchmarks);
+    in-process fleets (the default) let tests reach into the members.
+    """
     run_id = run_id or new_run_id()
     topics = events.Topics(run_id)
     provision_pipeline(config, topics, bootstrap)
+    storage = Storage(database_url, pool_size=1)
+    try:
+        storage.start_run(run_id, scenario, asdict(config))
+    finally:
+        storage.close()
     pipeline = Pipeline(run_id, topics, config, bootstrap, database_url)
     with ExitStack() as stack:
         for stage in stages:
-            fleet = Fleet(settings_for(config, stage, run_id, topics, bootstrap, database_url,
-                                         endpoints))
-            if not pipeline.fleets:
-                fleet.storage.start_run(run_id, scenario, asdict(config))
+            settings = settings_for(config, stage, run_id, topics, bootstrap, database_url, endpoints)
+            fleet = FleetProcess(settings) if fleet_processes else Fleet(settings)
             # A classic group settles one join round at a time: allow more for large fleets.
-            stack.enter_context(fleet.running(wait_assigned_s=60.0 + 2.0 * len(fleet.members)))
+            stack.enter_context(fleet.running(wait_assigned_s=60.0 + 2.0 * settings.members))
             pipeline.fleets[stage] = fleet
         yield pipeline

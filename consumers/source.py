@@ -11,10 +11,11 @@ source reports success; a delivery failure stops it with the error.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import random
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 
 from rich.progress import Progress
@@ -44,31 +45,72 @@ def descriptions(rng: random.Random, reject_share: float) -> str:
     return f"forbidden {topic}" if rng.random() < reject_share else f"slides about the {topic}"
 
 
+def _request(rng: random.Random, run_id: str, i: int, reject_share: float) -> tuple[dict, dict]:
+    """One request: the upload notification and the user's style choice for it."""
+    intake = events.intake_event(run_id, f"user-{rng.randrange(10_000)}", f"upload/{i}.png")
+    style = events.style_event(run_id, intake["request_id"], rng.choice(events.STYLES),
+                               descriptions(rng, reject_share))
+    return intake, style
+
+
 def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, count: int,
                   rate: float | None = None, reject_share: float = 0.0, seed: int = 7,
                   progress: bool = True) -> SourceReport:
-    """Send `count` requests, as fast as possible or at `rate` per second; wait for every ack."""
+    """Send `count` requests, as a burst or at `rate` per second; wait for every ack.
+
+    A burst is built first and then sent back to back (all uploads, then all style choices),
+    so its send rate is the client's, not the event builder's: that is what puts a keyless
+    burst into few sticky-partitioning windows.
+    """
     rng = random.Random(seed)
-    ids: list[str] = []
     futures: list[Future] = []
     started = time.monotonic()
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("sending requests", total=count)
-        for i in range(count):
-            if rate:
+        if rate:
+            requests = []
+            for i in range(count):
                 delay = started + i / rate - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-            intake = events.intake_event(run_id, f"user-{rng.randrange(10_000)}", f"upload/{i}.png")
-            producer.send(topics.intake, intake)
-            style = events.style_event(run_id, intake["request_id"], rng.choice(events.STYLES),
-                                       descriptions(rng, reject_share))
-            futures.append(producer.send(topics.style, style))
-            ids.append(intake["request_id"])
-            bar.advance(task)
+                requests.append(_request(rng, run_id, i, reject_share))
+                producer.send(topics.intake, requests[-1][0])
+                futures.append(producer.send(topics.style, requests[-1][1]))
+                bar.advance(task)
+        else:
+            requests = [_request(rng, run_id, i, reject_share) for i in range(count)]
+            for intake, _ in requests:
+                producer.send(topics.intake, intake)
+            futures = [producer.send(topics.style, style) for _, style in requests]
+            bar.update(task, completed=count)
         producer.flush(60)
     partitions = [f.result(60)[0] for f in futures]
-    return SourceReport(ids, partitions, time.monotonic() - started)
+    return SourceReport([intake["request_id"] for intake, _ in requests], partitions,
+                        time.monotonic() - started)
+
+
+def _send_with_own_producer(bootstrap: str, profile: str, key_strategy: str, topics: events.Topics,
+                            run_id: str, count: int, rate: float | None, reject_share: float,
+                            progress: bool) -> SourceReport:
+    producer = KeyedProducer(bootstrap, profile=profile, key_strategy=key_strategy)
+    try:
+        return send_requests(producer, topics, run_id, count, rate=rate, reject_share=reject_share,
+                             progress=progress)
+    finally:
+        producer.close()
+
+
+def send_in_process(bootstrap: str, profile: str, key_strategy: str, topics: events.Topics, run_id: str,
+                    count: int, rate: float | None = None, reject_share: float = 0.0,
+                    progress: bool = False) -> SourceReport:
+    """`send_requests` from a process of its own, as the backend it stands for would.
+
+    Sharing the interpreter with a fleet's consumer threads slows the send loop down, and the
+    send rate decides how many sticky-partitioning windows a keyless burst spans.
+    """
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_send_with_own_producer, bootstrap, profile, key_strategy, topics, run_id,
+                           count, rate, reject_share, progress).result()
 
 
 def main() -> None:
@@ -85,12 +127,9 @@ def main() -> None:
     p.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     args = p.parse_args()
     count = args.burst if args.burst else round(args.rate * args.duration)
-    producer = KeyedProducer(args.bootstrap_servers, profile=args.profile, key_strategy=args.keys)
-    try:
-        report = send_requests(producer, events.Topics(args.prefix), args.run_id, count,
-                               rate=args.rate, reject_share=args.reject_share)
-    finally:
-        producer.close()
+    report = _send_with_own_producer(args.bootstrap_servers, args.profile, args.keys,
+                                     events.Topics(args.prefix), args.run_id, count, args.rate,
+                                     args.reject_share, progress=True)
     print(f"sent {len(report.request_ids)} requests in {report.seconds:.2f}s "
           f"to {len(set(report.style_partitions))} partition(s)")
 
