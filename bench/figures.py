@@ -3,8 +3,8 @@
 Definitions (the same as spark/pipeline_analysis where both compute a figure):
 - throughput_rps: requests whose final stage finished / (last final completion - first
   request produced).
-- steady_throughput_rps: the completions between the 20th and 80th percentile completion
-  times, divided by that span: the plateau, without ramp-up and tail.
+- steady_throughput_rps: the slope of completions over time between the 20th and 80th
+  percentile completion: the plateau, without ramp-up and tail.
 - utilization: steady throughput / AI capacity (generative concurrency / latency).
 - lost: requests produced (per the source) with no terminal status (completed, rejected,
   dead-lettered).
@@ -95,12 +95,19 @@ def completion_times(database_url: str, run_id: str) -> list[float]:
 
 
 def steady_rate(times: list[float]) -> float:
-    """Completions per second between the 20th and 80th percentile completion times."""
+    """Completions per second on the plateau: the least-squares slope of the completion count
+    against time, over the completions between the 20th and 80th percentile.
+
+    A slope rather than count / span: completions come in waves (slots that started together
+    finish together), and a span whose ends fall inside waves is off by up to a wave.
+    """
     if len(times) < 10:
         return 0.0
     lo, hi = round(0.2 * (len(times) - 1)), round(0.8 * (len(times) - 1))
-    span = times[hi] - times[lo]
-    return (hi - lo) / span if span > 0 else 0.0
+    window = sorted(times)[lo:hi + 1]
+    if window[-1] <= window[0]:
+        return 0.0
+    return statistics.linear_regression(window, range(lo, hi + 1)).slope
 
 
 def refetch_amplification(database_url: str, bootstrap: str, run_id: str, topics: Topics) -> float | None:

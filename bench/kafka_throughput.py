@@ -16,7 +16,7 @@ from confluent_kafka import Consumer
 
 from consumers import profiles
 from consumers.producer import KeyedProducer
-from consumers.provisioning import provision
+from consumers.provisioning import delete, provision
 from infra import kafka_tools
 
 PERF_LINE = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\)")
@@ -89,10 +89,11 @@ def consume_per_partition(bootstrap: str, topic: str, records: int) -> float:
 def compare(bootstrap: str, records: int, size: int, partitions: tuple[int, ...], rf: int,
             profile: str = "throughput") -> dict[str, object]:
     """Both producers on fresh topics of each partition count, alternating to share drift."""
-    rows = []
+    rows, topics = [], []
     for count in partitions:
-        project = project_producer(bootstrap, _topic(bootstrap, count, rf), records, size, profile)
-        perftest = producer_perftest(bootstrap, _topic(bootstrap, count, rf), records, size, profile)
+        topics += [_topic(bootstrap, count, rf), _topic(bootstrap, count, rf)]
+        project = project_producer(bootstrap, topics[-2], records, size, profile)
+        perftest = producer_perftest(bootstrap, topics[-1], records, size, profile)
         rows.append({"partitions": count, "project_records_per_s": round(project.records_per_s),
                      "perftest_records_per_s": round(perftest.records_per_s),
                      "project_mb_per_s": round(project.mb_per_s, 2),
@@ -101,6 +102,7 @@ def compare(bootstrap: str, records: int, size: int, partitions: tuple[int, ...]
     single = _topic(bootstrap, 1, rf)
     one = project_producer(bootstrap, single, records, size, profile)
     consume_rps = consume_per_partition(bootstrap, single, records)
+    delete(bootstrap, [*topics, single])
     best = rows[-1]
     return {"record_size": size, "records": records, "profile": profile,
             "settings": client_settings(profile), "by_partitions": rows,

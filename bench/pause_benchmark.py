@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, TopicPartition
 from consumers import profiles
 from consumers.fetch_buffer import FetchBuffer
 from consumers.producer import KeyedProducer
-from consumers.provisioning import provision
+from consumers.provisioning import delete, provision
 
 PARTITIONS = 10
 
@@ -122,6 +122,7 @@ def run(bootstrap: str, seconds: float = 10.0, records_per_partition: int = 50_0
     """Both strategies on one pre-filled topic, one after the other."""
     topic = fill_topic(bootstrap, records_per_partition, size)
     n, f = naive(bootstrap, topic, seconds), flow(bootstrap, topic, seconds)
+    delete(bootstrap, [topic])
     return {"seconds": seconds, "record_size": size, "naive_records": n.records,
             "flow_records": f.records, "naive_fetched_bytes": n.fetched_bytes,
             "flow_fetched_bytes": f.fetched_bytes,

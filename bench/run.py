@@ -27,6 +27,7 @@ from bench import figures, kafka_throughput, pause_benchmark, report
 from consumers import presets
 from consumers.pipeline import new_run_id, running_pipeline
 from consumers.pipeline_config import Endpoints
+from consumers.provisioning import delete
 
 console = Console()
 STATS_INTERVAL_MS = 2000
@@ -42,7 +43,8 @@ def configure_ai(base_url: str, p: presets.PresetParams) -> None:
     requests.post(f"{base_url}/v1/stats/reset", timeout=10).raise_for_status()
 
 
-def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[str, str]) -> dict[str, Any]:
+def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[str, str],
+                 keep_topics: bool = False) -> dict[str, Any]:
     config = replace(presets.build(name, p), stats_interval_ms=STATS_INTERVAL_MS)
     base = env["AI_SERVICE_URL"]
     configure_ai(base, p)
@@ -62,6 +64,8 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[st
                                       pipeline.topics, len(sent.request_ids), started, p.ai_capacity_rps)
     result["ai_service"] = {k: v for k, v in requests.get(f"{base}/v1/stats", timeout=10).json().items()
                             if k in ("check", "generate")}
+    if not keep_topics:  # the rows stay in PostgreSQL; the next scenario gets an unburdened broker
+        delete(env["KAFKA_BOOTSTRAP_SERVERS"], pipeline.topics.all())
     result["load_started"] = started
     return result
 
@@ -99,6 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scenarios", default=",".join(presets.NAMES))
     p.add_argument("--perf-records", type=int, default=1_000_000)
     p.add_argument("--pause-seconds", type=float, default=10.0)
+    p.add_argument("--keep-topics", action="store_true", help="keep the scenarios' topics for inspection")
     p.add_argument("--smoke", action="store_true", help="a small run that checks the output")
     return p.parse_args(argv)
 
@@ -118,7 +123,8 @@ def main(argv: list[str] | None = None) -> Path:
                                    time_scale=args.scale, burst=args.burst or 20 * args.concurrency,
                                    flow_members=args.flow_members, replication_factor=min(3, brokers))
     bench_id = new_run_id("bench")
-    results = {name: run_scenario(name, params, bench_id, env) for name in args.scenarios.split(",")}
+    results = {name: run_scenario(name, params, bench_id, env, args.keep_topics)
+               for name in args.scenarios.split(",")}
     bootstrap = env["KAFKA_BOOTSTRAP_SERVERS"]
     console.rule("[bold]Kafka-level throughput")
     producer = kafka_throughput.compare(bootstrap, args.perf_records, 512, (1, params.partitions),

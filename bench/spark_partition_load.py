@@ -19,11 +19,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import AdminClient
 from rich.console import Console
 from rich.table import Table
 
 from consumers import datagen
+from consumers.provisioning import delete
 from spark import partition_load
 from spark.session import build
 
@@ -56,8 +56,7 @@ def bench_size(spark: Any, bootstrap: str, size: int, args: argparse.Namespace, 
     if got != counts or scanned != size:
         raise SystemExit(f"{topic}: job counted {sum(got.values())} / scan {scanned}, generated {size}")
     if not args.keep_topics:
-        admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the delete is done
-        admin.delete_topics([topic])[topic].result(timeout=60)
+        delete(bootstrap, [topic])
     (skew,) = result.skew
     return {"records": size, "topic": topic, "partitions": args.partitions, "record_size": args.record_size,
             "load_average_before": load_before, "generate_s": round(generate_s, 2),

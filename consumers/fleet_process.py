@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -18,14 +19,18 @@ from multiprocessing.synchronize import Event
 from consumers.fleet import Fleet, FleetSettings
 
 
-def _serve(settings: FleetSettings, wait_assigned_s: float, ready: Event, stop: Event) -> None:
-    """Child side: run the fleet until the parent says stop (Ctrl-C is the parent's to handle)."""
+def _serve(settings: FleetSettings, wait_assigned_s: float, ready: Event, stop: Event,
+           parent: int) -> None:
+    """Child side: run the fleet until the parent says stop or is gone (then stop gracefully).
+
+    Ctrl-C is the parent's to handle: it stops the children in order.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     fleet = Fleet(settings)
     with fleet.running(wait_assigned_s=wait_assigned_s):
         ready.set()
-        while not stop.wait(0.5):
+        while not stop.wait(0.5) and os.getppid() == parent:
             fleet.raise_failures()
 
 
@@ -44,7 +49,8 @@ class FleetProcess:
         """`with fleet_process.running(s):` the fleet is assigned inside, stopped after."""
         stage = self.settings.member.stage
         process = self._context.Process(target=_serve, name=f"fleet-{stage}",
-                                        args=(self.settings, wait_assigned_s, self._ready, self._stop))
+                                        args=(self.settings, wait_assigned_s, self._ready, self._stop,
+                                              os.getpid()))
         process.start()
         try:
             deadline = time.monotonic() + wait_assigned_s + 30  # plus the child's start-up

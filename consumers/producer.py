@@ -113,6 +113,15 @@ class KeyedProducer:
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: let deliveries drain, then retry
 
+    def prepare(self, topics: Iterable[str], timeout_s: float = 10.0) -> None:
+        """Fetch the topics' metadata up front, as a long-running producer already has it.
+
+        Records sent before a topic's partitions are known wait unpartitioned and are then
+        partitioned all at once, so a cold producer puts a whole keyless burst on one partition.
+        """
+        for topic in topics:
+            self._producer.list_topics(topic, timeout=timeout_s)
+
     def send_many(self, topic: str, values: Iterable[bytes], keys: Iterable[bytes | None]) -> DeliveryTally:
         """Send raw records as fast as the client allows, counting acknowledgements in bulk.
 

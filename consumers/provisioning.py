@@ -77,6 +77,21 @@ def provision(cluster: str | AdminClient, topics: list[str], partitions: int, pr
     return reports
 
 
+def delete(cluster: str | AdminClient, topics: list[str], timeout_s: float = 60.0) -> list[str]:
+    """Delete the topics of a finished run (those that exist); return the ones deleted.
+
+    A broker carrying the partitions of every past run gets slower for the current one, so
+    benchmarks remove what they created once their figures are computed.
+    """
+    admin = AdminClient({"bootstrap.servers": cluster}) if isinstance(cluster, str) else cluster
+    existing = admin.list_topics(timeout=timeout_s).topics
+    doomed = [t for t in topics if t in existing]
+    if doomed:
+        for future in admin.delete_topics(doomed).values():
+            future.result(timeout_s)
+    return doomed
+
+
 def _check_request(partitions: int, rf: int, min_isr: int, brokers: int) -> None:
     if partitions < 1:
         raise ProvisioningError(f"partitions must be at least 1, got {partitions}")

@@ -94,6 +94,7 @@ def _send_with_own_producer(bootstrap: str, profile: str, key_strategy: str, top
                             progress: bool) -> SourceReport:
     producer = KeyedProducer(bootstrap, profile=profile, key_strategy=key_strategy)
     try:
+        producer.prepare([topics.intake, topics.style])
         return send_requests(producer, topics, run_id, count, rate=rate, reject_share=reject_share,
                              progress=progress)
     finally:

@@ -8,6 +8,7 @@ write is `ON CONFLICT DO NOTHING`, so re-consumption never duplicates a result, 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,19 +42,27 @@ _REQUEST_UPDATES = {
 
 
 class Storage:
-    """A connection pool plus the pipeline's writes; safe to share between threads."""
+    """A connection pool plus the pipeline's writes; safe to share between threads.
+
+    All `pool_size` connections are opened up front and kept: psycopg2's pool closes every
+    connection handed back beyond its minimum, which under concurrency means a new server
+    process per transaction. Threads beyond `pool_size` wait for a free connection (the pool
+    itself would raise), and transactions are short, so a few connections serve many workers.
+    """
 
     def __init__(self, database_url: str, pool_size: int = 8) -> None:
-        self._pool = ThreadedConnectionPool(1, pool_size, database_url)
+        self._pool = ThreadedConnectionPool(pool_size, pool_size, database_url)
+        self._free = threading.BoundedSemaphore(pool_size)
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
-        conn: connection = self._pool.getconn()
-        try:
-            with conn, conn.cursor() as cur:
-                yield cur
-        finally:
-            self._pool.putconn(conn)
+        with self._free:
+            conn: connection = self._pool.getconn()
+            try:
+                with conn, conn.cursor() as cur:
+                    yield cur
+            finally:
+                self._pool.putconn(conn)
 
     def close(self) -> None:
         self._pool.closeall()
