@@ -1,8 +1,8 @@
 """The benchmark: the named scenarios side by side in one run on the same broker, with the same
 AI stand-in limits and the same load, plus Kafka-level throughput and the pause benchmark.
 
-    python -m bench.run                      # the full comparison (make bench)
-    python -m bench.run --scale 0.2 --burst 2560
+    python -m bench.run                      # the full comparison at real latencies (make bench)
+    python -m bench.run --scale 0.5 --burst 2560
     python -m bench.run --smoke              # small and quick: checks the output, not timings
 
 Needs the stack (`make up`): Kafka, PostgreSQL and the AI service stand-in, whose time scale,
@@ -94,8 +94,10 @@ def ratios(s: dict[str, dict[str, Any]]) -> dict[str, float | None]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scale", type=float, default=float(os.environ.get("SCALE", "0.1")),
-                   help="time scale of AI latencies and Kafka group timeouts (1 = real)")
+    p.add_argument("--scale", type=float, default=float(os.environ.get("SCALE", "1")),
+                   help="time scale of AI latencies and Kafka group timeouts (1 = real, the default: "
+                        "at smaller scales the platform's own per-request work weighs against "
+                        "shorter AI calls)")
     p.add_argument("--partitions", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=64, help="per AI endpoint")
     p.add_argument("--burst", type=int, default=0, help="requests (default 20 x concurrency)")
