@@ -50,17 +50,24 @@ class Pipeline:
                         (self.run_id,))
             return dict(cur.fetchall())
 
+    def settled(self) -> int:
+        """Requests that reached a terminal status and whose intake is recorded too: the upload
+        notification and the style choice travel separately, so either can finish first."""
+        with psycopg2.connect(self.database_url) as conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM requests WHERE run_id = %s AND status = ANY(%s) "
+                        "AND received_at IS NOT NULL", (self.run_id, list(TERMINAL)))
+            return cur.fetchone()[0]
+
     def wait_terminal(self, expected: int, timeout_s: float, progress: bool = False) -> dict[str, int]:
-        """Wait until `expected` requests reached a terminal status; return the status counts."""
+        """Wait until `expected` requests are settled (every stage done); return the status counts."""
         deadline = time.monotonic() + timeout_s
         with Progress(disable=not progress, transient=True) as bar:
             task = bar.add_task(f"run {self.run_id}", total=expected)
             while True:
-                counts = self.status_counts()
-                done = sum(counts.get(s, 0) for s in TERMINAL)
+                done = self.settled()
                 bar.update(task, completed=done)
                 if done >= expected or time.monotonic() > deadline:
-                    return counts
+                    return self.status_counts()
                 time.sleep(0.25)
 
 

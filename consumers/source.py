@@ -11,13 +11,16 @@ source reports success; a delivery failure stops it with the error.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
+import json
 import os
 import random
+import subprocess
+import sys
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass
 
+from rich.console import Console
 from rich.progress import Progress
 
 from consumers import events
@@ -65,7 +68,7 @@ def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, c
     rng = random.Random(seed)
     futures: list[Future] = []
     started = time.monotonic()
-    with Progress(disable=not progress, transient=True) as bar:
+    with Progress(disable=not progress, transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("sending requests", total=count)
         if rate:
             requests = []
@@ -104,14 +107,22 @@ def _send_with_own_producer(bootstrap: str, profile: str, key_strategy: str, top
 def send_in_process(bootstrap: str, profile: str, key_strategy: str, topics: events.Topics, run_id: str,
                     count: int, rate: float | None = None, reject_share: float = 0.0,
                     progress: bool = False) -> SourceReport:
-    """`send_requests` from a process of its own, as the backend it stands for would.
+    """`send_requests` from a process of its own (this module's command), as the backend it
+    stands for would send.
 
     Sharing the interpreter with a fleet's consumer threads slows the send loop down, and the
-    send rate decides how many sticky-partitioning windows a keyless burst spans.
+    send rate decides how many sticky-partitioning windows a keyless burst spans. A plain
+    command rather than multiprocessing: it works the same under any parent (an Airflow task
+    runner's main module cannot be re-imported by a spawned child).
     """
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_send_with_own_producer, bootstrap, profile, key_strategy, topics, run_id,
-                           count, rate, reject_share, progress).result()
+    load = ["--rate", str(rate), "--duration", str(count / rate)] if rate else ["--burst", str(count)]
+    cmd = [sys.executable, "-m", "consumers.source", "--prefix", topics.prefix, "--run-id", run_id,
+           *load, "--keys", key_strategy, "--profile", profile, "--reject-share", str(reject_share),
+           "--bootstrap-servers", bootstrap, "--json", *([] if progress else ["--quiet"])]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the load source failed with exit code {done.returncode} (its error is above)")
+    return SourceReport(**json.loads(done.stdout))
 
 
 def main() -> None:
@@ -126,11 +137,16 @@ def main() -> None:
     p.add_argument("--profile", default="durability")
     p.add_argument("--reject-share", type=float, default=0.0, help="share of requests the check rejects")
     p.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    p.add_argument("--json", action="store_true", help="print the report (request ids, partitions) as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args()
     count = args.burst if args.burst else round(args.rate * args.duration)
     report = _send_with_own_producer(args.bootstrap_servers, args.profile, args.keys,
                                      events.Topics(args.prefix), args.run_id, count, args.rate,
-                                     args.reject_share, progress=True)
+                                     args.reject_share, progress=not args.quiet)
+    if args.json:
+        print(json.dumps(asdict(report)))
+        return
     print(f"sent {len(report.request_ids)} requests in {report.seconds:.2f}s "
           f"to {len(set(report.style_partitions))} partition(s)")
 
