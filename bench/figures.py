@@ -16,6 +16,10 @@ Definitions (the same as spark/pipeline_analysis where both compute a figure):
 - latency p50/p95/p99 end to end: style choice (styled_at) -> result notification
   (notified_at), in ms; per stage from the 'ok' attempts; overhead p99: end-to-end latency
   minus the request's AI time (sum of its 'ok' attempts), i.e. what the platform added.
+- busiest_partition, per AI stage: the partition whose 'ok' AI calls add up to the most seconds,
+  with its request count and those seconds. A consumer with one request in flight per
+  partition cannot finish before that partition's AI time has passed, so set beside span_s
+  (first request produced -> last completion) it shows whether that partition bounded the run.
 - refetch_amplification: bytes librdkafka received for the AI stages' topics (its statistics
   count re-fetched data) / bytes of distinct records on those topics.
 """
@@ -78,6 +82,12 @@ STAGE_LATENCY_SQL = """
 SELECT stage, percentile_cont(0.5) WITHIN GROUP (ORDER BY s), percentile_cont(0.99) WITHIN GROUP (ORDER BY s)
 FROM (SELECT stage, extract(epoch FROM ended_at - started_at) AS s FROM ai_attempts
       WHERE run_id = %(run)s AND outcome = 'ok') a GROUP BY stage
+"""
+
+BUSIEST_PARTITION_SQL = """
+SELECT DISTINCT ON (stage) stage, kafka_partition, count(*), sum(extract(epoch FROM ended_at - started_at))
+FROM ai_attempts WHERE run_id = %(run)s AND outcome = 'ok'
+GROUP BY stage, kafka_partition ORDER BY stage, 4 DESC
 """
 
 COMPLETIONS_SQL = """
@@ -158,6 +168,8 @@ def scenario_figures(database_url: str, bootstrap: str, run_id: str, topics: Top
     p50, p95, p99, overhead = _rows(database_url, LATENCY_SQL, run)[0]
     stages = {stage: {"p50_ms": _ms(a), "p99_ms": _ms(b)}
               for stage, a, b in _rows(database_url, STAGE_LATENCY_SQL, run)}
+    busiest = {stage: {"partition": p, "requests": n, "ai_s": round(float(ai_s), 1)}
+               for stage, p, n, ai_s in _rows(database_url, BUSIEST_PARTITION_SQL, run)}
     per_partition = partition_counts(bootstrap, topics.style)
     max_over_mean, cv = skew(per_partition)
     steady = steady_rate(times)
@@ -166,6 +178,7 @@ def scenario_figures(database_url: str, bootstrap: str, run_id: str, topics: Top
         "produced": produced,
         "completed": status.get("completed", 0),
         "status": status,
+        "span_s": round(span, 1),
         "throughput_rps": round(len(times) / span, 2) if span > 0 else 0.0,
         "steady_throughput_rps": round(steady, 2),
         "utilization": round(steady / capacity_rps, 4),
@@ -178,6 +191,7 @@ def scenario_figures(database_url: str, bootstrap: str, run_id: str, topics: Top
         "p50_ms": _ms(p50), "p95_ms": _ms(p95), "p99_ms": _ms(p99),
         "overhead_p99_ms": _ms(overhead),
         "stage_latency": stages,
+        "busiest_partition": busiest,
         "refetch_amplification": refetch_amplification(database_url, bootstrap, run_id, topics),
         "completion_times": times,
     }

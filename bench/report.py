@@ -82,6 +82,11 @@ def _plot_partitions(per_partition: dict[str, list[int]], path: Path) -> None:
     plt.close(fig)
 
 
+def _busiest(scenario: dict[str, Any], stage: str) -> str:
+    busiest = scenario.get("busiest_partition", {}).get(stage)
+    return f"{busiest['requests']} / {busiest['ai_s']}" if busiest else "-"
+
+
 def print_table(summary: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=f"run {summary['run_id']}  time scale {summary['time_scale']}  "
@@ -91,6 +96,10 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
         table.add_column(name, justify="right")
     for column in COLUMNS:
         table.add_row(column, *(str(s.get(column)) for s in summary["scenarios"].values()))
+    table.add_row("span_s", *(str(s.get("span_s")) for s in summary["scenarios"].values()))
+    for stage in ("check", "generate"):
+        table.add_row(f"busiest {stage} partition: requests / AI s",
+                      *(_busiest(s, stage) for s in summary["scenarios"].values()))
     console.print(table)
     for key in ("ratios", "producer_vs_perftest", "pause_benchmark"):
         if key in summary:

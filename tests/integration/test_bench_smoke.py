@@ -67,6 +67,15 @@ def test_figures_recomputed_from_the_database(stack: Stack, smoke: tuple[Path, d
                      "notified_at - styled_at)) FROM requests WHERE run_id = %s "
                      "AND status = 'completed'", run)
         assert s["p99_ms"] == pytest.approx(float(p99) * 1000, abs=0.1)
+        per_partition: dict[tuple[str, int], list[float]] = {}
+        for stage, partition, seconds in query(
+                db, "SELECT stage, kafka_partition, extract(epoch FROM ended_at - started_at) "
+                "FROM ai_attempts WHERE run_id = %s AND outcome = 'ok'", run):
+            per_partition.setdefault((stage, partition), []).append(float(seconds))
+        for stage, busiest in s["busiest_partition"].items():
+            ai_s = max(sum(v) for (st, _), v in per_partition.items() if st == stage)
+            assert busiest["ai_s"] == pytest.approx(ai_s, abs=0.05), (name, stage)
+            assert busiest["requests"] == len(per_partition[(stage, busiest["partition"])]), (name, stage)
 
 
 def test_csv_and_plots_match_the_summary(smoke: tuple[Path, dict]) -> None:
