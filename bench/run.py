@@ -17,6 +17,7 @@ import os
 import platform
 import time
 from dataclasses import asdict, replace
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +73,10 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[st
 
 def versions() -> dict[str, str]:
     import confluent_kafka
-    import pyspark
 
     kafka_jar = next(iter(sorted(Path(".local/jars/kafka").glob("kafka_2.13-*.jar"))), None)
-    return {"python": platform.python_version(), "confluent_kafka": confluent_kafka.version()[0],
-            "librdkafka": confluent_kafka.libversion()[0], "pyspark": pyspark.__version__,
+    return {"python": platform.python_version(), "confluent_kafka": metadata.version("confluent-kafka"),
+            "librdkafka": confluent_kafka.libversion()[0], "pyspark": metadata.version("pyspark"),
             "kafka_broker": kafka_jar.stem.split("-", 1)[1] if kafka_jar else "unknown"}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ def test_summary_has_every_field(smoke: tuple[Path, dict]) -> None:
     _, summary = smoke
     assert {"run_id", "time_scale", "ai_capacity_rps", "versions", "params", "scenarios",
             "producer_vs_perftest", "pause_benchmark"} <= set(summary)
+    assert summary["versions"]["confluent_kafka"] == metadata.version("confluent-kafka")
+    assert summary["versions"]["pyspark"] == metadata.version("pyspark")
     assert set(summary["scenarios"]) == set(NAMES)
     for name, figures in summary["scenarios"].items():
         assert set(figures) >= SCENARIO_FIELDS, (name, SCENARIO_FIELDS - set(figures))
