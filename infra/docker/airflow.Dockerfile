@@ -2,6 +2,12 @@
 # Only the pinned Python dependencies are baked in: dags/, plugins/, consumers/, spark/ and
 # infra/ are bind-mounted by docker-compose.yaml, so code changes need no rebuild; a change to
 # requirements.lock does (`docker compose build`).
+
+# The Spark Kafka connector and JDBC driver, resolved by the same pom as `make jars`.
+FROM maven:3.9-eclipse-temurin-17 AS spark-jars
+COPY infra/maven-settings.xml infra/spark/pom.xml /build/
+RUN mvn -q -B -s /build/maven-settings.xml -f /build/pom.xml dependency:copy-dependencies -Djars.dir=/jars
+
 FROM apache/airflow:3.3.2-python3.11
 
 USER root
@@ -18,3 +24,7 @@ USER airflow
 # (it pins apache-airflow itself to the base image's version).
 COPY requirements.lock /tmp/requirements.lock
 RUN pip install --no-cache-dir -r /tmp/requirements.lock
+
+# Where spark/session.py and the DAGs' spark-submit look for the jars (the repository root is
+# /opt/airflow in these containers).
+COPY --from=spark-jars --chown=airflow:root /jars /opt/airflow/.local/jars/spark

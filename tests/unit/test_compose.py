@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.layout import REPO, SPARK_JARS
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yaml"
 COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
@@ -184,6 +186,24 @@ def test_dockerfile_copies_existing_files(service: str, context: Path, dockerfil
             sources = [w for w in words[1:-1] if not w.startswith("--")]
             missing = [s for s in sources if not (context / s).exists()]
             assert not missing, f"{service}: {dockerfile.name} copies missing {missing}"
+
+
+def copied_from_stages(dockerfile: Path) -> list[str]:
+    """Destinations of `COPY --from=<stage>` lines."""
+    return [line.split()[-1] for line in dockerfile.read_text().splitlines()
+            if line.startswith("COPY --from=")]
+
+
+@pytest.mark.parametrize(("service", "context", "dockerfile"),
+                         cases([b for b in builds() if b[2].is_file()], "{0}"))
+def test_image_has_the_spark_jars_where_the_code_looks(service: str, context: Path, dockerfile: Path) -> None:
+    """Spark jobs started from a container find the connector jars under the mounted repository."""
+    mounts = dict(v.split(":")[:2] for v in SERVICES[service].get("volumes", []) if v.startswith("./"))
+    if "./spark" not in mounts:
+        pytest.skip(f"{service} runs no Spark job")
+    container_repo = Path(mounts["./spark"]).parent
+    expected = container_repo / SPARK_JARS.relative_to(REPO)
+    assert str(expected) in copied_from_stages(dockerfile), f"{service}: no jars copied to {expected}"
 
 
 def test_three_brokers() -> None:
