@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -12,6 +11,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import Param
 
 from consumers import presets, profiles
+from spark.jars import connector_jars
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ARGS: dict[str, Any] = {"owner": "platform", "retries": 1, "retry_delay": timedelta(seconds=30)}
@@ -19,14 +19,6 @@ TAGS_PIPELINE = ["pipeline", "kafka", "genai"]
 
 BOOTSTRAP = "{{ conn.kafka_default.extra_dejson['bootstrap.servers'] }}"
 DATABASE_URL = "{{ conn.postgres_default.get_uri() }}"
-
-
-def spark_jars() -> str:
-    """The Kafka connector and JDBC driver jars for spark-submit (`make jars` resolves them)."""
-    listed = os.environ.get("SPARK_JARS")
-    if listed:
-        return listed
-    return ",".join(str(p) for p in sorted((REPO / ".local" / "jars" / "spark").glob("*.jar")))
 
 
 def spark_application(job: str) -> str:
@@ -41,7 +33,7 @@ def spark_env() -> dict[str, str]:
 def spark_analysis(run_id: str) -> tuple[SparkSubmitOperator, SparkSubmitOperator]:
     """The two Spark jobs over one run, on `spark_default`: partition load/skew of its style topic,
     then the run's pipeline figures. `run_id` may be a template."""
-    common = {"conn_id": "spark_default", "jars": spark_jars(), "env_vars": spark_env()}
+    common = {"conn_id": "spark_default", "jars": connector_jars(), "env_vars": spark_env()}
     partition_load = SparkSubmitOperator(
         task_id="partition_load", application=spark_application("partition_load"), name="partition_load",
         application_args=["--bootstrap-servers", BOOTSTRAP, "--topics", run_id + ".style",

@@ -251,14 +251,18 @@ class PromotionGateOperator(BaseBranchOperator):
         return self.promote_task_id if decision.passed else self.reject_task_id
 
 
-class PromoteOperator(BaseOperator):
-    """Make the candidate the active configuration (or record that it already is)."""
+class _AfterGateOperator(BaseOperator):
+    """A step after the gate: it reads the gate's decision and acts on the (templated) candidate."""
 
     template_fields = ("candidate",)
 
     def __init__(self, *, candidate: Any, postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.candidate, self.postgres_conn_id = candidate, postgres_conn_id
+
+
+class PromoteOperator(_AfterGateOperator):
+    """Make the candidate the active configuration (or record that it already is)."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         candidate = _as_dict(self.candidate)
@@ -269,14 +273,8 @@ class PromoteOperator(BaseOperator):
         return {"active": candidate["version"], "previous": previous}
 
 
-class GateReportOperator(BaseOperator):
+class GateReportOperator(_AfterGateOperator):
     """The run's report: the gate decision, its checks, and plots of the run, saved as files."""
-
-    template_fields = ("candidate",)
-
-    def __init__(self, *, candidate: Any, postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.candidate, self.postgres_conn_id = candidate, postgres_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
         candidate = _as_dict(self.candidate)
