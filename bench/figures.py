@@ -168,7 +168,7 @@ def scenario_figures(database_url: str, bootstrap: str, run_id: str, topics: Top
     p50, p95, p99, overhead = _rows(database_url, LATENCY_SQL, run)[0]
     stages = {stage: {"p50_ms": _ms(a), "p99_ms": _ms(b)}
               for stage, a, b in _rows(database_url, STAGE_LATENCY_SQL, run)}
-    busiest = {stage: {"partition": p, "requests": n, "ai_s": round(float(ai_s), 1)}
+    busiest = {stage: {"partition": p, "requests": n, "ai_s": round(float(ai_s), 3)}
                for stage, p, n, ai_s in _rows(database_url, BUSIEST_PARTITION_SQL, run)}
     per_partition = partition_counts(bootstrap, topics.style)
     max_over_mean, cv = skew(per_partition)

@@ -16,7 +16,7 @@ from rich.table import Table
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 COLUMNS = ("throughput_rps", "steady_throughput_rps", "utilization", "lost", "duplicate_ai_calls",
            "rebalances", "skew_max_over_mean", "skew_cv", "p50_ms", "p95_ms", "p99_ms",
-           "overhead_p99_ms", "refetch_amplification")
+           "overhead_p99_ms", "refetch_amplification", "span_s")
 
 
 def run_dir(run_id: str) -> Path:
@@ -100,12 +100,11 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
     table.add_column("figure")
     for name in summary["scenarios"]:
         table.add_column(name, justify="right")
+    scenarios = list(summary["scenarios"].values())
     for column in COLUMNS:
-        table.add_row(column, *(str(s.get(column)) for s in summary["scenarios"].values()))
-    table.add_row("span_s", *(str(s.get("span_s")) for s in summary["scenarios"].values()))
-    for stage in ("check", "generate"):
-        table.add_row(f"busiest {stage} partition: requests / AI s",
-                      *(_busiest(s, stage) for s in summary["scenarios"].values()))
+        table.add_row(column, *(str(s.get(column)) for s in scenarios))
+    for stage in sorted({stage for s in scenarios for stage in s.get("busiest_partition", {})}):
+        table.add_row(f"busiest {stage} partition: requests / AI s", *(_busiest(s, stage) for s in scenarios))
     console.print(table)
     for key in ("ratios", "producer_vs_perftest", "pause_benchmark"):
         if key in summary:

@@ -15,7 +15,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 LOCAL = REPO / ".local"
 KAFKA_JARS = LOCAL / "jars" / "kafka"
-SPARK_JARS = LOCAL / "jars" / "spark"
 
 PORT_OFFSETS = {"dev": 0, "test": 10000}
 

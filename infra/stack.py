@@ -23,9 +23,10 @@ import sys
 from pathlib import Path
 
 from infra import kafka_cluster, postgres_server
-from infra.layout import LOCAL, REPO, SPARK_JARS, Layout, current, port_in_use, wait_for_port
+from infra.layout import LOCAL, REPO, Layout, current, port_in_use, wait_for_port
 from infra.migrate import migrate
 from infra.processes import alive, spawn, terminate
+from spark.jars import resolved_jars
 
 
 def load_state(layout: Layout) -> dict:
@@ -87,7 +88,7 @@ def environment(layout: Layout, brokers: int) -> dict[str, str]:
         "AI_CHECK_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/check",
         "AI_GENERATE_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/generate",
         "SPARK_MASTER": "local[*]",
-        "SPARK_JARS": ",".join(str(p) for p in sorted(SPARK_JARS.glob("*.jar"))),
+        "SPARK_JARS": resolved_jars(),
         "AIRFLOW_HOME": str(layout.root / "airflow"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),

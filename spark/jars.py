@@ -13,6 +13,11 @@ from pathlib import Path
 JARS_DIR = Path(__file__).resolve().parent.parent / ".local" / "jars" / "spark"
 
 
+def resolved_jars() -> str:
+    """Comma-separated paths of the jars in JARS_DIR; empty when none are resolved."""
+    return ",".join(str(p) for p in sorted(JARS_DIR.glob("*.jar")))
+
+
 def connector_jars() -> str:
-    """Comma-separated jar paths for `spark.jars` / `--jars`; empty when none are resolved."""
-    return os.environ.get("SPARK_JARS") or ",".join(str(p) for p in sorted(JARS_DIR.glob("*.jar")))
+    """Comma-separated jar paths for `spark.jars` / `--jars`: SPARK_JARS, else the resolved ones."""
+    return os.environ.get("SPARK_JARS") or resolved_jars()

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from infra.layout import REPO, SPARK_JARS
+from infra.layout import REPO
+from spark.jars import JARS_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yaml"
@@ -202,7 +203,7 @@ def test_image_has_the_spark_jars_where_the_code_looks(service: str, context: Pa
     if "./spark" not in mounts:
         pytest.skip(f"{service} runs no Spark job")
     container_repo = Path(mounts["./spark"]).parent
-    expected = container_repo / SPARK_JARS.relative_to(REPO)
+    expected = container_repo / JARS_DIR.relative_to(REPO)
     assert str(expected) in copied_from_stages(dockerfile), f"{service}: no jars copied to {expected}"
 
 
