@@ -8,7 +8,8 @@ Definitions (the same as spark/pipeline_analysis where both compute a figure):
 - utilization: steady throughput / AI capacity (generative concurrency / latency).
 - lost: requests produced (per the source) with no terminal status (completed, rejected,
   dead-lettered).
-- duplicate_ai_calls: 'ok' AI attempts beyond the first per (request, stage).
+- duplicate_ai_calls: AI calls that may have produced a result ('ok', or 'started' and never
+  ended: interrupted by a crash) beyond the first per (request, stage).
 - rebalances: revoke/lost/max-poll-exceeded events between the first request produced and the
   last completion: rebalances after the initial assignment, before shutdown.
 - skew over the style topic's partitions (requests per partition, from Kafka offsets):
@@ -160,7 +161,8 @@ def scenario_figures(database_url: str, bootstrap: str, run_id: str, topics: Top
     times = completion_times(database_url, run_id)
     span = (times[-1] - load_started) if times else 0.0
     duplicates = _rows(database_url, "SELECT count(*) - count(DISTINCT (request_id, stage)) FROM "
-                       "ai_attempts WHERE run_id = %s AND outcome = 'ok'", (run_id,))[0][0]
+                       "ai_attempts WHERE run_id = %s AND outcome IN ('ok', 'started')",
+                       (run_id,))[0][0]
     rebalances = _rows(database_url, "SELECT count(*) FROM rebalance_events WHERE run_id = %s AND "
                        "event IN ('revoke', 'lost', 'max_poll_exceeded') AND at BETWEEN "
                        "to_timestamp(%s) AND to_timestamp(%s)",

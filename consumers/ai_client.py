@@ -2,17 +2,17 @@
 
 A call is retried on 429 (waiting at least the server's `Retry-After`), on 5xx, on timeouts
 and on connection errors, with exponential backoff and full jitter; any other 4xx is final.
-Every try is reported to an observer (the consumer records it as one attempt row), and when
-the last try fails `AIUnavailable` carries the reason so the request can be dead-lettered.
+Every try is reported to an observer before it is sent and after it ends (the consumer
+writes one attempt row ahead of the call and completes it after), and when the last try fails
+`AIUnavailable` carries the reason so the request can be dead-lettered.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -51,14 +51,26 @@ class Try:
 
 
 class AIUnavailable(RuntimeError):
-    """The call failed after the last attempt, or with a final (non-retryable) error."""
+    """The call failed after the last attempt, or with a final (non-retryable) error.
 
-    def __init__(self, reason: str) -> None:
+    `service_wide` is set when the last try was refused for everyone (429) or found no
+    service at all (connection error): that says nothing about this request, so the record
+    waits and is tried again later instead of being dead-lettered.
+    """
+
+    def __init__(self, reason: str, service_wide: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.service_wide = service_wide
 
 
-Observer = Callable[[Try], None]
+class CallObserver(Protocol):
+    """Told before each try is sent and after it ends, so every try is on record even when
+    the process dies in between; raising from `started` stops the try from being sent."""
+
+    def started(self, attempt: int, at: float) -> None: ...
+
+    def ended(self, attempt: Try) -> None: ...
 
 
 class AIClient:
@@ -76,21 +88,23 @@ class AIClient:
             self._session.headers["Authorization"] = endpoint.auth_header
         self._rng = random.Random(seed)
 
-    def call(self, payload: dict[str, Any], observe: Observer | None = None) -> dict[str, Any]:
+    def call(self, payload: dict[str, Any], observer: CallObserver | None = None) -> dict[str, Any]:
         """POST the payload; return the JSON answer or raise AIUnavailable."""
-        reason = "no attempt made"
+        reason, outcome = "no attempt made", ""
         for attempt in range(1, self.policy.max_attempts + 1):
             started = time.time()
+            if observer is not None:
+                observer.started(attempt, started)
             status, body, outcome, retry_after = self._post(payload)
-            if observe is not None:
-                observe(Try(attempt, started, time.time(), outcome, status))
+            if observer is not None:
+                observer.ended(Try(attempt, started, time.time(), outcome, status))
             if outcome == "ok":
                 return body
             reason = f"{outcome} from {self.endpoint.url} after {attempt} attempt(s)"
             if outcome == "http_4xx" or attempt == self.policy.max_attempts:
                 break
             time.sleep(self.policy.backoff(attempt, retry_after, self._rng))
-        raise AIUnavailable(reason)
+        raise AIUnavailable(reason, service_wide=outcome in ("http_429", "connection_error"))
 
     def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict, str, float | None]:
         try:

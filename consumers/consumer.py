@@ -10,6 +10,14 @@ flow      polling decoupled from processing: records go to an application buffer
           workers (the member's share of the AI concurrency); offsets are committed at the
           highest contiguous completed position. On revocation it finishes (or, past a
           deadline, abandons) the revoked partitions' work and commits before letting them go.
+
+Whatever the mode, an offset is committed only past records that were handled: completed, or
+dead-lettered because they are their own fault (`consumers.failures`). A dependency's failure
+(database, broker, dead-letter topic) is retried while the partition waits: `flow` retries in
+the worker, whose slot stays taken, so the window fills and the fetch buffer applies its
+back-pressure while polling keeps the member in its group; `baseline` and `bounded` seek the
+partition back to the record and poll on. Any other failure takes the member down, and with
+it the fleet process, so its supervisor restarts it: nothing is committed past that record.
 """
 
 from __future__ import annotations
@@ -26,11 +34,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from consumers import events, metrics, profiles
+from consumers import dead_letter, events, failures, metrics, profiles
 from consumers.ai_client import AIUnavailable
 from consumers.fetch_buffer import FetchBuffer
 from consumers.offsets import OffsetTracker
-from consumers.stages import StageContext, handle
+from consumers.stages import RecordState, StageContext, handle
 from consumers.storage import Origin
 
 log = logging.getLogger(__name__)
@@ -40,6 +48,10 @@ BASELINE_BATCH = 500  # the Java client's max.poll.records default
 # into every member's poll loop (at 128 members that starves the loops), so the history is
 # kept at this granularity and the last snapshot is written when the member closes.
 STATS_RECORD_INTERVAL_S = 10.0
+# Backoff between tries of a record whose dependency failed: doubling up to the cap, in real
+# seconds (an outage lasts as long as it lasts, whatever the experiment's time scale).
+TRANSIENT_BACKOFF_S = 0.1
+TRANSIENT_BACKOFF_MAX_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,11 @@ class MemberSettings:
     revoke_deadline_s: float = 30.0
     stats_interval_ms: int = 0
     consumer_overrides: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def transient_backoff_max_s(self) -> float:
+        """Cap of the retry backoff: also bounded so a waiting poll loop stays in its group."""
+        return min(TRANSIENT_BACKOFF_MAX_S, self.kafka_config()["max.poll.interval.ms"] / 1000 / 5)
 
     def kafka_config(self) -> dict[str, Any]:
         config = profiles.consumer_config(self.profile, self.bootstrap, self.group_id, mode=self.mode,
@@ -111,11 +128,15 @@ class Member:
         self._stats_recorded_at = 0.0
         self.failure: BaseException | None = None
         self._consumer: Consumer | None = None
+        self._unrecorded: list[tuple[str, list[str]]] = []  # group events not yet stored
+        # baseline / bounded: the state of records sought back after a transient failure
+        self._retrying: dict[tuple[str, int, int], RecordState] = {}
         # flow-mode state
         self._buffer: FetchBuffer | None = None
-        self._done: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
         self._tracker = OffsetTracker()
         self._assignment_changed = False
+        self._fatal: tuple[str, Exception] | None = None  # a worker failure that ends the member
 
     # ----------------------------------------------------------------- lifecycle
     def run(self, stop: threading.Event) -> None:
@@ -144,17 +165,39 @@ class Member:
             self._consumer.close()  # leaves the group; triggers a final revoke
             self._record("closed", [])
             if self.last_stats:
-                self.ctx.storage.record_stats(self.settings.run_id, self.name, self.last_stats)
+                self._best_effort(self.ctx.storage.record_stats, self.settings.run_id, self.name,
+                                  self.last_stats)
 
     # ----------------------------------------------------------------- group events
+    def _best_effort(self, write: Callable[..., None], *args: Any) -> bool:
+        """A bookkeeping write that must not stop the loop while its dependency is down."""
+        try:
+            write(*args)
+            return True
+        except Exception as exc:
+            if failures.classify(exc).kind != failures.TRANSIENT:
+                raise
+            log.warning("%s: %s not recorded yet: %s", self.name, write.__name__, exc)
+            return False
+
     def _record(self, event: str, partitions: list[str]) -> None:
+        """Count a group event and store it; events that meet a database outage wait in order."""
         metrics.REBALANCES.labels(**self.labels, event=event).inc()
         if event != "closed":
-            self.ctx.storage.record_rebalance(self.settings.run_id, self.settings.group_id, self.name,
-                                              event, partitions)
+            self._unrecorded.append((event, partitions))
+        self._store_group_events()
+
+    def _store_group_events(self) -> None:
+        while self._unrecorded and self._best_effort(
+                self.ctx.storage.record_rebalance, self.settings.run_id, self.settings.group_id,
+                self.name, *self._unrecorded[0]):
+            self._unrecorded.pop(0)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.assignment |= {(p.topic, p.partition) for p in partitions}
+        assigned = {(p.topic, p.partition) for p in partitions}
+        for tp in assigned:
+            self._tracker.assigned(tp)
+        self.assignment |= assigned
         self._record("assign", _names(partitions))
         self._assignment_changed = True
         self.assigned_once.set()
@@ -162,15 +205,13 @@ class Member:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {(p.topic, p.partition) for p in partitions}
         self._record("revoke", _names(partitions))
-        if self.settings.mode == "flow":
-            self._release(revoked, commit=True)
+        self._release(revoked, commit=True)
         self.assignment -= revoked
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = {(p.topic, p.partition) for p in partitions}
         self._record("lost", _names(partitions))
-        if self.settings.mode == "flow":
-            self._release(lost, commit=False)
+        self._release(lost, commit=False)
         self.assignment -= lost
 
     def _on_stats(self, raw: str) -> None:
@@ -183,47 +224,61 @@ class Member:
             sum(max(0, p["consumer_lag"]) for p in summary["partitions"].values()))
         if time.monotonic() - self._stats_recorded_at >= STATS_RECORD_INTERVAL_S:
             self._stats_recorded_at = time.monotonic()
-            self.ctx.storage.record_stats(self.settings.run_id, self.name, summary)
+            self._best_effort(self.ctx.storage.record_stats, self.settings.run_id, self.name, summary)
 
     # ----------------------------------------------------------------- one record
-    def _process(self, msg: Message) -> None:
-        """Validate and handle one record; anything that cannot complete is dead-lettered."""
+    def _process(self, msg: Message, state: RecordState) -> None:
+        """Handle one record to the end: done, or dead-lettered when it is its own fault.
+
+        Raises when it could not be handled: `failures.classify` says whether to retry.
+        """
         origin = Origin(self.name, msg.topic(), msg.partition(), msg.offset())
         event: dict[str, Any] | None = None
         try:
             event = events.parse(self.settings.stage, msg.value())
-            outcome = handle(self.ctx, event, origin)
-        except events.InvalidEvent as exc:
-            self._dead_letter(msg, origin, event, exc.reason, exc.detail)
-        except AIUnavailable as exc:
-            self._dead_letter(msg, origin, event, "ai_unavailable", exc.reason)
+            handle(self.ctx, event, origin, state)
         except Exception as exc:
-            log.exception("%s: processing %s failed", self.name, origin)
-            self._dead_letter(msg, origin, event, "processing_error", repr(exc))
-        else:
-            metrics.COMPLETED.labels(**self.labels).inc()
-            if outcome.skipped_duplicate:
-                metrics.DUPLICATES.labels(**self.labels).inc()
-            retries = max(0, len(outcome.tries) - 1)
-            if retries:
-                metrics.RETRIES.labels(**self.labels).inc(retries)
+            verdict = failures.classify(exc)
+            if verdict.kind != failures.POISON:
+                raise
+            detail = (exc.detail if isinstance(exc, events.InvalidEvent)
+                      else exc.reason if isinstance(exc, AIUnavailable) else repr(exc))
+            self._dead_letter(msg, origin, event, verdict.reason, detail, state)
+            return
+        metrics.COMPLETED.labels(**self.labels).inc()
+        if state.skipped_duplicate:
+            metrics.DUPLICATES.labels(**self.labels).inc()
+        retries = max(0, len(state.tries) - 1)
+        if retries:
+            metrics.RETRIES.labels(**self.labels).inc(retries)
 
     def _dead_letter(self, msg: Message, origin: Origin, event: dict[str, Any] | None, reason: str,
-                     detail: str) -> None:
+                     detail: str, state: RecordState) -> None:
+        """To the dead-letter topic (a reference when a copy would not fit) and the table."""
         request_id = (event or {}).get("request_id")
-        headers = [("reason", reason.encode()), ("detail", detail[:500].encode()),
-                   ("source_topic", msg.topic().encode()),
-                   ("source_partition", str(msg.partition()).encode()),
-                   ("source_offset", str(msg.offset()).encode()),
-                   ("stage", self.settings.stage.encode())]
-        self.ctx.producer.send(self.ctx.topics.dead_letter, value=msg.value() or b"", key=msg.key(),
-                               headers=headers).result(30)
+        if not state.dead_letter_sent:
+            record = dead_letter.build(
+                msg.value(), msg.key(), msg.headers(), reason=reason, detail=detail,
+                topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
+                stage=self.settings.stage,
+                max_bytes=dead_letter.producer_max_bytes(self.settings.profile))
+            self.ctx.producer.send(self.ctx.topics.dead_letter, value=record.value or b"",
+                                   key=record.key, headers=record.headers).result(30)
+            state.dead_letter_sent = True
         self.ctx.storage.record_dead_letter(self.settings.run_id, request_id, self.settings.stage,
-                                           f"{reason}: {detail}"[:1000], origin, msg.value())
+                                           f"{reason}: {detail}"[:1000], origin,
+                                           dead_letter.stored_payload(msg.value()))
         if request_id and event and reason == "ai_unavailable":
             self.ctx.send(self.ctx.topics.notify, events.notification(
                 request_id, event["run_id"], "failed", reason=reason))
         metrics.ERRORS.labels(**self.labels, reason=reason).inc()
+
+    def _transient(self, msg: Message, exc: Exception) -> None:
+        """Say why a record waits; counted per reason."""
+        reason = failures.classify(exc).reason
+        metrics.WAITING.labels(**self.labels, reason=reason).inc()
+        log.warning("%s: %s:%d@%d waits (%s): %s", self.name, msg.topic(), msg.partition(),
+                    msg.offset(), reason, exc)
 
     def _accept(self, msgs: list[Message], on_record: Callable[[Message], None]) -> None:
         """Route fetched records, handling the client errors that arrive as messages."""
@@ -253,19 +308,39 @@ class Member:
     # ----------------------------------------------------------------- baseline / bounded
     def _run_batches(self, stop: threading.Event) -> None:
         size = BASELINE_BATCH if self.settings.mode == "baseline" else self.settings.batch_size
+        backoff = 0.0
         while not stop.is_set():
             processed: dict[tuple[str, int], int] = {}
+            waiting: set[tuple[str, int]] = set()
 
-            def process(msg: Message, processed: dict = processed) -> None:
-                if stop.is_set():
-                    return  # shutting down: leave the rest of the batch uncommitted
+            def process(msg: Message, processed: dict = processed, waiting: set = waiting) -> None:
+                tp = _tp(msg)
+                if stop.is_set() or tp in waiting:
+                    return  # shutting down, or behind a record that waits: not committed
+                key = (*tp, msg.offset())
+                state = self._retrying.pop(key, None) or RecordState()
                 metrics.IN_FLIGHT.labels(**self.labels).set(1)
-                self._process(msg)
-                metrics.IN_FLIGHT.labels(**self.labels).set(0)
-                processed[_tp(msg)] = msg.offset() + 1
+                try:
+                    self._process(msg, state)
+                except Exception as exc:
+                    if failures.classify(exc).kind != failures.TRANSIENT:
+                        raise
+                    self._transient(msg, exc)
+                    self._retrying[key] = state
+                    waiting.add(tp)
+                    self._consumer.seek(TopicPartition(msg.topic(), msg.partition(), msg.offset()))
+                    return
+                finally:
+                    metrics.IN_FLIGHT.labels(**self.labels).set(0)
+                processed[tp] = msg.offset() + 1
 
             self._accept(self._consumer.consume(num_messages=size, timeout=0.2), process)
             self._commit(processed)
+            if waiting:
+                backoff = min(max(2 * backoff, TRANSIENT_BACKOFF_S), self.settings.transient_backoff_max_s)
+                stop.wait(backoff)
+            else:
+                backoff = 0.0
 
     # ----------------------------------------------------------------- flow
     def _run_flow(self, stop: threading.Event) -> None:
@@ -275,21 +350,28 @@ class Member:
                                    pause_after_s=poll_interval_s / 3)
         last_commit = time.monotonic()
         with ThreadPoolExecutor(max_workers=s.window, thread_name_prefix=f"{self.name}-w") as pool:
-            while not stop.is_set():
-                waiting = len(self._buffer) > 0 and self._free_slots() == 0
-                self._collect_done(block_s=0.02 if waiting else 0)
-                self._dispatch(pool)
-                if self._assignment_changed:
-                    self._buffer.reassert_pause()
-                    self._assignment_changed = False
-                timeout = 0 if (len(self._buffer) or self._buffer.paused) else 0.05
-                self._accept(self._buffer.poll(timeout), self._unexpected)
-                metrics.BUFFERED.labels(**self.labels).set(len(self._buffer))
-                metrics.PAUSED.labels(**self.labels).set(int(self._buffer.paused))
-                if time.monotonic() - last_commit >= s.commit_interval_s:
-                    self._commit_completed(self.assignment)
-                    last_commit = time.monotonic()
-            self._shutdown_flow()
+            try:
+                while not stop.is_set():
+                    waiting = len(self._buffer) > 0 and self._free_slots() == 0
+                    self._collect_done(block_s=0.02 if waiting else 0)
+                    if self._fatal is not None:
+                        raise RuntimeError(self._fatal[0]) from self._fatal[1]
+                    self._dispatch(pool)
+                    if self._assignment_changed:
+                        self._buffer.reassert_pause()
+                        self._assignment_changed = False
+                    timeout = 0 if (len(self._buffer) or self._buffer.paused) else 0.05
+                    self._accept(self._buffer.poll(timeout), self._unexpected)
+                    metrics.BUFFERED.labels(**self.labels).set(len(self._buffer))
+                    metrics.PAUSED.labels(**self.labels).set(int(self._buffer.paused))
+                    if time.monotonic() - last_commit >= s.commit_interval_s:
+                        self._commit_completed(self.assignment)
+                        self._store_group_events()
+                        last_commit = time.monotonic()
+            finally:
+                self._shutdown_flow()
+        if self._fatal is not None:  # a worker failed while the member was stopping
+            raise RuntimeError(self._fatal[0]) from self._fatal[1]
 
     def _unexpected(self, msg: Message) -> None:
         raise AssertionError(f"FetchBuffer returned a data record: {msg.topic()}:{msg.partition()}")
@@ -299,25 +381,46 @@ class Member:
 
     def _dispatch(self, pool: ThreadPoolExecutor) -> None:
         while self._free_slots() > 0 and (msg := self._buffer.pop()) is not None:
-            self._tracker.dispatched(_tp(msg), msg.offset())
-            pool.submit(self._work, msg)
+            epoch = self._tracker.dispatched(_tp(msg), msg.offset())
+            pool.submit(self._work, msg, epoch)
         metrics.IN_FLIGHT.labels(**self.labels).set(self._tracker.in_flight())
 
-    def _work(self, msg: Message) -> None:
+    def _work(self, msg: Message, epoch: int) -> None:
+        """Worker: handle the record, retrying a dependency's failure with backoff for as long
+        as the partition is still this member's under the same epoch; report how it ended."""
+        tp, state, backoff = _tp(msg), RecordState(), TRANSIENT_BACKOFF_S
         try:
-            self._process(msg)
-        finally:
-            self._done.put(msg)
+            while self._tracker.owns(tp, epoch):
+                try:
+                    self._process(msg, state)
+                    self._done.put(_Done(msg, epoch, handled=True))
+                    return
+                except Exception as exc:
+                    if failures.classify(exc).kind != failures.TRANSIENT:
+                        raise
+                    self._transient(msg, exc)
+                    deadline = time.monotonic() + backoff
+                    while time.monotonic() < deadline and self._tracker.owns(tp, epoch):
+                        time.sleep(min(0.05, backoff))
+                    backoff = min(2 * backoff, self.settings.transient_backoff_max_s)
+            self._done.put(_Done(msg, epoch, handled=False))
+        except Exception as exc:  # noqa: BLE001 - handed to the poll loop, which ends the member
+            self._done.put(_Done(msg, epoch, handled=False, failure=exc))
 
     def _collect_done(self, block_s: float) -> None:
+        """Apply finished work to the offsets; keep the first fatal failure for the loop."""
         try:
-            msg = self._done.get(timeout=block_s) if block_s else self._done.get_nowait()
+            done = self._done.get(timeout=block_s) if block_s else self._done.get_nowait()
         except queue.Empty:
             return
         while True:
-            self._tracker.completed(_tp(msg), msg.offset())
+            self._tracker.completed(_tp(done.msg), done.msg.offset(), done.epoch, done.handled)
+            if done.failure is not None and self._fatal is None:
+                self._fatal = (f"{self.name}: {done.msg.topic()}:{done.msg.partition()}@"
+                               f"{done.msg.offset()} failed in a way no retry or dead letter "
+                               "fits; nothing is committed past it", done.failure)
             try:
-                msg = self._done.get_nowait()
+                done = self._done.get_nowait()
             except queue.Empty:
                 return
 
@@ -327,9 +430,14 @@ class Member:
             self._tracker.mark_committed(positions)
 
     def _release(self, tps: set[tuple[str, int]], commit: bool) -> None:
-        """Hand partitions back: drop their buffered records, finish in-flight work, commit."""
-        if self._buffer is not None:
-            self._buffer.drop(tps)
+        """Hand partitions back: drop their buffered records, stop their retries, let in-flight
+        calls finish within the deadline, commit what was handled, forget them."""
+        for key in [k for k in self._retrying if k[:2] in tps]:
+            del self._retrying[key]
+        if self._buffer is None:
+            return
+        self._buffer.drop(tps)
+        self._tracker.releasing(tps)
         if commit:
             deadline = time.monotonic() + self.settings.revoke_deadline_s
             while self._tracker.in_flight(tps) and time.monotonic() < deadline:
@@ -345,3 +453,13 @@ class Member:
         """Stop taking work, let in-flight records finish within the deadline, commit."""
         self._buffer.clear()
         self._release(set(self.assignment), commit=True)
+
+
+@dataclass(frozen=True)
+class _Done:
+    """How a worker finished with a record, under the epoch it was dispatched in."""
+
+    msg: Message
+    epoch: int
+    handled: bool
+    failure: Exception | None = None

@@ -32,6 +32,8 @@ from consumers.storage import Storage
 
 log = logging.getLogger(__name__)
 
+CLAIM_MARGIN_S = 2.0  # clock and database round trips between a lease's renewal and its try
+
 
 @dataclass(frozen=True)
 class FleetSettings:
@@ -48,6 +50,13 @@ class FleetSettings:
     ai_auth_header: str | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     shutdown_deadline_s: float = 30.0
+
+    @property
+    def claim_lease_s(self) -> float:
+        """How long a (request, stage) claim outlives its last renewal. Renewed before each
+        try, it must cover one try and the backoff before the next; it is also how long a
+        member that died mid-call holds up the copy of its record that a new member consumes."""
+        return self.ai_timeout_s + self.retry.backoff_max_s + CLAIM_MARGIN_S
 
 
 class Fleet:
@@ -67,6 +76,7 @@ class Fleet:
             producer=self.producer,
             check_ai=self._client(s.check_url, concurrency),
             generate_ai=self._client(s.generate_url, concurrency),
+            claim_lease_s=s.claim_lease_s,
         )
         self.members = [Member(f"{s.member.stage}-{i}", s.member, self.ctx) for i in range(s.members)]
         self._stop = threading.Event()
@@ -221,9 +231,21 @@ def main() -> None:
         signal.signal(sig, lambda *_: stop.set())
     fleet.start()
     log.info("fleet %s running: %s", args.stage, config.stage(args.stage))
-    stop.wait()
+    # Watch the members while waiting: a process whose member loop died must not run on with
+    # fewer members; it exits non-zero (EX_SOFTWARE) so its supervisor starts it again.
+    failure: RuntimeError | None = None
+    while failure is None and not stop.wait(0.5):
+        try:
+            fleet.raise_failures()
+        except RuntimeError as exc:
+            failure = exc
+    if failure is not None:
+        log.critical("fleet %s: %s; stopping the other members, then exiting %d", args.stage,
+                     failure, os.EX_SOFTWARE, exc_info=failure)
     log.info("stopping: finishing in-flight work")
     fleet.stop()
+    if failure is not None:
+        raise SystemExit(os.EX_SOFTWARE)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ BUFFERED = Gauge("pipeline_buffered", "Records fetched and waiting for a process
 COMPLETED = Counter("pipeline_completed_total", "Records processed to completion", ["stage", "member"])
 ERRORS = Counter("pipeline_dead_lettered_total", "Records sent to the dead-letter topic",
                  ["stage", "member", "reason"])
+WAITING = Counter("pipeline_waiting_total", "Tries of a record that met a failing dependency "
+                  "(the record waits and is tried again)", ["stage", "member", "reason"])
 RETRIES = Counter("pipeline_ai_retries_total", "AI call tries beyond the first", ["stage", "member"])
 DUPLICATES = Counter("pipeline_reconsumed_total", "Records whose result already existed",
                      ["stage", "member"])

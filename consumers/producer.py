@@ -21,7 +21,11 @@ from consumers import profiles
 
 
 class DeliveryError(RuntimeError):
-    """A record the broker did not acknowledge."""
+    """A record the broker did not acknowledge; `error` says why (None: not sent at all)."""
+
+    def __init__(self, message: str, error: KafkaError | None = None) -> None:
+        super().__init__(message)
+        self.error = error
 
 
 def check_key_strategy(strategy: str) -> str:
@@ -98,7 +102,7 @@ class KeyedProducer:
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                future.set_exception(DeliveryError(f"delivery to {topic} failed: {err}"))
+                future.set_exception(DeliveryError(f"delivery to {topic} failed: {err}", err))
             else:
                 future.set_result((msg.partition(), msg.offset()))
 

@@ -5,20 +5,29 @@ check    : call the checking AI, store the verdict, pass approved requests to `g
            tell the user about rejected ones
 generate : call the generative AI, store the result link, send it to the user
 
-A stage whose result is already recorded does not call the AI again (re-consumption after a
-rebalance costs a database read, not a GPU call) but re-sends its downstream event, which is
-idempotent downstream: an event lost between the two writes is therefore never lost.
-Failures raise: `InvalidEvent` and `AIUnavailable` are dead-lettered by the consumer.
+At most one AI call per (request, stage): before calling, the stage claims the pair in
+PostgreSQL (`Storage.claim`), so a second copy of the same request waits for the first one's
+result instead of calling too, and a member that died mid-call is taken over once its lease
+expires. Every try is written before it is sent and completed after, so an interrupted call is
+still counted. A stage whose result is already recorded does not call again but re-sends its
+downstream event, which is idempotent downstream: an event lost between the two writes is
+therefore never lost.
+
+Failures raise; `consumers.failures` says which are the record's fault (dead-lettered) and
+which are a dependency's (retried). What one record's handling achieved is kept in its
+`RecordState` across those retries, so a retry after the database came back stores the AI
+answer already received rather than calling again.
 """
 
 from __future__ import annotations
 
-import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from consumers import events
-from consumers.ai_client import AIClient, Try
+from consumers.ai_client import AIClient, AIUnavailable, Try
+from consumers.failures import ClaimHeld
 from consumers.producer import KeyedProducer
 from consumers.storage import Origin, Storage
 
@@ -35,6 +44,7 @@ class StageContext:
     producer: KeyedProducer
     check_ai: AIClient | None = None
     generate_ai: AIClient | None = None
+    claim_lease_s: float = 30.0  # longer than one try plus the backoff before the next
 
     def send(self, topic: str, event: dict[str, Any]) -> None:
         """Send downstream and wait for the acknowledgement: a record only completes after it."""
@@ -42,76 +52,101 @@ class StageContext:
 
 
 @dataclass
-class Outcome:
-    """What handling one event produced, for metrics and the attempts table."""
+class RecordState:
+    """What handling one record has achieved so far, kept across its retries."""
 
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this handling's claim owner
+    result: str | None = None  # the AI's answer, once received
+    failure: AIUnavailable | None = None  # the AI's final failure, once known
     tries: list[Try] = field(default_factory=list)
+    unwritten: list[tuple[int, float, str, int | None]] = field(default_factory=list)
+    intake_first: bool = False
+    dead_letter_sent: bool = False
     skipped_duplicate: bool = False
 
 
-def handle(ctx: StageContext, event: dict[str, Any], origin: Origin) -> Outcome:
+def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
     """Run the stage's work for one validated event."""
-    return {"intake": _intake, "check": _check, "generate": _generate}[ctx.stage](ctx, event, origin)
+    {"intake": _intake, "check": _check, "generate": _generate}[ctx.stage](ctx, event, origin, state)
 
 
-def _intake(ctx: StageContext, event: dict[str, Any], origin: Origin) -> Outcome:
-    if ctx.storage.record_intake(event, origin):
+def _intake(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
+    state.intake_first = ctx.storage.record_intake(event, origin) or state.intake_first
+    if state.intake_first:
         ctx.send(ctx.topics.notify, events.notification(event["request_id"], event["run_id"],
                                                         "choose_style", user_id=event["user_id"]))
-    return Outcome()
 
 
-def _call(ctx: StageContext, client: AIClient | None, stage: str, event: dict[str, Any],
-          origin: Origin, outcome: Outcome) -> dict[str, Any]:
-    """One AI call with its tries recorded, whatever the result."""
-    if client is None:
-        raise RuntimeError(f"stage {stage} has no AI endpoint configured")
-    try:
-        return client.call({"request_id": event["request_id"], "style": event["style"],
-                            "description": event["description"]},
-                           observe=outcome.tries.append)
-    finally:
-        ctx.storage.record_attempts(event["run_id"], event["request_id"], stage, origin,
-                                    [(t.attempt, t.started, t.ended, t.outcome, t.http_status)
-                                     for t in outcome.tries])
+@dataclass
+class _AttemptLog:
+    """Writes each try's row before it is sent (renewing the claim) and keeps its ending."""
+
+    ctx: StageContext
+    stage: str
+    event: dict[str, Any]
+    origin: Origin
+    state: RecordState
+    _ids: dict[int, int] = field(default_factory=dict)
+
+    def started(self, attempt: int, at: float) -> None:
+        self._ids[attempt] = self.ctx.storage.start_attempt(
+            self.event["run_id"], self.event["request_id"], self.stage, self.origin,
+            self.state.owner, self.ctx.claim_lease_s, attempt, at)
+
+    def ended(self, attempt: Try) -> None:
+        self.state.tries.append(attempt)
+        self.state.unwritten.append((self._ids[attempt.attempt], attempt.ended, attempt.outcome,
+                                     attempt.http_status))
 
 
-def _skip(ctx: StageContext, stage: str, event: dict[str, Any], origin: Origin) -> None:
-    """Record a re-consumed event whose result already exists (no AI call made)."""
-    now = time.time()
-    ctx.storage.record_attempts(event["run_id"], event["request_id"], stage, origin,
-                                [(0, now, now, "skipped_done", None)])
+def _ai_result(ctx: StageContext, client: AIClient | None, stage: str, answer_field: str,
+               event: dict[str, Any], origin: Origin, state: RecordState) -> str:
+    """The stage's AI answer: recorded already, received before a retry, or called for now."""
+    if state.result is None and state.failure is None:
+        claim = ctx.storage.claim(event["request_id"], stage, state.owner, ctx.claim_lease_s)
+        if claim.done is not None:
+            ctx.storage.record_skip(event["run_id"], event["request_id"], stage, origin)
+            state.skipped_duplicate = True
+            return claim.done
+        if not claim.ours:
+            raise ClaimHeld(f"{stage} of {event['request_id']} is being called by another member")
+        if client is None:
+            raise RuntimeError(f"stage {stage} has no AI endpoint configured")
+        try:
+            body = client.call({"request_id": event["request_id"], "style": event["style"],
+                                "description": event["description"]},
+                               _AttemptLog(ctx, stage, event, origin, state))
+        except AIUnavailable as exc:
+            if not exc.service_wide:
+                state.failure = exc
+            ctx.storage.end_attempts(state.unwritten)
+            state.unwritten.clear()
+            raise
+        if not isinstance(body.get(answer_field), str):
+            state.failure = AIUnavailable(f"answer from {stage} without {answer_field!r}")
+        else:
+            state.result = body[answer_field]
+    ctx.storage.end_attempts(state.unwritten)
+    state.unwritten.clear()
+    if state.failure is not None:
+        raise state.failure
+    ctx.storage.record_result(stage, event, state.result, origin)
+    return state.result
 
 
-def _check(ctx: StageContext, event: dict[str, Any], origin: Origin) -> Outcome:
-    outcome = Outcome()
+def _check(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
     ctx.storage.record_style(event)
-    verdict = ctx.storage.stage_done(event["request_id"], "check")
-    if verdict is not None:
-        outcome.skipped_duplicate = True
-        _skip(ctx, "check", event, origin)
-    else:
-        verdict = _call(ctx, ctx.check_ai, "check", event, origin, outcome)["verdict"]
-        ctx.storage.record_result("check", event, verdict, origin)
+    verdict = _ai_result(ctx, ctx.check_ai, "check", "verdict", event, origin, state)
     if verdict == "approved":
         ctx.send(ctx.topics.generate, {**event})
     else:
         ctx.send(ctx.topics.notify, events.notification(event["request_id"], event["run_id"],
                                                         "rejected", verdict=verdict))
         ctx.storage.mark_notified(event["request_id"])
-    return outcome
 
 
-def _generate(ctx: StageContext, event: dict[str, Any], origin: Origin) -> Outcome:
-    outcome = Outcome()
-    url = ctx.storage.stage_done(event["request_id"], "generate")
-    if url is not None:
-        outcome.skipped_duplicate = True
-        _skip(ctx, "generate", event, origin)
-    else:
-        url = _call(ctx, ctx.generate_ai, "generate", event, origin, outcome)["result_url"]
-        ctx.storage.record_result("generate", event, url, origin)
+def _generate(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
+    url = _ai_result(ctx, ctx.generate_ai, "generate", "result_url", event, origin, state)
     ctx.send(ctx.topics.notify, events.notification(event["request_id"], event["run_id"],
                                                     "result", url=url))
     ctx.storage.mark_notified(event["request_id"])
-    return outcome

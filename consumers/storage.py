@@ -1,14 +1,16 @@
 """PostgreSQL persistence of the pipeline's run records (schema in infra/migrations).
 
 Results are idempotent by (request id, stage): `stage_results` has that primary key and every
-write is `ON CONFLICT DO NOTHING`, so re-consumption never duplicates a result, while
-`ai_attempts` keeps one row per processing attempt so the re-consumption stays visible.
+write is `ON CONFLICT DO NOTHING`, so re-consumption never duplicates a result. `stage_claims`
+makes sure at most one member calls the AI for a (request id, stage) at a time, and
+`ai_attempts` keeps one row per try, written before it is sent, so every call is counted.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +19,8 @@ from typing import Any
 
 from psycopg2.extensions import connection
 from psycopg2.pool import ThreadedConnectionPool
+
+from consumers.failures import Transient
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,18 @@ class Origin:
     topic: str
     partition: int
     offset: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to a claim: the stage's recorded result, or whether the call is ours to make."""
+
+    done: str | None = None
+    ours: bool = False
+
+
+class ClaimLost(Transient):
+    """The lease ran out and another member took the claim over."""
 
 
 def ts(epoch_s: float | None) -> datetime | None:
@@ -56,13 +72,17 @@ class Storage:
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
+        """One transaction. A connection that failed is closed rather than handed back: after a
+        server restart it is dead, and the pool leaks its slot if rolling it back raises."""
         with self._free:
             conn: connection = self._pool.getconn()
+            failed = True
             try:
                 with conn, conn.cursor() as cur:
                     yield cur
+                failed = False
             finally:
-                self._pool.putconn(conn)
+                self._pool.putconn(conn, close=failed)
 
     def close(self) -> None:
         self._pool.closeall()
@@ -103,14 +123,6 @@ class Storage:
                 (event["request_id"], event["run_id"], event["style"], event["description"],
                  ts(event["produced_at"])))
 
-    def stage_done(self, request_id: str, stage: str) -> str | None:
-        """The recorded detail of a finished stage, or None when it has not finished."""
-        with self._tx() as cur:
-            cur.execute("SELECT coalesce(detail, outcome) FROM stage_results "
-                        "WHERE request_id = %s AND stage = %s", (request_id, stage))
-            row = cur.fetchone()
-        return row[0] if row else None
-
     def record_result(self, stage: str, event: dict[str, Any], detail: str, origin: Origin) -> bool:
         """A stage's result, once; True when this call recorded it, False for a duplicate."""
         with self._tx() as cur:
@@ -137,19 +149,68 @@ class Storage:
             cur.execute("UPDATE requests SET notified_at = coalesce(notified_at, now()) "
                         "WHERE request_id = %s", (request_id,))
 
-    def record_attempts(self, run_id: str, request_id: str, stage: str, origin: Origin,
-                        tries: Sequence[tuple[int, float, float, str, int | None]]) -> None:
-        """One row per AI call try: (attempt, started, ended, outcome, http status)."""
-        if not tries:
+    def claim(self, request_id: str, stage: str, owner: str, lease_s: float) -> Claim:
+        """Claim (request, stage) before calling its AI, unless its result is already recorded.
+
+        The claim is `owner`'s when nobody holds it, when `owner` holds it already, or when the
+        holder's lease has expired (a member that died mid-call): then it is taken over.
+        """
+        with self._tx() as cur:
+            cur.execute("SELECT coalesce(detail, outcome) FROM stage_results "
+                        "WHERE request_id = %s AND stage = %s", (request_id, stage))
+            row = cur.fetchone()
+            if row is not None:
+                return Claim(done=row[0])
+            cur.execute(
+                "INSERT INTO stage_claims (request_id, stage, owner, lease_until) "
+                "VALUES (%(r)s, %(s)s, %(o)s, now() + make_interval(secs => %(l)s)) "
+                "ON CONFLICT (request_id, stage) DO UPDATE SET owner = EXCLUDED.owner, "
+                "lease_until = EXCLUDED.lease_until, "
+                "takeovers = stage_claims.takeovers + (stage_claims.owner <> EXCLUDED.owner)::int "
+                "WHERE stage_claims.owner = EXCLUDED.owner OR stage_claims.lease_until < now() "
+                "RETURNING 1", {"r": request_id, "s": stage, "o": owner, "l": lease_s})
+            return Claim(ours=cur.fetchone() is not None)
+
+    def start_attempt(self, run_id: str, request_id: str, stage: str, origin: Origin, owner: str,
+                      lease_s: float, attempt: int, started: float) -> int:
+        """Renew the claim and write the attempt row before the try is sent; the row's id.
+
+        Raises `ClaimLost` when the lease expired and another member took the claim over: the
+        try is then not sent, and the record waits for that member's result.
+        """
+        with self._tx() as cur:
+            cur.execute("UPDATE stage_claims SET lease_until = now() + make_interval(secs => %s) "
+                        "WHERE request_id = %s AND stage = %s AND owner = %s RETURNING 1",
+                        (lease_s, request_id, stage, owner))
+            if cur.fetchone() is None:
+                raise ClaimLost(f"{stage} claim of {request_id} taken over by another member")
+            cur.execute(
+                "INSERT INTO ai_attempts (run_id, request_id, stage, attempt, member, topic, "
+                "kafka_partition, kafka_offset, started_at, outcome) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'started') RETURNING id",
+                (run_id, request_id, stage, attempt, origin.member, origin.topic, origin.partition,
+                 origin.offset, ts(started)))
+            return cur.fetchone()[0]
+
+    def end_attempts(self, ended: Sequence[tuple[int, float, str, int | None]]) -> None:
+        """Complete attempt rows: (id, ended, outcome, http status)."""
+        if not ended:
             return
         with self._tx() as cur:
-            cur.executemany(
+            cur.executemany("UPDATE ai_attempts SET ended_at = %s, outcome = %s, http_status = %s "
+                            "WHERE id = %s",
+                            [(ts(at), outcome, status, row_id) for row_id, at, outcome, status in ended])
+
+    def record_skip(self, run_id: str, request_id: str, stage: str, origin: Origin) -> None:
+        """A re-consumed event whose result already exists: on record, and no AI call made."""
+        now = ts(time.time())
+        with self._tx() as cur:
+            cur.execute(
                 "INSERT INTO ai_attempts (run_id, request_id, stage, attempt, member, topic, "
-                "kafka_partition, kafka_offset, started_at, ended_at, outcome, http_status) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [(run_id, request_id, stage, attempt, origin.member, origin.topic, origin.partition,
-                  origin.offset, ts(started), ts(ended), outcome, status)
-                 for attempt, started, ended, outcome, status in tries])
+                "kafka_partition, kafka_offset, started_at, ended_at, outcome) "
+                "VALUES (%s, %s, %s, 0, %s, %s, %s, %s, %s, %s, 'skipped_done')",
+                (run_id, request_id, stage, origin.member, origin.topic, origin.partition,
+                 origin.offset, now, now))
 
     def record_dead_letter(self, run_id: str, request_id: str | None, stage: str, reason: str,
                            origin: Origin, payload: bytes | None) -> None:

@@ -11,7 +11,8 @@ Definitions, so every figure can be recomputed in SQL:
   `requests.produced_at` to `generated_at` and to `notified_at` (requests with both ends), and
   per stage from `ai_attempts` with outcome 'ok' (`ended_at - started_at`).
 - member load: AI call attempts per group member (all outcomes, and 'ok' ones).
-- duplicate AI calls: 'ok' attempts beyond the first per (request_id, stage).
+- duplicate AI calls: 'ok' attempts, and 'started' ones never ended (a crash during the call),
+  beyond the first per (request_id, stage).
 - rebalance windows: each 'revoke' or 'lost' event opens a window in its consumer group that
   closes at the group's first 'assign' event at or after it (or at the run's last recorded
   instant, completion or rebalance event, when none follows); overlapping windows of one group
@@ -127,8 +128,9 @@ def member_load(attempts: DataFrame) -> DataFrame:
 
 
 def duplicate_calls(attempts: DataFrame) -> DataFrame:
-    """Successful AI calls beyond the first per (request, stage), per stage."""
-    per_request = (attempts.where(F.col("outcome") == "ok")
+    """AI calls that may have produced a result beyond the first per (request, stage), per stage:
+    'ok' ones and 'started' ones that never ended (the member died during the call)."""
+    per_request = (attempts.where(F.col("outcome").isin("ok", "started"))
                    .groupBy("request_id", "stage").agg(F.count(F.lit(1)).alias("calls")))
     return per_request.groupBy("stage").agg(F.sum(F.col("calls") - 1).alias("duplicates"))
 

@@ -203,6 +203,19 @@ def test_member_load_and_duplicate_calls(spark: SparkSession) -> None:
     assert {s: r["duplicates"] for s, r in duplicates.items()} == {"check": 2, "generate": 1}
 
 
+def test_duplicate_calls_count_calls_interrupted_by_a_crash(spark: SparkSession) -> None:
+    attempts = spark.createDataFrame(
+        [("r1", "generate", "m1", "started", at(0), None), ("r1", "generate", "m2", "ok", at(40), at(43)),
+         ("r2", "generate", "m2", "started", at(1), None),
+         ("r3", "generate", "m1", "http_5xx", at(2), at(5)), ("r3", "generate", "m1", "ok", at(6), at(9))],
+        "request_id string, stage string, member string, outcome string, started_at timestamp, "
+        "ended_at timestamp")
+    duplicates = collect(pipeline_analysis.duplicate_calls(attempts))
+    # r1: a call cut short by a crash, then the takeover's call -> 1 extra; r2: one interrupted
+    # call alone -> none; r3: a 5xx produced nothing, then one ok -> none.
+    assert [(r["stage"], r["duplicates"]) for r in duplicates] == [("generate", 1)]
+
+
 def test_rebalance_windows_merge_and_cost_idle_buckets(spark: SparkSession) -> None:
     frames = run_frames(spark)
     run_end = (T0_S + 33.2) * 1_000_000  # the last generate completion, after the last event

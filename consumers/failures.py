@@ -1,0 +1,72 @@
+"""Poison or transient: whose fault is a failure to handle one record.
+
+Only a failure that is the record's own fault is dead-lettered: an invalid event, a data
+error the database refuses, an AI request the service answers with a final error or keeps
+failing after the configured tries, a downstream event too large to send. A failure of a
+dependency (PostgreSQL unreachable, a Kafka delivery that timed out, the AI service refusing
+everyone with 429 or not answering connections, another member holding the record's claim)
+says nothing about the record: it is retried with backoff while the partition waits, and the
+offset is never committed past it. Anything else is a defect the member cannot judge: it is
+neither dead-lettered nor committed, and the member goes down loudly so its supervisor
+restarts it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass
+
+import psycopg2
+import psycopg2.pool
+from confluent_kafka import KafkaError, KafkaException
+
+from consumers.ai_client import AIUnavailable
+from consumers.events import InvalidEvent
+from consumers.producer import DeliveryError
+
+POISON = "poison"
+TRANSIENT = "transient"
+FATAL = "fatal"
+
+# Delivery errors that are the produced record's fault: retrying cannot help.
+_RECORD_DELIVERY_ERRORS = frozenset({
+    KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD,
+    KafkaError.INVALID_MSG_SIZE, KafkaError.RECORD_LIST_TOO_LARGE,
+})
+
+
+class Transient(RuntimeError):
+    """A dependency failed; the same record may well succeed later."""
+
+
+class ClaimHeld(Transient):
+    """Another member holds the (request, stage) claim: wait for its result or its lease."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a failure is handled, and the reason code a dead letter carries."""
+
+    kind: str  # poison | transient | fatal
+    reason: str
+
+
+def classify(exc: BaseException) -> Verdict:
+    """Whose fault `exc` is; see the module docstring."""
+    if isinstance(exc, InvalidEvent):
+        return Verdict(POISON, exc.reason)
+    if isinstance(exc, AIUnavailable):
+        return Verdict(TRANSIENT if exc.service_wide else POISON, "ai_unavailable")
+    if isinstance(exc, Transient):
+        return Verdict(TRANSIENT, type(exc).__name__)
+    if isinstance(exc, psycopg2.DataError | psycopg2.IntegrityError):
+        return Verdict(POISON, "database_rejected")
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError | psycopg2.pool.PoolError):
+        return Verdict(TRANSIENT, "database_unavailable")
+    if isinstance(exc, DeliveryError | KafkaException):
+        error = exc.error if isinstance(exc, DeliveryError) else exc.args[0] if exc.args else None
+        code = error.code() if isinstance(error, KafkaError) else None
+        return Verdict(POISON if code in _RECORD_DELIVERY_ERRORS else TRANSIENT, "delivery_failed")
+    if isinstance(exc, BufferError | concurrent.futures.TimeoutError | TimeoutError):
+        return Verdict(TRANSIENT, "kafka_unavailable")
+    return Verdict(FATAL, "processing_error")
