@@ -1,4 +1,4 @@
-"""Start, scale or stop the consumer fleets of a pipeline at a configuration version."""
+"""Start, scale, check or stop the consumer fleets of a pipeline at a configuration version."""
 
 from __future__ import annotations
 
@@ -18,8 +18,9 @@ from pipeline_ops.operators import DeployFleetOperator
     tags=[*s.TAGS_PIPELINE, "deploy"],
     default_args={**s.DEFAULT_ARGS, "retries": 0},
     params={
-        "action": Param("start", type="string", enum=["start", "scale", "stop"],
-                        description="start the fleets, restart them with a new size, or stop them"),
+        "action": Param("start", type="string", enum=["start", "scale", "check", "stop"],
+                        description="start the fleets, restart the AI stages at a new size, record "
+                                    "their health, or stop them"),
         "run_id": Param("pipeline", type="string", pattern="^[a-zA-Z0-9._-]{1,100}$",
                         description="the deployment: records are written under it and its topics are "
                                     "<run_id>.*"),
@@ -29,9 +30,11 @@ from pipeline_ops.operators import DeployFleetOperator
     },
     doc_md="""
 ### Deploy
-On the local stack the fleets are supervised processes (one per stage) recorded in the
-`deployments` table with their pid, metrics port and health. With docker-compose the consumer
-services pick up the active version instead.
+Each stage's fleet is a supervisord program (`fleet-<run_id>-<stage>`): supervisord restarts a
+fleet that crashes or exits because a member died, with back-off when it fails at start. The
+`deployments` table records each program with its pid (the new one after a restart), metrics
+port, member count, supervisord state, restarts and health. `scale` rewrites the AI stages'
+programs with the new member count and restarts them; `check` refreshes the recorded state.
 """,
 )
 def pipeline_deploy() -> None:

@@ -1,5 +1,5 @@
-"""Start, inspect and stop the local stack: Kafka (KRaft), PostgreSQL, the AI service stand-in
-and the Airflow metadata database.
+"""Start, inspect and stop the local stack: Kafka (KRaft), PostgreSQL, the AI service stand-in,
+the Airflow metadata database and supervisord (which runs the deployed consumer fleets).
 
     python -m infra.stack up [--brokers 3]   # idempotent; writes .local/<stack>/stack.env
     python -m infra.stack down
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra import kafka_cluster, postgres_server
+from infra import kafka_cluster, postgres_server, supervisor
 from infra.layout import LOCAL, REPO, Layout, current, port_in_use, wait_for_port
 from infra.migrate import migrate
 from infra.processes import alive, spawn, terminate
@@ -87,6 +87,7 @@ def environment(layout: Layout, brokers: int) -> dict[str, str]:
         "AI_SERVICE_URL": f"http://127.0.0.1:{layout.ai_service_port}",
         "AI_CHECK_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/check",
         "AI_GENERATE_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/generate",
+        "SUPERVISOR_URL": supervisor.stack_paths(layout).url,
         "SPARK_MASTER": "local[*]",
         "SPARK_JARS": resolved_jars(),
         "AIRFLOW_HOME": str(layout.root / "airflow"),
@@ -141,6 +142,8 @@ def up(layout: Layout, brokers: int) -> None:
         if not alive(state.get("ai_service")):
             state["ai_service"] = start_ai_service(layout)
         save_state(layout, state)
+        migrate(layout.database_url())  # migrations added since the stack started
+        supervisor.start(supervisor.stack_paths(layout))
         print(f"{layout.name} stack already running")
         write_env(layout, environment(layout, brokers))
         return
@@ -171,6 +174,10 @@ def up(layout: Layout, brokers: int) -> None:
     state["ai_service"] = start_ai_service(layout)
     save_state(layout, state)
 
+    paths = supervisor.stack_paths(layout)
+    print(f"starting supervisord ({paths.socket}); deployed fleets start again")
+    supervisor.start(paths)
+
     env = environment(layout, brokers)
     print("preparing the Airflow metadata database")
     airflow_db_migrate(layout, env)
@@ -180,6 +187,8 @@ def up(layout: Layout, brokers: int) -> None:
 
 def down(layout: Layout) -> None:
     state = load_state(layout)
+    # First, while Kafka runs: the fleets finish their work, commit and leave their groups.
+    supervisor.shutdown(supervisor.stack_paths(layout))
     terminate(state.get("ai_service"), grace_s=10)
     for pid in state.get("kafka", {}).values():
         kafka_cluster.stop_node(pid)
@@ -201,6 +210,12 @@ def status(layout: Layout) -> int:
     pg = port_in_use(layout.postgres_port)
     print(f"postgres: {'up' if pg else 'down'} on {layout.postgres_port}")
     print(f"AI service: {'up' if alive(state.get('ai_service')) else 'down'} on {layout.ai_service_port}")
+    paths = supervisor.stack_paths(layout)
+    client = supervisor.Client(paths)
+    supervising = client.alive()
+    print(f"supervisord: {'up' if supervising else 'down'} on {paths.socket}")
+    for program in client.programs() if supervising else []:
+        print(f"  {program.name}: {program.state} pid {program.pid or '-'}")
     return 0 if running(state) and pg else 1
 
 

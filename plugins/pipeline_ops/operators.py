@@ -131,7 +131,11 @@ class ProvisionTopicsOperator(BaseOperator):
 
 
 class DeployFleetOperator(BaseOperator):
-    """Start, scale or stop the consumer fleets of a run at a configuration version."""
+    """Start, scale, check or stop the consumer fleets of a run at a configuration version.
+
+    `scale` restarts the AI stages' supervisord programs with the new member count; `check`
+    records each fleet's health and supervisord state (restarts included) and returns it.
+    """
 
     template_fields = ("action", "run_id", "version", "members", "ai_limit")
 
@@ -149,21 +153,22 @@ class DeployFleetOperator(BaseOperator):
         supervisor = FleetSupervisor(self.conns[1])
         if self.action == "stop":
             return supervisor.stop(self.run_id)
+        if self.action == "check":
+            return supervisor.check(self.run_id)
         if self.action not in ("start", "scale"):
-            raise ValueError(f"unknown action {self.action!r}: start, scale or stop")
+            raise ValueError(f"unknown action {self.action!r}: start, scale, check or stop")
         version = ConfigRegistry(self.conns[1]).get(int(self.version))
         config = version.config
-        if self.members:
-            n = int(self.members)
+        n = int(self.members or 0)  # rendered templates are text: "0" means the version's own
+        if n:
             config = replace(config, check=replace(config.check, members=n),
                              generate=replace(config.generate, members=n))
-        if self.action == "scale":
-            supervisor.stop(self.run_id)
         if self.ai_limit and configure_stand_in(self.conns[2], config.time_scale, int(self.ai_limit)):
             self.log.info("AI stand-in set to time scale %s, limit %s", config.time_scale, self.ai_limit)
-        started = supervisor.start(self.run_id, version.version, config, fleet_environment(*self.conns))
-        self.log.info("fleets of %s running: %s", self.run_id, started)
-        return started
+        deploy = supervisor.scale if self.action == "scale" else supervisor.start
+        running = deploy(self.run_id, version.version, config, fleet_environment(*self.conns))
+        self.log.info("fleets of %s running: %s", self.run_id, running)
+        return running
 
 
 class LoadTestOperator(BaseOperator):
