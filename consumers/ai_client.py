@@ -50,18 +50,18 @@ class Try:
     http_status: int | None
 
 
+# Outcomes that say something about the request itself. A 429 (the service is full for
+# everyone) or a refused connection (no service at all) does not.
+REQUEST_FAILURES = ("http_5xx", "timeout")
+
+
 class AIUnavailable(RuntimeError):
-    """The call failed after the last attempt, or with a final (non-retryable) error.
+    """The call failed after the last attempt, or with a final (non-retryable) error (`final`)."""
 
-    `service_wide` is set when the last try was refused for everyone (429) or found no
-    service at all (connection error): that says nothing about this request, so the record
-    waits and is tried again later instead of being dead-lettered.
-    """
-
-    def __init__(self, reason: str, service_wide: bool = False) -> None:
+    def __init__(self, reason: str, final: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.service_wide = service_wide
+        self.final = final
 
 
 class CallObserver(Protocol):
@@ -104,7 +104,7 @@ class AIClient:
             if outcome == "http_4xx" or attempt == self.policy.max_attempts:
                 break
             time.sleep(self.policy.backoff(attempt, retry_after, self._rng))
-        raise AIUnavailable(reason, service_wide=outcome in ("http_429", "connection_error"))
+        raise AIUnavailable(reason, final=outcome == "http_4xx")
 
     def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict, str, float | None]:
         try:

@@ -4,7 +4,8 @@ Only a failure that is the record's own fault is dead-lettered: an invalid event
 error the database refuses, an AI request the service answers with a final error or keeps
 failing after the configured tries, a downstream event too large to send. A failure of a
 dependency (PostgreSQL unreachable, a Kafka delivery that timed out, the AI service refusing
-everyone with 429 or not answering connections, another member holding the record's claim)
+everyone with 429 or not answering connections before the request had its configured tries,
+another member holding the record's claim)
 says nothing about the record: it is retried with backoff while the partition waits, and the
 offset is never committed past it. Anything else is a defect the member cannot judge: it is
 neither dead-lettered nor committed, and the member goes down loudly so its supervisor
@@ -43,6 +44,10 @@ class ClaimHeld(Transient):
     """Another member holds the (request, stage) claim: wait for its result or its lease."""
 
 
+class AIBusy(Transient):
+    """The AI service refused or could not be reached before the request had its tries."""
+
+
 @dataclass(frozen=True)
 class Verdict:
     """How a failure is handled, and the reason code a dead letter carries."""
@@ -56,7 +61,7 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(exc, InvalidEvent):
         return Verdict(POISON, exc.reason)
     if isinstance(exc, AIUnavailable):
-        return Verdict(TRANSIENT if exc.service_wide else POISON, "ai_unavailable")
+        return Verdict(POISON, "ai_unavailable")
     if isinstance(exc, Transient):
         return Verdict(TRANSIENT, type(exc).__name__)
     if isinstance(exc, psycopg2.DataError | psycopg2.IntegrityError):

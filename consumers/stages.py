@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumers import events
-from consumers.ai_client import AIClient, AIUnavailable, Try
-from consumers.failures import ClaimHeld
+from consumers.ai_client import REQUEST_FAILURES, AIClient, AIUnavailable, Try
+from consumers.failures import AIBusy, ClaimHeld
 from consumers.producer import KeyedProducer
 from consumers.storage import Origin, Storage
 
@@ -117,10 +117,14 @@ def _ai_result(ctx: StageContext, client: AIClient | None, stage: str, answer_fi
                                 "description": event["description"]},
                                _AttemptLog(ctx, stage, event, origin, state))
         except AIUnavailable as exc:
-            if not exc.service_wide:
-                state.failure = exc
+            own = sum(t.outcome in REQUEST_FAILURES for t in state.tries)
+            if exc.final or own >= client.policy.max_attempts:
+                state.failure = exc  # the request had its tries: its own fault
             ctx.storage.end_attempts(state.unwritten)
             state.unwritten.clear()
+            if state.failure is None:
+                raise AIBusy(f"{exc.reason}; {own} of {client.policy.max_attempts} tries were "
+                             "the request's own failures") from exc
             raise
         if not isinstance(body.get(answer_field), str):
             state.failure = AIUnavailable(f"answer from {stage} without {answer_field!r}")
