@@ -10,7 +10,7 @@ MVN := mvn -q -B -s infra/maven-settings.xml
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
 
-.PHONY: deps venv jars postgres-server browser up down status demo bench bench-smoke test test-unit lint airflow
+.PHONY: deps venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats faults test test-unit lint airflow
 
 deps: venv jars postgres-server browser
 
@@ -55,12 +55,28 @@ status:
 demo: up
 	$(DEV_ENV) && $(PY) -m infra.demo
 
+# The capacity search: pipeline_capacity on the flow configuration (SCALE, default 0.3).
+capacity: up
+	$(DEV_ENV) && $(PY) -m infra.capacity
+
 # The benchmark: baseline, tuned, flow and flow-kip848 side by side, plus Kafka-level figures.
 bench: up
 	$(DEV_ENV) && $(PY) -m bench.run $(if $(SCALE),--scale $(SCALE),)
 
 bench-smoke: up
 	$(DEV_ENV) && $(PY) -m bench.run --smoke
+
+# The gate's statistics: false-promotion and false-rejection rates over many decisions (~30 min).
+gate-stats: up
+	$(DEV_ENV) && $(PY) -m bench.gate_stats
+
+# Fault injection (about 15 minutes): a three-broker stack of its own (ports +20000), steady load,
+# one fault after another (see bench/faults.py); the stack is stopped afterwards.
+faults: deps
+	@STACK=faults $(PY) -m infra.stack up --brokers 3; rc=$$?; \
+	if [ $$rc -eq 0 ]; then set -a && source .local/faults/stack.env && set +a && \
+	  $(PY) -m bench.faults $(if $(FAULTS),--faults $(FAULTS),); rc=$$?; fi; \
+	STACK=faults $(PY) -m infra.stack down; exit $$rc
 
 # The UI on http://127.0.0.1:8080 with login (user admin, password printed at start and kept
 # in .local/dev/airflow/passwords.json). Ctrl-C stops it.

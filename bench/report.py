@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-COLUMNS = ("throughput_rps", "steady_throughput_rps", "utilization", "lost", "duplicate_ai_calls",
-           "rebalances", "skew_max_over_mean", "skew_cv", "p50_ms", "p95_ms", "p99_ms",
-           "overhead_p99_ms", "refetch_amplification", "span_s")
+COLUMNS = ("throughput_rps", "steady_throughput_rps", "capacity_rps", "utilization", "lost",
+           "duplicate_ai_calls", "rebalances", "skew_max_over_mean", "skew_cv", "p50_ms", "p95_ms",
+           "p99_ms", "overhead_p99_ms", "refetch_amplification", "span_s")
 
 
 def run_dir(run_id: str) -> Path:

@@ -62,7 +62,7 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[st
         time.sleep(1.5 * STATS_INTERVAL_MS / 1000)
     console.print(f"{name}: {counts} in {time.time() - started:.1f}s")
     result = figures.scenario_figures(env["DATABASE_URL"], env["KAFKA_BOOTSTRAP_SERVERS"], pipeline.run_id,
-                                      pipeline.topics, len(sent.request_ids), started, p.ai_capacity_rps)
+                                      pipeline.topics, len(sent.request_ids), p.concurrency)
     result["ai_service"] = {k: v for k, v in requests.get(f"{base}/v1/stats", timeout=10).json().items()
                             if k in ("check", "generate")}
     if not keep_topics:  # the rows stay in PostgreSQL; the next scenario gets an unburdened broker

@@ -8,9 +8,13 @@ factor shrinks every duration so a test can run the scenario at 0.1x or 0.02x.
 
 Faults are injected per endpoint (`error_rate`: 500 after the latency; `hang_rate`: sleep
 `hang_s`, past any sane client timeout, then 504) and can be switched at run time through
-`PUT /v1/config`, so a test can start an error burst and clear it. `GET /v1/stats` reports
-what was served, including the highest concurrency seen, which is how tests verify that a
-consumer fleet never exceeds the API's limit.
+`PUT /v1/config`, so a test can start an error burst and clear it. A request-rate limit
+(`rate_limit_rps`, a token bucket of `rate_burst` requests, as real APIs meter requests per
+minute) answers 429 with the time until the next token as `Retry-After`; switching it on for
+a few seconds makes the 429 bursts a shared quota produces. `GET /v1/stats` reports what was
+served, including the highest concurrency seen (how tests verify that a consumer fleet never
+exceeds the API's limit) and how many request ids were served more than once
+(`duplicate_served`: the calls a client paid for twice, counted on the service's side).
 
     python -m consumers.ai_service --time-scale 0.1 --port 8600
 """
@@ -27,6 +31,8 @@ import re
 import signal
 import socket
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,7 +46,8 @@ log = logging.getLogger(__name__)
 
 ENDPOINTS = ("check", "generate")
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal")
-COUNTERS = ("served", "rejected_429", "errors_5xx", "hangs", "unauthorized", "bad_requests")
+COUNTERS = ("served", "rejected_429", "rate_limited", "errors_5xx", "hangs", "unauthorized",
+            "bad_requests")
 MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_TOKEN_ENV = "AI_SERVICE_TOKEN"
 FORBIDDEN = re.compile(r"\bforbidden\b", re.IGNORECASE)
@@ -71,6 +78,8 @@ class EndpointConfig:
     hang_rate: float = 0.0  # fraction that sleep hang_s then answer 504 (checked before errors)
     hang_s: float = 30.0
     retry_after_s: float | None = None  # Retry-After on 429; None means the latency
+    rate_limit_rps: float | None = None  # requests per real-scale second; None: no rate limit
+    rate_burst: int = 1  # token bucket size: requests admitted back to back at the full rate
 
     def __post_init__(self) -> None:
         _number("latency_s", self.latency_s)
@@ -85,6 +94,12 @@ class EndpointConfig:
         _number("hang_s", self.hang_s)
         if self.retry_after_s is not None:
             _number("retry_after_s", self.retry_after_s)
+        if self.rate_limit_rps is not None:
+            _number("rate_limit_rps", self.rate_limit_rps)
+            if self.rate_limit_rps <= 0:
+                raise ConfigError(f"rate_limit_rps must be positive or null, got {self.rate_limit_rps!r}")
+        if isinstance(self.rate_burst, bool) or not isinstance(self.rate_burst, int) or self.rate_burst < 1:
+            raise ConfigError(f"rate_burst must be an integer >= 1, got {self.rate_burst!r}")
 
     @property
     def retry_after(self) -> float:
@@ -129,17 +144,33 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-class Endpoint:
-    """Counters, concurrency slots and RNG of one endpoint, all behind one lock."""
+@dataclass(frozen=True)
+class Refusal:
+    """A request turned away with 429: which counter it went to and when to come back."""
 
-    def __init__(self, name: str, config: EndpointConfig, seed: int | None) -> None:
+    counter: str  # rejected_429 (concurrency limit) | rate_limited (token bucket empty)
+    retry_after_s: float  # wall-clock seconds
+
+
+class Endpoint:
+    """Counters, concurrency slots, rate-limit bucket and RNG of one endpoint, behind one lock.
+
+    `clock` is injectable so the token bucket can be checked against hand-computed times.
+    """
+
+    def __init__(self, name: str, config: EndpointConfig, seed: int | None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.name = name
         self._config = config
         self._lock = threading.Lock()
         self._rng = random.Random(f"{seed}:{name}") if seed is not None else random.Random()
         self._counts = dict.fromkeys(COUNTERS, 0)
+        self._served: Counter[str] = Counter()  # 200s per request id
         self._in_flight = 0
         self._max_in_flight = 0
+        self._clock = clock
+        self._tokens = float(config.rate_burst)
+        self._refilled_at = clock()
 
     @property
     def config(self) -> EndpointConfig:
@@ -147,22 +178,45 @@ class Endpoint:
             return self._config
 
     def reconfigure(self, config: EndpointConfig) -> None:
+        """A new config; a changed rate limit starts from a full bucket, as a new quota would."""
         with self._lock:
+            if (config.rate_limit_rps, config.rate_burst) != (self._config.rate_limit_rps,
+                                                              self._config.rate_burst):
+                self._tokens, self._refilled_at = float(config.rate_burst), self._clock()
             self._config = config
 
     def count(self, counter: str) -> None:
         with self._lock:
             self._counts[counter] += 1
 
-    def admit(self) -> EndpointConfig | None:
-        """Take a slot and return the config in force, or count a 429 and return None (atomic)."""
+    def served(self, request_id: str) -> None:
+        """A 200 answer for `request_id`: counted in total and per request id."""
         with self._lock:
-            if self._in_flight >= self._config.limit:
+            self._counts["served"] += 1
+            self._served[request_id] += 1
+
+    def admit(self, scale: float) -> EndpointConfig | Refusal:
+        """Pass the rate limit and take a concurrency slot, returning the config in force, or
+        count a 429 and say when to retry (atomic). The rate limit is checked first, as an API
+        gateway meters requests before they reach the model servers."""
+        with self._lock:
+            config = self._config
+            if config.rate_limit_rps is not None:
+                rate = config.rate_limit_rps / scale  # tokens per wall-clock second
+                now = self._clock()
+                self._tokens = min(config.rate_burst, self._tokens + (now - self._refilled_at) * rate)
+                self._refilled_at = now
+                if self._tokens < 1:
+                    self._counts["rate_limited"] += 1
+                    return Refusal("rate_limited", (1 - self._tokens) / rate)
+            if self._in_flight >= config.limit:
                 self._counts["rejected_429"] += 1
-                return None
+                return Refusal("rejected_429", config.retry_after * scale)
+            if config.rate_limit_rps is not None:
+                self._tokens -= 1
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
-            return self._config
+            return config
 
     def release(self) -> None:
         with self._lock:
@@ -183,12 +237,16 @@ class Endpoint:
         """Zero the counters; the peak restarts from the requests still in flight."""
         with self._lock:
             self._counts = dict.fromkeys(COUNTERS, 0)
+            self._served.clear()
             self._max_in_flight = self._in_flight
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return {**self._counts, "in_flight": self._in_flight,
-                    "max_in_flight": self._max_in_flight, "config": asdict(self._config)}
+            distinct = len(self._served)
+            return {**self._counts, "distinct_served": distinct,
+                    "duplicate_served": self._counts["served"] - distinct,
+                    "in_flight": self._in_flight, "max_in_flight": self._max_in_flight,
+                    "config": asdict(self._config)}
 
 
 class BadRequest(ValueError):
@@ -261,11 +319,11 @@ class StandIn:
             endpoint.count("bad_requests")
             return Reply(400, {"error": "bad_request", "detail": str(exc)})
         scale = self.time_scale
-        config = endpoint.admit()
-        if config is None:
-            retry_after = endpoint.config.retry_after * scale
-            return Reply(429, {"error": "too_many_requests", "retry_after_s": retry_after},
-                         {"Retry-After": _seconds(retry_after)})
+        config = endpoint.admit(scale)
+        if isinstance(config, Refusal):
+            error = "rate_limited" if config.counter == "rate_limited" else "too_many_requests"
+            return Reply(429, {"error": error, "retry_after_s": config.retry_after_s},
+                         {"Retry-After": _seconds(config.retry_after_s)})
         try:
             return self._serve(endpoint, config, scale, payload)
         finally:
@@ -283,7 +341,7 @@ class StandIn:
         if outcome == "error":
             endpoint.count("errors_5xx")
             return Reply(500, {"error": "internal_error", "request_id": payload["request_id"]})
-        endpoint.count("served")
+        endpoint.served(payload["request_id"])
         return Reply(200, answer(endpoint.name, payload))
 
     def stats(self) -> dict[str, Any]:
@@ -348,6 +406,8 @@ class _Collector:
                   for key, help_text in (("in_flight", "Requests being served now"),
                                          ("max_in_flight", "Highest concurrency since the last reset"),
                                          ("limit", "Concurrency limit; beyond it requests get 429"),
+                                         ("duplicate_served",
+                                          "200 answers beyond the first per request id since the last reset"),
                                          ("latency_seconds", "Configured latency after the time scale"))}
         stats = self._standin.stats()
         for name in ENDPOINTS:
@@ -357,6 +417,7 @@ class _Collector:
             gauges["in_flight"].add_metric([name], snapshot["in_flight"])
             gauges["max_in_flight"].add_metric([name], snapshot["max_in_flight"])
             gauges["limit"].add_metric([name], snapshot["config"]["limit"])
+            gauges["duplicate_served"].add_metric([name], snapshot["duplicate_served"])
             gauges["latency_seconds"].add_metric([name], snapshot["config"]["scaled_latency_s"])
         scale = GaugeMetricFamily("ai_service_time_scale", "Factor applied to every duration",
                                   value=self._standin.time_scale)

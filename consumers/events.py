@@ -84,6 +84,10 @@ class Topics:
         """The topic a stage consumes."""
         return {"intake": self.intake, "check": self.style, "generate": self.generate}[stage]
 
+    def group_of(self, stage: str) -> str:
+        """The consumer group of a stage's fleet."""
+        return f"{self.prefix}.{stage}"
+
     def all(self) -> list[str]:
         return [self.intake, self.style, self.generate, self.notify, self.dead_letter]
 

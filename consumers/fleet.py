@@ -155,7 +155,7 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
     """The fleet of one stage of a pipeline configuration."""
     stage_cfg = config.stage(stage)
     member = MemberSettings(
-        run_id=run_id, stage=stage, mode=stage_cfg.mode, group_id=f"{topics.prefix}.{stage}",
+        run_id=run_id, stage=stage, mode=stage_cfg.mode, group_id=topics.group_of(stage),
         bootstrap=bootstrap, profile=config.profile, time_scale=config.time_scale,
         group_protocol=config.group_protocol, batch_size=stage_cfg.batch_size,
         window=stage_cfg.window, buffer=4 * stage_cfg.window,

@@ -26,7 +26,7 @@ says so) runs `spark/partition_load.py` over the run's style topic and
 """,
 )
 def pipeline_skew_analysis() -> None:
-    s.spark_analysis("{{ params.run_id }}")
+    s.spark_analysis("[params.run_id]", "{{ params.run_id }}")
 
 
 pipeline_skew_analysis()

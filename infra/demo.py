@@ -1,8 +1,13 @@
 """The main job end to end on the local stack: `pipeline_tuning` through `airflow dags test`,
-then the gate report and where the plots are.
+then the gate report (capacity, throughput and utilization with their intervals, every check,
+the decision) and where the plots are.
 
-    python -m infra.demo                # fast time scale (0.05)
+    python -m infra.demo                # flow at a fast time scale (0.3: the 3 s generation takes 0.9 s)
     SCALE=1 python -m infra.demo        # real AI latencies (3 s per generation)
+    CANDIDATE=baseline python -m infra.demo
+
+Three trials of a 160-request burst keep it to a few minutes at either scale. The candidate is
+a preset built at SCALE (`active` re-measures the active version at its own time scale).
 """
 
 from __future__ import annotations
@@ -17,31 +22,37 @@ from pathlib import Path
 
 import psycopg2
 
-from infra.layout import REPO, current
+from infra.layout import REPO, Layout, current
+
+
+def run_dag(layout: Layout, dag_id: str, conf: dict) -> tuple[str, str]:
+    """`airflow dags test` one run with its output in .local/<stack>/<dag_id>.log; return its
+    state (from the metadata database) and the run's logical date in ts_nodash form."""
+    logical_date = datetime.now(UTC).replace(microsecond=0)
+    airflow = str(Path(sys.executable).parent / "airflow")
+    started = time.monotonic()
+    print(f"running {dag_id} with {json.dumps(conf)} (log: .local/{layout.name}/{dag_id}.log)")
+    with open(layout.root / f"{dag_id}.log", "w") as log:
+        subprocess.run([airflow, "dags", "test", dag_id, logical_date.isoformat(), "-c", json.dumps(conf)],
+                       stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=False)
+    with psycopg2.connect(layout.database_url("airflow")) as conn, conn.cursor() as cur:
+        cur.execute("SELECT state FROM dag_run WHERE dag_id = %s AND logical_date = %s",
+                    (dag_id, logical_date.isoformat()))
+        row = cur.fetchone()
+    conn.close()
+    state = row[0] if row else "missing"
+    print(f"{dag_id}: {state} in {time.monotonic() - started:.0f}s")
+    return state, logical_date.strftime("%Y%m%dt%H%M%S")
 
 
 def main() -> int:
     layout = current()
-    scale = float(os.environ.get("SCALE", "0.05"))
-    conf = {"time_scale": scale}
-    if scale >= 0.5:  # at real scale a smaller burst keeps the demo to a few minutes
-        conf["burst"] = 160
-    logical_date = datetime.now(UTC).replace(microsecond=0).isoformat()
-    airflow = str(Path(sys.executable).parent / "airflow")
-    started = time.monotonic()
-    print(f"running pipeline_tuning with {json.dumps(conf)} (log: .local/{layout.name}/demo.log)")
-    with open(layout.root / "demo.log", "w") as log:
-        subprocess.run([airflow, "dags", "test", "pipeline_tuning", logical_date, "-c", json.dumps(conf)],
-                       stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=False)
-    with psycopg2.connect(layout.database_url("airflow")) as conn, conn.cursor() as cur:
-        cur.execute("SELECT state FROM dag_run WHERE dag_id = 'pipeline_tuning' AND logical_date = %s",
-                    (logical_date,))
-        row = cur.fetchone()
-    state = row[0] if row else "missing"
-    reports = sorted((REPO / "results").glob("tuning-*/gate.txt"), key=lambda p: p.stat().st_mtime)
-    print(f"pipeline_tuning: {state} in {time.monotonic() - started:.0f}s")
+    conf = {"candidate": os.environ.get("CANDIDATE", "flow"),
+            "time_scale": float(os.environ.get("SCALE", "0.3")), "burst": 160}
+    state, ts = run_dag(layout, "pipeline_tuning", conf)
+    reports = sorted((REPO / "results").glob(f"tuning-{ts}-*/gate.txt"))
     if state != "success" or not reports:
-        print(f"the run did not finish: see .local/{layout.name}/demo.log", file=sys.stderr)
+        print(f"the run did not finish: see .local/{layout.name}/pipeline_tuning.log", file=sys.stderr)
         return 1
     print(reports[-1].read_text())
     print(f"plots: {reports[-1].parent / 'completions.png'}, "

@@ -1,8 +1,9 @@
 """Where a local stack lives on disk and which loopback ports it uses.
 
-Two stacks can run side by side: `dev` (what `make up` starts) and `test` (what `make test`
-starts and stops), so running the suite never disturbs a stack someone is using. They differ
-only in their folder and a port offset.
+Stacks run side by side: `dev` (what `make up` starts), `test` (what `make test` starts and
+stops) and `faults` (what `make faults` starts, kills parts of and stops), so running the suite
+or injecting faults never disturbs a stack someone is using. They differ only in their folder
+and a port offset.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 LOCAL = REPO / ".local"
 KAFKA_JARS = LOCAL / "jars" / "kafka"
 
-PORT_OFFSETS = {"dev": 0, "test": 10000}
+PORT_OFFSETS = {"dev": 0, "test": 10000, "faults": 20000}
 
 
 @dataclass(frozen=True)

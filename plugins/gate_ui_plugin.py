@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
-from pipeline_ops.ui import app
+from pipeline_ops.ui import MOUNT, app
 
 
 class PipelineGatePlugin(AirflowPlugin):
@@ -16,8 +16,8 @@ class PipelineGatePlugin(AirflowPlugin):
 
     name = "pipeline_gate"
     fastapi_apps: ClassVar[list[dict[str, Any]]] = [
-        {"app": app, "url_prefix": "/pipeline-gate", "name": "Pipeline gate"}]
+        {"app": app, "url_prefix": MOUNT, "name": "Pipeline gate"}]
     # With a url_route the UI embeds href in its own frame instead of opening a new tab.
     external_views: ClassVar[list[dict[str, Any]]] = [
-        {"name": "Pipeline gate", "href": "/pipeline-gate/", "destination": "nav",
+        {"name": "Pipeline gate", "href": f"{MOUNT}/", "destination": "nav",
          "url_route": "pipeline-gate", "category": "browse"}]

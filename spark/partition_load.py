@@ -32,6 +32,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from measure import figures
 from spark import job_io
 from spark.session import build
 
@@ -109,7 +110,9 @@ def flag_hot(totals: DataFrame, threshold: float) -> DataFrame:
 
 
 def skew(totals: DataFrame) -> DataFrame:
-    """Skew figures per topic over the given partitions (zero-filled ones count).
+    """Skew figures per topic over the given partitions (zero-filled ones count); max/mean and
+    the coefficient of variation are added by `analyse` from the collected counts, with
+    measure.figures.skew like every other consumer of the figure.
 
     Gini = 2 * sum(i * x_i) / (n * sum(x)) - (n + 1) / n with x ascending and i from 1: 0 when
     every partition has the same load, (n - 1) / n when one partition has all of it. Ratios are
@@ -120,8 +123,6 @@ def skew(totals: DataFrame) -> DataFrame:
         F.count(F.lit(1)).alias("partitions"),
         F.sum("records").alias("records"),
         F.max("records").alias("max_records"),
-        F.avg("records").alias("mean"),
-        F.stddev_pop("records").alias("std"),
         F.sum(F.col("rank") * F.col("records")).alias("weighted"),
         F.max_by("partition", F.struct(F.col("records"), -F.col("partition"))).alias("hottest_partition"),
     )
@@ -132,8 +133,6 @@ def skew(totals: DataFrame) -> DataFrame:
 
     return stats.select(
         "topic", "partitions", "records", "hottest_partition",
-        ratio(F.col("max_records") / F.col("mean")).alias("max_over_mean"),
-        ratio(F.col("std") / F.col("mean")).alias("cv"),
         ratio(2 * F.col("weighted") / (n * total) - (n + 1) / n).alias("gini"),
         ratio(F.col("max_records") / total).alias("hottest_share"),
     )
@@ -182,8 +181,9 @@ def analyse(records: DataFrame, partitions: dict[str, int], *, hot_threshold: fl
     finally:
         slim.unpersist()
     for topic in per_topic:
-        topic["hot_partitions"] = [p["partition"] for p in per_partition
-                                   if p["topic"] == topic["topic"] and p["hot"]]
+        mine = [p for p in per_partition if p["topic"] == topic["topic"]]
+        topic["max_over_mean"], topic["cv"] = figures.skew([p["records"] for p in mine])
+        topic["hot_partitions"] = [p["partition"] for p in mine if p["hot"]]
     return LoadResult(per_partition, per_topic, buckets)
 
 

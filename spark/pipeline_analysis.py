@@ -1,18 +1,19 @@
 """Figures of one pipeline run from its records in PostgreSQL (read through JDBC).
 
-Definitions, so every figure can be recomputed in SQL:
+The standard figures are defined in `measure/figures.py` (its docstring says what each means):
+this job gets their aggregates with DataFrames, and the driver turns the small results into
+figures with that module, as `bench/figures.py` does from SQL. Per run it computes:
 
-- completions: `stage_results` rows (any outcome: the stage finished with the request) per
-  stage and per epoch-aligned bucket of `--bucket-seconds`; the final stage (`generate`)
-  gives the pipeline's throughput, `completed_per_s` = its rows / (last final completion -
-  first `requests.produced_at`).
+- completions per stage and epoch-aligned bucket of `--bucket-seconds` (`stage_results` rows of
+  any outcome: the stage finished with the request);
+- status counts, span (first produce -> last terminal state), throughput and steady throughput
+  (from the final stage's completion times, collected to the driver);
 - latency percentiles p50/p95/p99, exact, with linear interpolation between the two closest
-  ranks (Spark `percentile` = PostgreSQL `percentile_cont`): end to end from
-  `requests.produced_at` to `generated_at` and to `notified_at` (requests with both ends), and
-  per stage from `ai_attempts` with outcome 'ok' (`ended_at - started_at`).
-- member load: AI call attempts per group member (all outcomes, and 'ok' ones).
-- duplicate AI calls: 'ok' attempts, and 'started' ones never ended (a crash during the call),
-  beyond the first per (request_id, stage).
+  ranks (Spark `percentile` = PostgreSQL `percentile_cont` = `measure.figures.percentile`):
+  completed requests from `produced_at` to `generated_at` and to `notified_at`; per stage of
+  the 'ok' attempts (`ended_at - started_at`), with their mean: the stage's service time;
+- member load: AI call attempts per group member (all outcomes, and 'ok' ones);
+- duplicate AI calls per stage (outcomes in `measure.figures.CALL_OUTCOMES`);
 - rebalance windows: each 'revoke' or 'lost' event opens a window in its consumer group that
   closes at the group's first 'assign' event at or after it (or at the run's last recorded
   instant, completion or rebalance event, when none follows); overlapping windows of one group
@@ -20,8 +21,10 @@ Definitions, so every figure can be recomputed in SQL:
   buckets the window touches (from the one holding its start to the one holding its end) in
   which no final-stage completion happened, times `--bucket-seconds`.
 
-Runs as `python -m spark.pipeline_analysis` or `spark-submit spark/pipeline_analysis.py`
-(see spark/partition_load.py for how the script finds the project).
+`--run-id` takes one run or several, comma-separated (the trials of a tuning run): one Spark
+session analyses them all and stores one document per run. Runs as
+`python -m spark.pipeline_analysis` or `spark-submit spark/pipeline_analysis.py` (see
+spark/partition_load.py for how the script finds the project).
 """
 
 from __future__ import annotations
@@ -38,10 +41,10 @@ if __package__ in (None, ""):  # run as a file by spark-submit: import the proje
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from measure import figures
 from spark import job_io
 from spark.session import build
 
-QUANTILES = (0.5, 0.95, 0.99)
 OPENING_EVENTS = ("revoke", "lost")
 
 
@@ -53,24 +56,28 @@ class RunFrames:
     stage_results: DataFrame
     attempts: DataFrame
     rebalances: DataFrame
+    dead_letters: DataFrame
 
     def cache(self) -> RunFrames:
-        return RunFrames(*(frame.cache() for frame in
-                           (self.requests, self.stage_results, self.attempts, self.rebalances)))
+        return RunFrames(*(frame.cache() for frame in (self.requests, self.stage_results, self.attempts,
+                                                       self.rebalances, self.dead_letters)))
 
 
 def load_run(spark: SparkSession, jdbc: job_io.Jdbc, run_id: str) -> RunFrames:
-    """The run's rows, filtered by run_id inside PostgreSQL (the `query` option)."""
-    where = f"WHERE run_id = {job_io.sql_literal(run_id)}"
+    """The run's rows, filtered by run_id inside PostgreSQL (the `query` option). Dead letters
+    are joined by request: the fleet that wrote one may record it under its deployment's run id."""
+    run = job_io.sql_literal(run_id)
 
     def query(columns: str, table: str) -> DataFrame:
-        return job_io.read_query(spark, jdbc, f"SELECT {columns} FROM {table} {where}")
+        return job_io.read_query(spark, jdbc, f"SELECT {columns} FROM {table} WHERE run_id = {run}")
 
     return RunFrames(
-        query("request_id, produced_at, generated_at, notified_at", "requests"),
+        query("request_id, status, produced_at, checked_at, generated_at, notified_at", "requests"),
         query("request_id, stage, outcome, member, completed_at", "stage_results"),
         query("request_id, stage, member, outcome, started_at, ended_at", "ai_attempts"),
         query("group_id, member, event, at", "rebalance_events"),
+        job_io.read_query(spark, jdbc, "SELECT d.request_id, d.at FROM dead_letters d JOIN requests r "
+                                       f"ON r.request_id = d.request_id WHERE r.run_id = {run}"),
     )
 
 
@@ -90,12 +97,12 @@ def completions(stage_results: DataFrame, bucket_seconds: int) -> DataFrame:
 
 
 def percentiles(frame: DataFrame, keys: list[str], value: str) -> DataFrame:
-    """Count and exact p50/p95/p99 (linear interpolation) of `value` per `keys`."""
-    values = F.percentile(F.col(value), list(QUANTILES))
+    """Count, mean and exact p50/p95/p99 (linear interpolation) of `value` per `keys`."""
+    values = F.percentile(F.col(value), list(figures.QUANTILES))
     summary = frame.where(F.col(value).isNotNull()).groupBy(*keys).agg(
-        F.count(F.lit(1)).alias("count"), values.alias("q"))
-    return summary.select(*keys, "count", *(F.col("q")[i].alias(f"p{round(q * 100)}")
-                                           for i, q in enumerate(QUANTILES)))
+        F.count(F.lit(1)).alias("count"), F.avg(value).alias("mean"), values.alias("q"))
+    return summary.select(*keys, "count", "mean", *(F.col("q")[i].alias(f"p{round(q * 100)}")
+                                                   for i, q in enumerate(figures.QUANTILES)))
 
 
 def _seconds_between(start: str, end: str) -> Column:
@@ -103,14 +110,15 @@ def _seconds_between(start: str, end: str) -> Column:
 
 
 def end_to_end_latency(requests: DataFrame) -> DataFrame:
-    """Seconds from produced_at to generated_at and to notified_at, as measures."""
+    """Seconds of completed requests from produced_at to generated_at and to notified_at."""
     measures = F.explode(F.array(
         F.struct(F.lit("generated").alias("measure"),
                  _seconds_between("produced_at", "generated_at").alias("seconds")),
         F.struct(F.lit("notified").alias("measure"),
                  _seconds_between("produced_at", "notified_at").alias("seconds")),
     ))
-    return percentiles(requests.select(measures.alias("m")).select("m.*"), ["measure"], "seconds")
+    completed = requests.where(F.col("status") == "completed")
+    return percentiles(completed.select(measures.alias("m")).select("m.*"), ["measure"], "seconds")
 
 
 def stage_latency(attempts: DataFrame) -> DataFrame:
@@ -127,12 +135,24 @@ def member_load(attempts: DataFrame) -> DataFrame:
         F.count(F.when(F.col("outcome") == "ok", 1)).alias("ok"))
 
 
-def duplicate_calls(attempts: DataFrame) -> DataFrame:
-    """AI calls that may have produced a result beyond the first per (request, stage), per stage:
-    'ok' ones and 'started' ones that never ended (the member died during the call)."""
-    per_request = (attempts.where(F.col("outcome").isin("ok", "started"))
+def repeated_calls(attempts: DataFrame) -> DataFrame:
+    """(request, stage) pairs with more than one call that may have produced a result or been
+    charged (outcomes in CALL_OUTCOMES), with their number of calls: few rows, for the driver."""
+    per_request = (attempts.where(F.col("outcome").isin(*figures.CALL_OUTCOMES))
                    .groupBy("request_id", "stage").agg(F.count(F.lit(1)).alias("calls")))
-    return per_request.groupBy("stage").agg(F.sum(F.col("calls") - 1).alias("duplicates"))
+    return per_request.where(F.col("calls") > 1)
+
+
+def last_terminal_us(frames: RunFrames) -> int | None:
+    """When the last request reached its terminal state (epoch microseconds): a completed one's
+    generated_at, a rejected one's checked_at, a dead-lettered one's latest dead letter."""
+    requests = frames.requests
+    dead = (frames.dead_letters.join(requests.where(F.col("status") == "dead_lettered"), "request_id")
+            .select(_micros("at").alias("t")))
+    completed = requests.where(F.col("status") == "completed").select(_micros("generated_at").alias("t"))
+    rejected = requests.where(F.col("status") == "rejected").select(_micros("checked_at").alias("t"))
+    ends = completed.unionByName(rejected).unionByName(dead)
+    return ends.agg(F.max("t")).first()[0]
 
 
 def rebalance_windows(rebalances: DataFrame, run_end_us: int) -> DataFrame:
@@ -179,33 +199,45 @@ def _rows(frame: DataFrame, *order: str) -> list[dict[str, Any]]:
 
 
 def _quantiles(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: row[k] for k in ("count", "p50", "p95", "p99")}
+    return {k: row[k] for k in ("count", "mean", "p50", "p95", "p99")}
 
 
 def analyse(frames: RunFrames, run_id: str, *, bucket_seconds: int = 1,
             final_stage: str = "generate") -> dict[str, Any]:
     """Every figure of the run as a JSON-ready document (see the module docstring)."""
     per_bucket = _rows(completions(frames.stage_results, bucket_seconds), "stage", "bucket_start")
-    done = sum(b["completions"] for b in per_bucket if b["stage"] == final_stage)
+    final = frames.stage_results.where(F.col("stage") == final_stage)
+    times = sorted(r[0] / 1e6 for r in final.select(_micros("completed_at")).collect())
+    status = {r["status"]: r["count"] for r in _rows(frames.requests.groupBy("status").count(), "status")}
     first_produced = frames.requests.agg(F.min(_micros("produced_at"))).first()[0]
-    last_done = _max_micros(frames.stage_results.where(F.col("stage") == final_stage), "completed_at")
-    span_s = None if first_produced is None or last_done is None else (last_done - first_produced) / 1e6
+    last_terminal = last_terminal_us(frames)
+    span = figures.span_s(None if first_produced is None else first_produced / 1e6,
+                          None if last_terminal is None else last_terminal / 1e6)
 
-    instants = [t for t in (last_done, _max_micros(frames.rebalances, "at")) if t is not None]
+    instants = [t for t in (_max_micros(final, "completed_at"), _max_micros(frames.rebalances, "at"))
+                if t is not None]
     windows = [] if not instants else _rows(
         rebalance_cost(rebalance_windows(frames.rebalances, max(instants)), frames.stage_results,
                        final_stage, bucket_seconds), "group_id", "start_us")
     events = {r["event"]: r["count"] for r in _rows(frames.rebalances.groupBy("event").count(), "event")}
-    duplicates = {r["stage"]: r["duplicates"] for r in _rows(duplicate_calls(frames.attempts), "stage")}
+    repeated: dict[str, list[int]] = {}
+    for r in _rows(repeated_calls(frames.attempts), "stage"):
+        repeated.setdefault(r["stage"], []).append(r["calls"])
+    duplicates = {stage: figures.duplicate_calls(calls) for stage, calls in repeated.items()}
+    stages = {r["stage"]: _quantiles(r) for r in _rows(stage_latency(frames.attempts), "stage")}
     return {
         "run_id": run_id,
         "bucket_seconds": bucket_seconds,
         "final_stage": final_stage,
         "requests": frames.requests.count(),
-        "completed": done,
+        "status": status,
+        "completed": status.get("completed", 0),
         "first_produced_at": job_io.utc_iso_us(first_produced),
-        "last_completed_at": job_io.utc_iso_us(last_done),
-        "completed_per_s": done / span_s if span_s else None,
+        "last_terminal_at": job_io.utc_iso_us(last_terminal),
+        "span_s": span,
+        "throughput_rps": figures.throughput_rps(status.get("completed", 0), span),
+        "steady_throughput_rps": figures.steady_rate(times),
+        "service_s": {stage: q["mean"] for stage, q in stages.items()},
         "completions": {stage: [{"bucket_start": job_io.utc_iso(b["bucket_start"]),
                                  "completions": b["completions"]}
                                 for b in per_bucket if b["stage"] == stage]
@@ -213,7 +245,7 @@ def analyse(frames: RunFrames, run_id: str, *, bucket_seconds: int = 1,
         "latency_s": {
             "end_to_end": {r["measure"]: _quantiles(r) for r in _rows(end_to_end_latency(frames.requests),
                                                                       "measure")},
-            "stages": {r["stage"]: _quantiles(r) for r in _rows(stage_latency(frames.attempts), "stage")},
+            "stages": stages,
         },
         "members": {r["member"]: {"attempts": r["attempts"], "ok": r["ok"]}
                     for r in _rows(member_load(frames.attempts), "member")},
@@ -236,26 +268,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--final-stage", default="generate", help="the stage that completes a request")
     args = parser.parse_args(argv)
     if not args.run_id:
-        parser.error("--run-id is required: it selects the run to analyse")
+        parser.error("--run-id is required: it selects the run(s) to analyse")
     if not args.database_url and not args.jdbc_url:
         parser.error("no database: pass --database-url or --jdbc-url (or set DATABASE_URL)")
     return args
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Analyse each run of --run-id; return the documents by run id."""
     args = parse_args(argv)
     jdbc = job_io.jdbc_from(args.database_url, args.jdbc_url)
     spark = build("pipeline-analysis", args.master)
-    frames = load_run(spark, jdbc, args.run_id).cache()
-    figures = analyse(frames, args.run_id, bucket_seconds=args.bucket_seconds, final_stage=args.final_stage)
-    job_io.write_json(args.output_json, figures)
-    if args.database_url:
-        job_io.upsert_figures(args.database_url, "analysis_pipeline", args.run_id, figures)
-    print(f"{args.run_id}: {figures['completed']} completed of {figures['requests']}, "
-          f"{figures['duplicates']['total']} duplicate AI calls, "
-          f"{len(figures['rebalances']['windows'])} rebalance windows costing "
-          f"{figures['rebalances']['cost_seconds']} s")
-    return figures
+    documents = {}
+    for run_id in (r for r in args.run_id.split(",") if r):
+        frames = load_run(spark, jdbc, run_id).cache()
+        doc = analyse(frames, run_id, bucket_seconds=args.bucket_seconds, final_stage=args.final_stage)
+        if args.database_url:
+            job_io.upsert_figures(args.database_url, "analysis_pipeline", run_id, doc)
+        print(f"{run_id}: {doc['completed']} completed of {doc['requests']}, "
+              f"{doc['steady_throughput_rps']:.2f} rps steady, {doc['duplicates']['total']} duplicate AI "
+              f"calls, {len(doc['rebalances']['windows'])} rebalance windows costing "
+              f"{doc['rebalances']['cost_seconds']} s")
+        documents[run_id] = doc
+    job_io.write_json(args.output_json, documents if len(documents) > 1 else next(iter(documents.values())))
+    return documents
 
 
 if __name__ == "__main__":

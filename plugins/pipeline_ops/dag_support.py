@@ -30,17 +30,21 @@ def spark_env() -> dict[str, str]:
     return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
-def spark_analysis(run_id: str) -> tuple[SparkSubmitOperator, SparkSubmitOperator]:
-    """The two Spark jobs over one run, on `spark_default`: partition load/skew of its style topic,
-    then the run's pipeline figures. `run_id` may be a template."""
+def spark_analysis(run_ids: str, key: str) -> tuple[SparkSubmitOperator, SparkSubmitOperator]:
+    """The two Spark jobs, on `spark_default`, each one submit over every run: partition load and
+    skew of the runs' style topics (stored under `key`, a template), then each run's pipeline
+    figures. `run_ids` is a Jinja expression giving the list of runs (e.g. `[params.run_id]`):
+    one JVM start for all the trials of a tuning run instead of one per trial."""
     common = {"conn_id": "spark_default", "jars": connector_jars(), "env_vars": spark_env()}
+    topics = "{% for r in " + run_ids + " %}{{ r }}.style{{ '' if loop.last else ',' }}{% endfor %}"
     partition_load = SparkSubmitOperator(
         task_id="partition_load", application=spark_application("partition_load"), name="partition_load",
-        application_args=["--bootstrap-servers", BOOTSTRAP, "--topics", run_id + ".style",
-                          "--run-id", run_id, "--database-url", DATABASE_URL], **common)
+        application_args=["--bootstrap-servers", BOOTSTRAP, "--topics", topics, "--run-id", key,
+                          "--database-url", DATABASE_URL], **common)
     analysis = SparkSubmitOperator(
         task_id="pipeline_analysis", application=spark_application("pipeline_analysis"),
-        name="pipeline_analysis", application_args=["--run-id", run_id, "--database-url", DATABASE_URL],
+        name="pipeline_analysis",
+        application_args=["--run-id", "{{ " + run_ids + " | join(',') }}", "--database-url", DATABASE_URL],
         **common)
     partition_load >> analysis
     return partition_load, analysis
@@ -58,10 +62,37 @@ def preset_params() -> dict[str, Param]:
                             description="partitions of the stage topics"),
         "concurrency": Param(16, type="integer", minimum=1, maximum=1024,
                              description="AI concurrency per endpoint (the service's limit)"),
-        "time_scale": Param(0.05, type="number", exclusiveMinimum=0, maximum=1,
-                            description="multiplies AI latencies and Kafka group timeouts; 1 = real scale"),
+        "time_scale": Param(0.3, type="number", exclusiveMinimum=0, maximum=1,
+                            description="multiplies AI latencies and Kafka group timeouts; 1 = real scale "
+                                        "(0.3: the 3 s generation takes 0.9 s, against which the "
+                                        "platform's per-call work is small)"),
         "burst": Param(320, type="integer", minimum=1, description="requests sent as fast as possible"),
         "flow_members": Param(2, type="integer", minimum=1, description="members per flow stage"),
+    }
+
+
+def preset_values() -> dict[str, str]:
+    """The preset form fields as templates, for ResolveCandidateOperator."""
+    return {name: f"{{{{ params.{name} }}}}" for name in preset_params()}
+
+
+def gate_params() -> dict[str, Param]:
+    """The gate's form fields: trials and thresholds."""
+    return {
+        "trials": Param(3, type="integer", minimum=2, maximum=20,
+                        description="times the candidate is measured; the gate decides on 95% confidence "
+                                    "bounds over them"),
+        "target_utilization": Param(0.9, type="number", minimum=0, maximum=1,
+                                    description="gate: lower bound of the share of the AI capacity used "
+                                                "(capacity = concurrency / measured mean call time)"),
+        "min_throughput_rps": Param(0.0, type="number", minimum=0,
+                                    description="gate: optional absolute floor on the lower bound of the "
+                                                "steady throughput (requests/s); 0: none"),
+        "tolerance": Param(0.1, type="number", minimum=0, exclusiveMaximum=1,
+                           description="gate: allowed drop of the steady throughput against the active "
+                                       "version's last measurement (lower bound of the difference)"),
+        "max_skew": Param(2.0, type="number", minimum=1,
+                          description="gate: largest allowed max/mean of requests per partition"),
     }
 
 

@@ -11,10 +11,8 @@ their groups (SIGKILL only past the stop wait).
 
 from __future__ import annotations
 
-import math
 import os
 import socket
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -25,13 +23,11 @@ from airflow.providers.postgres.hooks.postgres import PostgresHook
 from consumers.events import STAGES
 from consumers.pipeline_config import PipelineConfig
 from infra import supervisor
-from infra.layout import REPO
+from infra.fleet_program import fleet_program
 from infra.processes import tail
 
 AI_STAGES = ("check", "generate")
 TOKEN_ENV = "AI_SERVICE_TOKEN"  # the fleet's default --ai-token-env
-# Stop wait beyond the fleet's shutdown deadline: its own join margin (10 s) plus closing clients.
-STOP_MARGIN_S = 30
 # supervisord's states as deployment health (RUNNING is healthy once /metrics answers).
 HEALTH = {"STARTING": "starting", "BACKOFF": "restarting", "EXITED": "restarting",
           "STOPPING": "stopping"}
@@ -148,11 +144,7 @@ class FleetSupervisor:
         """Write and load the stage's program; record it (and close the row it replaces)."""
         members = config.stage(stage).members
         name = supervisor.program_name("fleet", run_id, stage)
-        command = [sys.executable, "-m", "consumers.fleet", "--stage", stage, "--run-id", run_id,
-                   "--config", config.to_json(), "--members", str(members), "--metrics-port", str(port)]
-        replaced = client.add(supervisor.Program(
-            name, command, REPO, env.variables(),
-            stopwaitsecs=math.ceil(config.shutdown_deadline_s) + STOP_MARGIN_S))
+        replaced = client.add(fleet_program(name, run_id, stage, config, env.variables(), port))
         if replaces is not None:
             self.hook.run("UPDATE deployments SET state = 'scaled', exit_code = %s, stopped_at = now(), "
                           "health = 'stopped', process_state = %s WHERE id = %s",

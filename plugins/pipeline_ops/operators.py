@@ -3,6 +3,7 @@ the registry and the gate, built on the provider hooks for its connections."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -15,10 +16,12 @@ from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.sdk import BaseHook, BaseOperator
 
-from consumers import events, presets
+from consumers import capacity, events, presets
 from consumers.pipeline import Pipeline
 from consumers.pipeline_config import PipelineConfig
-from consumers.provisioning import provision
+from consumers.provisioning import TopicReport, provision
+from consumers.run_figures import burst_figures
+from measure import figures as measure
 from pipeline_ops import gate, report
 from pipeline_ops.deploy import FleetEnvironment, FleetSupervisor
 from pipeline_ops.registry import ConfigRegistry
@@ -62,17 +65,45 @@ def bootstrap_servers(kafka_config_id: str) -> str:
     return BaseHook.get_connection(kafka_config_id).extra_dejson["bootstrap.servers"]
 
 
+def provision_topics(kafka_config_id: str, prefix: str, partitions: int, profile: str,
+                     replication_factor: int | None) -> list[TopicReport]:
+    """Create or grow a run's topics through the `kafka_default` admin client."""
+    admin = KafkaAdminClientHook(kafka_config_id=kafka_config_id).get_conn
+    return provision(admin, events.Topics(prefix).all(), partitions, profile, replication_factor)
+
+
+def request_count(burst: int | str, rate: float | str, duration_s: float | str) -> tuple[int, float | None]:
+    """(requests to send, rate or None for a burst) from the form's load fields."""
+    rate_value = float(rate or 0) or None
+    count = round(rate_value * float(duration_s or 0)) if rate_value else int(burst or 0)
+    if count <= 0:
+        raise ValueError("nothing to send: give a burst, or a rate with a duration")
+    return count, rate_value
+
+
+def drive_load(run_id: str, config: PipelineConfig, bootstrap: str, database_url: str, count: int,
+               rate: float | None, timeout_s: float) -> dict[str, Any]:
+    """Send the requests of a run and wait until each reached a final state."""
+    pipeline = Pipeline(run_id, events.Topics(run_id), config, bootstrap, database_url)
+    started = time.time()
+    sent = pipeline.send(count, rate=rate)
+    counts = pipeline.wait_terminal(count, timeout_s)
+    return {"produced": len(sent.request_ids), "counts": counts, "load_started": started,
+            "seconds": round(time.time() - started, 2)}
+
+
 class ResolveCandidateOperator(BaseOperator):
     """Turn the trigger form's candidate (a preset, or `active`) into a registered version."""
 
     template_fields = ("candidate", "overrides", "preset_params")
 
     def __init__(self, *, candidate: str, overrides: dict | str | None = None,
-                 preset_params: dict | None = None, postgres_conn_id: str = "postgres_default",
-                 **kwargs: Any) -> None:
+                 preset_params: dict | None = None, run_prefix: str = "tuning",
+                 postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.candidate, self.overrides = candidate, overrides or {}
-        self.preset_params, self.postgres_conn_id = preset_params or {}, postgres_conn_id
+        self.preset_params, self.run_prefix = preset_params or {}, run_prefix
+        self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
         registry = ConfigRegistry(self.postgres_conn_id)
@@ -90,7 +121,7 @@ class ResolveCandidateOperator(BaseOperator):
             config = presets.build(name, params)
         config = PipelineConfig.from_dict({**asdict(config), **(overrides or {})})
         version = registry.register(name, config, note=f"from {context['run_id']}")
-        run_id = f"tuning-{context['ts_nodash'].lower()}-v{version}"
+        run_id = f"{self.run_prefix}-{context['ts_nodash'].lower()}-v{version}"
         self.log.info("candidate %s is version %d; run %s", name, version, run_id)
         return {"version": version, "name": name, "run_id": run_id, "config": asdict(config)}
 
@@ -117,13 +148,15 @@ class ProvisionTopicsOperator(BaseOperator):
         partitions = int(self.partitions) if self.partitions else None
         reasoning = None
         if partitions is None:
+            if not self.target_rps or not self.consume_rps:
+                raise ValueError("give the partitions, or a target rate and the measured per-partition "
+                                 "consume rate to size them from")
             sizing = size(SizingInput(float(self.target_rps), float(self.produce_rps),
                                       float(self.consume_rps)))
             partitions, reasoning = sizing["partitions"], "; ".join(sizing["reasoning"])
             self.log.info(reasoning)
-        admin = KafkaAdminClientHook(kafka_config_id=self.kafka_config_id).get_conn
         rf = int(self.replication_factor) if self.replication_factor else None
-        reports = provision(admin, events.Topics(self.prefix).all(), partitions, self.profile, rf)
+        reports = provision_topics(self.kafka_config_id, self.prefix, partitions, self.profile, rf)
         for r in reports:
             self.log.info("%s: %s, %d partitions, RF %d %s", r.topic, r.action, r.partitions,
                           r.replication_factor, "; ".join(r.warnings))
@@ -150,13 +183,13 @@ class DeployFleetOperator(BaseOperator):
         self.conns = (kafka_config_id, postgres_conn_id, ai_conn_id)
 
     def execute(self, context: Any) -> Any:
+        if self.action not in ("start", "scale", "check", "stop"):
+            raise ValueError(f"unknown action {self.action!r}: start, scale, check or stop")
         supervisor = FleetSupervisor(self.conns[1])
         if self.action == "stop":
             return supervisor.stop(self.run_id)
         if self.action == "check":
             return supervisor.check(self.run_id)
-        if self.action not in ("start", "scale"):
-            raise ValueError(f"unknown action {self.action!r}: start, scale, check or stop")
         version = ConfigRegistry(self.conns[1]).get(int(self.version))
         config = version.config
         n = int(self.members or 0)  # rendered templates are text: "0" means the version's own
@@ -186,73 +219,133 @@ class LoadTestOperator(BaseOperator):
         self.kafka_config_id, self.postgres_conn_id = kafka_config_id, postgres_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
+        count, rate = request_count(self.burst, self.rate, self.duration_s)
         config = ConfigRegistry(self.postgres_conn_id).get(int(self.version)).config
-        pipeline = Pipeline(self.run_id, events.Topics(self.run_id), config,
-                            bootstrap_servers(self.kafka_config_id),
-                            database_url(self.postgres_conn_id))
-        rate = float(self.rate) or None
-        count = int(self.burst) if not rate else round(rate * float(self.duration_s))
-        if count <= 0:
-            raise ValueError("nothing to send: give a burst, or a rate with a duration")
-        started = time.time()
-        sent = pipeline.send(count, rate=rate)
-        counts = pipeline.wait_terminal(count, self.timeout_s)
-        self.log.info("run %s: %d requests sent, final states %s", self.run_id, count, counts)
-        return {"produced": len(sent.request_ids), "counts": counts, "load_started": started,
-                "seconds": round(time.time() - started, 2)}
+        result = drive_load(self.run_id, config, bootstrap_servers(self.kafka_config_id),
+                            database_url(self.postgres_conn_id), count, rate, self.timeout_s)
+        self.log.info("run %s: %d requests sent, final states %s", self.run_id, count, result["counts"])
+        return result
 
 
-def run_figures(hook: PostgresHook, run_id: str, produced: int) -> dict[str, Any]:
-    """The gate's inputs: the Spark analysis of the run, plus lost requests from its records."""
+class TrialsOperator(BaseOperator):
+    """Measure a configuration version `trials` times, one trial after the other: each gets
+    fresh topics (`<run_id>-t<n>.*`), the version's fleets deployed, the load, and its fleets
+    stopped again.
+
+    A loop inside one task rather than mapped tasks: trials share the AI endpoints and the
+    machine, so two must never overlap, which a loop guarantees and mapped task instances (run
+    in parallel by the scheduler) would not. Their Spark analysis can run in parallel and
+    follows in one job over every trial. Returns the trials' run ids and loads, the AI limit
+    and the conditions (time scale, AI limit, load) that make two measurements comparable.
+    """
+
+    template_fields = ("run_id", "version", "trials", "burst", "rate", "duration_s", "ai_limit")
+
+    def __init__(self, *, run_id: str, version: int | str, trials: int | str, ai_limit: int | str,
+                 burst: int | str = 0, rate: float | str = 0, duration_s: float | str = 0,
+                 timeout_s: float = 1800, kafka_config_id: str = "kafka_default",
+                 postgres_conn_id: str = "postgres_default", ai_conn_id: str = "ai_service",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_id, self.version, self.trials, self.ai_limit = run_id, version, trials, ai_limit
+        self.burst, self.rate, self.duration_s, self.timeout_s = burst, rate, duration_s, timeout_s
+        self.conns = (kafka_config_id, postgres_conn_id, ai_conn_id)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        trials, limit = int(self.trials), int(self.ai_limit)
+        if trials < 2:
+            raise ValueError(f"trials must be at least 2 (the gate decides on confidence bounds), "
+                             f"got {trials}")
+        if limit < 1:
+            raise ValueError(f"ai_limit must be a positive concurrency, got {limit}")
+        count, rate = request_count(self.burst, self.rate, self.duration_s)
+        version = ConfigRegistry(self.conns[1]).get(int(self.version))
+        config = version.config
+        if configure_stand_in(self.conns[2], config.time_scale, limit):
+            self.log.info("AI stand-in set to time scale %s, limit %s", config.time_scale, limit)
+        supervisor, env = FleetSupervisor(self.conns[1]), fleet_environment(*self.conns)
+        results = []
+        for n in range(1, trials + 1):
+            run_id = f"{self.run_id}-t{n}"
+            provision_topics(self.conns[0], run_id, config.partitions, config.profile,
+                             config.replication_factor)
+            supervisor.start(run_id, version.version, config, env)
+            try:
+                load = drive_load(run_id, config, env.bootstrap, env.database_url, count, rate,
+                                  self.timeout_s)
+            finally:
+                supervisor.stop(run_id)
+            self.log.info("trial %d/%d (%s): %s in %.1fs", n, trials, run_id, load["counts"], load["seconds"])
+            results.append({"run_id": run_id, **load})
+        conditions = {"time_scale": config.time_scale, "ai_limit": limit, "requests": count, "rate": rate}
+        return {"run_ids": [r["run_id"] for r in results], "trials": results, "ai_limit": limit,
+                "conditions": conditions}
+
+
+def trial_figures(hook: PostgresHook, run_id: str, produced: int, ai_limit: int) -> dict[str, Any]:
+    """One trial's figures as the gate sees them: the Spark analysis of its run and its style
+    topic's skew, turned into figures by measure.figures."""
     analysis = hook.get_first("SELECT figures FROM analysis_pipeline WHERE run_id = %s",
                               parameters=(run_id,))
-    skew = hook.get_first("SELECT max_over_mean, cv FROM analysis_skew WHERE run_id = %s AND topic = %s",
-                          parameters=(run_id, events.Topics(run_id).style))
+    skew = hook.get_first("SELECT max_over_mean, cv FROM analysis_skew WHERE topic = %s "
+                          "ORDER BY computed_at DESC LIMIT 1", parameters=(events.Topics(run_id).style,))
     if analysis is None or skew is None:
         raise RuntimeError(f"no Spark analysis for run {run_id}: the analysis tasks did not write it")
-    terminal = hook.get_first("SELECT count(*) FROM requests WHERE run_id = %s AND status IN "
-                              "('completed', 'rejected', 'dead_lettered')", parameters=(run_id,))[0]
-    figures = analysis[0]
-    return {"throughput_rps": figures["completed_per_s"] or 0.0, "completed": figures["completed"],
-            "produced": produced, "lost": produced - terminal,
-            "duplicate_ai_calls": figures["duplicates"]["total"],
-            "skew_max_over_mean": skew[0] or 0.0, "skew_cv": skew[1] or 0.0,
-            "latency_s": figures["latency_s"], "rebalances": figures["rebalances"]["events"]}
+    return {"run_id": run_id, **measure.from_analysis(analysis[0], produced=produced, ai_limit=ai_limit,
+                                                      skew_max_over_mean=skew[0], skew_cv=skew[1])}
 
 
 class PromotionGateOperator(BaseBranchOperator):
-    """Decide on the candidate, record the decision with its figures, branch to promote/reject."""
+    """Decide on the candidate's trials, record the decision with its figures, branch to
+    promote/reject. The reference is the active version's last passed measurement under the
+    same conditions: for the active version itself (the nightly run) its own, and a failed
+    re-measurement of the active version raises a regression alarm."""
 
-    template_fields = ("candidate", "load", "min_throughput_rps", "tolerance", "max_skew")
+    template_fields = ("candidate", "trials", "target_utilization", "min_throughput_rps", "tolerance",
+                       "max_skew")
 
-    def __init__(self, *, candidate: Any, load: Any, min_throughput_rps: float | str,
-                 tolerance: float | str = 0.1, max_skew: float | str = 2.0,
-                 promote_task_id: str = "promote", reject_task_id: str = "reject",
-                 postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
+    def __init__(self, *, candidate: Any, trials: Any, target_utilization: float | str = 0.9,
+                 min_throughput_rps: float | str = 0.0, tolerance: float | str = 0.1,
+                 max_skew: float | str = 2.0, promote_task_id: str = "promote",
+                 reject_task_id: str = "reject", postgres_conn_id: str = "postgres_default",
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.candidate, self.load = candidate, load
-        self.min_throughput_rps, self.tolerance, self.max_skew = min_throughput_rps, tolerance, max_skew
+        self.candidate, self.trials = candidate, trials
+        self.target_utilization, self.min_throughput_rps = target_utilization, min_throughput_rps
+        self.tolerance, self.max_skew = tolerance, max_skew
         self.promote_task_id, self.reject_task_id = promote_task_id, reject_task_id
         self.postgres_conn_id = postgres_conn_id
 
     def choose_branch(self, context: Any) -> str:
-        candidate, load = _as_dict(self.candidate), _as_dict(self.load)
+        thresholds = gate.Thresholds(float(self.target_utilization), float(self.min_throughput_rps),
+                                     float(self.tolerance), float(self.max_skew))
+        candidate, measured = _as_dict(self.candidate), _as_dict(self.trials)
+        if not measured or not measured.get("trials"):
+            raise RuntimeError("no trials to decide on: the trials task returned nothing")
         registry = ConfigRegistry(self.postgres_conn_id)
-        thresholds = gate.Thresholds(float(self.min_throughput_rps), float(self.tolerance),
-                                     float(self.max_skew))
-        figures = run_figures(registry.hook, candidate["run_id"], load["produced"])
+        trials = [trial_figures(registry.hook, t["run_id"], t["produced"], measured["ai_limit"])
+                  for t in measured["trials"]]
         active = registry.active()
-        compare = active is not None and active.version != candidate["version"]
-        measured = registry.last_measured(active.version) if compare else None
-        decision = gate.evaluate(figures, thresholds, measured["throughput_rps"] if measured else None)
+        reference = registry.reference(active.version, measured["conditions"]) if active else None
+        decision = gate.evaluate(trials, thresholds, reference)
+        figures = {"trials": trials, "summary": gate.summarise(trials, thresholds.confidence),
+                   "conditions": measured["conditions"],
+                   "reference": {"version": active.version, "steady_throughput_rps": reference}
+                   if reference else None}
         decision_id = registry.record_decision(candidate["run_id"], candidate["version"],
                                                active.version if active else None, decision.passed,
                                                decision.reasons(), figures, asdict(thresholds))
         self.log.info("gate decision %d for version %d: %s", decision_id, candidate["version"],
                       decision.summary())
-        context["ti"].xcom_push(key="decision", value={"id": decision_id, "passed": decision.passed,
-                                                       "summary": decision.summary(),
-                                                       "reasons": decision.reasons(), "figures": figures})
+        alarm = None
+        if active is not None and active.version == candidate["version"] and not decision.passed:
+            alarm = registry.raise_alarm(active.version, decision_id, candidate["run_id"],
+                                         [r for r in decision.reasons() if not r["passed"]])
+            self.log.warning("regression alarm %d: the active version %d no longer passes the gate",
+                             alarm, active.version)
+        context["ti"].xcom_push(key="decision", value={
+            "id": decision_id, "passed": decision.passed, "summary": decision.summary(),
+            "reasons": decision.reasons(), "figures": figures, "alarm": alarm})
         return self.promote_task_id if decision.passed else self.reject_task_id
 
 
@@ -267,15 +360,22 @@ class _AfterGateOperator(BaseOperator):
 
 
 class PromoteOperator(_AfterGateOperator):
-    """Make the candidate the active configuration (or record that it already is)."""
+    """Make the candidate the active configuration; a no-op when it already is (the nightly
+    re-measurement of the active version)."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         candidate = _as_dict(self.candidate)
-        decision = context["ti"].xcom_pull(task_ids="gate", key="decision") or {}
+        decision = context["ti"].xcom_pull(task_ids="gate", key="decision")
+        if not decision or not decision.get("passed"):
+            raise RuntimeError("no passed gate decision for this run: promotion only follows the gate")
         previous = ConfigRegistry(self.postgres_conn_id).activate(
-            candidate["version"], "promote", candidate["run_id"], decision.get("figures"))
-        self.log.info("version %d is active (was %s)", candidate["version"], previous)
-        return {"active": candidate["version"], "previous": previous}
+            candidate["version"], "promote", candidate["run_id"], decision["figures"])
+        if previous == candidate["version"]:
+            self.log.info("version %d is already active: nothing to promote", previous)
+        else:
+            self.log.info("version %d is active (was %s)", candidate["version"], previous)
+        return {"active": candidate["version"], "previous": previous,
+                "changed": previous != candidate["version"]}
 
 
 class GateReportOperator(_AfterGateOperator):
@@ -290,6 +390,94 @@ class GateReportOperator(_AfterGateOperator):
         out = report.write(hook, candidate, decision)
         self.log.info("%s\nreport and plots in %s", report.text(candidate, decision), out)
         return {"report_dir": str(out), "passed": decision["passed"]}
+
+
+class CapacitySearchOperator(BaseOperator):
+    """Search a version's max sustainable rate (consumers.capacity) on a deployment of its own:
+    a calibration burst measures the AI capacity, steady-rate steps bisect from just below it,
+    and the result goes to the registry beside the configuration, with a plot of the lag and
+    the p99 of every step in `results/<run id>/`."""
+
+    template_fields = ("run_id", "version", "ai_limit", "burst", "step_s", "p99_objective_s",
+                       "lag_growth", "precision", "max_steps")
+
+    def __init__(self, *, run_id: str, version: int | str, ai_limit: int | str, burst: int | str,
+                 step_s: float | str = 20.0, p99_objective_s: float | str = 10.0,
+                 lag_growth: float | str = 0.05, precision: float | str = 0.03, max_steps: int | str = 8,
+                 timeout_s: float = 900, kafka_config_id: str = "kafka_default",
+                 postgres_conn_id: str = "postgres_default", ai_conn_id: str = "ai_service",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.run_id, self.version, self.ai_limit, self.burst = run_id, version, ai_limit, burst
+        self.step_s, self.p99_objective_s, self.lag_growth = step_s, p99_objective_s, lag_growth
+        self.precision, self.max_steps, self.timeout_s = precision, max_steps, timeout_s
+        self.conns = (kafka_config_id, postgres_conn_id, ai_conn_id)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        limit, burst = int(self.ai_limit), int(self.burst)
+        if limit < 1 or burst < 1:
+            raise ValueError(f"ai_limit and burst must be positive, got {limit} and {burst}")
+        objective = capacity.Objective(p99_s=float(self.p99_objective_s),
+                                       lag_growth=float(self.lag_growth), step_s=float(self.step_s),
+                                       precision=float(self.precision), max_steps=int(self.max_steps))
+        registry = ConfigRegistry(self.conns[1])
+        version = registry.get(int(self.version))
+        config = version.config
+        objective = replace(objective, p99_s=objective.p99_s * config.time_scale)  # given at real scale
+        configure_stand_in(self.conns[2], config.time_scale, limit)
+        provision_topics(self.conns[0], self.run_id, config.partitions, config.profile,
+                         config.replication_factor)
+        supervisor, env = FleetSupervisor(self.conns[1]), fleet_environment(*self.conns)
+        supervisor.start(self.run_id, version.version, config, env)
+        pipeline = Pipeline(self.run_id, events.Topics(self.run_id), config, env.bootstrap, env.database_url)
+        numbers = itertools.count(1)
+
+        def step(rate: float) -> capacity.Step:
+            run_id = f"{self.run_id}-s{next(numbers)}"
+            result = capacity.run_step(pipeline, run_id, rate, objective, limit, self.timeout_s)
+            self.log.info("step at %.2f rps: %s", rate, result.summary())
+            return result
+
+        try:
+            calibration = burst_figures(pipeline, f"{self.run_id}-calibrate", burst, limit, self.timeout_s)
+            if not calibration["capacity_rps"]:
+                raise RuntimeError("the calibration burst measured no AI capacity: no call succeeded")
+            self.log.info("calibration: AI capacity %.2f rps", calibration["capacity_rps"])
+            best, steps = capacity.search(step, 0.9 * calibration["capacity_rps"], objective)
+        finally:
+            supervisor.stop(self.run_id)
+        result = {"version": version.version, "name": version.name, "run_id": self.run_id,
+                  "max_sustainable_rps": best, "ai_capacity_rps": calibration["capacity_rps"],
+                  "share_of_capacity": round(best / calibration["capacity_rps"], 4) if best else None,
+                  "objective": asdict(objective), "steps": [s.summary() for s in steps]}
+        result["id"] = registry.record_capacity(version.version, self.run_id, best,
+                                                calibration["capacity_rps"], result["objective"],
+                                                result["steps"])
+        out = report.write_capacity(result, steps)
+        self.log.info("%s\nresults in %s", report.capacity_text(result), out)
+        return result
+
+
+class RollbackOperator(BaseOperator):
+    """Re-activate a version (0: the one active before the current version), with a reason."""
+
+    template_fields = ("version", "reason")
+
+    def __init__(self, *, version: int | str, reason: str, postgres_conn_id: str = "postgres_default",
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.version, self.reason, self.postgres_conn_id = version, reason, postgres_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        reason, version = str(self.reason or "").strip(), int(self.version or 0)
+        if not reason:
+            raise ValueError("a rollback needs a reason: it is kept in the promotion history")
+        if version < 0:
+            raise ValueError(f"version must be a registered version, or 0 for the previous one; "
+                             f"got {version}")
+        previous, now = ConfigRegistry(self.postgres_conn_id).rollback(version or None, reason)
+        self.log.info("rolled back from version %d to %d: %s", previous, now, reason)
+        return {"active": now, "previous": previous, "reason": reason}
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The configuration registry in PostgreSQL: versions, the one active version, promotions,
-rollbacks and the gate's decisions (schema: infra/migrations/0003_registry.sql)."""
+rollbacks, the gate's decisions, regression alarms and capacity searches (schema:
+infra/migrations/0003_registry.sql and 0007_gate_history.sql)."""
 
 from __future__ import annotations
 
@@ -51,11 +52,20 @@ class ConfigRegistry:
         row = self._one("SELECT version FROM configurations WHERE active")
         return self.get(row[0]) if row else None
 
-    def last_measured(self, version: int) -> dict[str, Any] | None:
-        """Figures of the version's latest passed decision, or of its promotion."""
+    def versions(self) -> list[dict[str, Any]]:
+        """Every registered version, newest first (the rollback form offers them)."""
+        rows = self.hook.get_records("SELECT version, name, active, created_at FROM configurations "
+                                     "ORDER BY version DESC")
+        return [dict(zip(("version", "name", "active", "created_at"), r, strict=True)) for r in rows]
+
+    def reference(self, version: int, conditions: dict[str, Any]) -> list[float] | None:
+        """Steady throughputs of the trials of the version's latest passed decision measured
+        under the same conditions (time scale, AI limit, load): what a candidate, or the version
+        itself re-measured, is compared with. None when there is none."""
         row = self._one("SELECT figures FROM gate_decisions WHERE candidate = %s AND passed "
-                        "ORDER BY decided_at DESC LIMIT 1", (version,))
-        return row[0] if row else None
+                        "AND figures->'conditions' = %s::jsonb ORDER BY decided_at DESC, id DESC LIMIT 1",
+                        (version, json.dumps(conditions)))
+        return [t["steady_throughput_rps"] for t in row[0]["trials"]] if row else None
 
     def record_decision(self, run_id: str, candidate: int, active_before: int | None, passed: bool,
                         reasons: list[dict[str, Any]], figures: dict[str, Any],
@@ -67,38 +77,81 @@ class ConfigRegistry:
              json.dumps(thresholds)))[0]
 
     def activate(self, version: int, action: str, run_id: str | None = None,
-                 figures: dict[str, Any] | None = None) -> int | None:
-        """Make `version` the one active configuration and log it; return the previous one."""
+                 figures: dict[str, Any] | None = None, reason: str = "") -> int | None:
+        """Make `version` the one active configuration and log it; return the version active
+        before. Activating the active version is a no-op (nothing logged): it returns `version`."""
         self.get(version)  # clear error for an unknown version
         with self._tx() as cur:
             cur.execute("SELECT version FROM configurations WHERE active FOR UPDATE")
             row = cur.fetchone()
             previous = row[0] if row else None
+            if previous == version:
+                return previous
             cur.execute("UPDATE configurations SET active = false WHERE active")
             cur.execute("UPDATE configurations SET active = true WHERE version = %s", (version,))
-            cur.execute("INSERT INTO promotions (version, previous, action, run_id, figures) "
-                        "VALUES (%s, %s, %s, %s, %s)",
-                        (version, previous, action, run_id, json.dumps(figures or {})))
+            cur.execute("INSERT INTO promotions (version, previous, action, run_id, figures, reason) "
+                        "VALUES (%s, %s, %s, %s, %s, %s)",
+                        (version, previous, action, run_id, json.dumps(figures or {}), reason))
         return previous
 
-    def rollback(self, to_version: int | None = None) -> int:
-        """Re-activate `to_version`, or the version active before the current one."""
+    def rollback(self, to_version: int | None = None, reason: str = "") -> tuple[int, int]:
+        """Re-activate `to_version`, or the version that was active before the current one
+        became active (its latest activation's predecessor); return (the version that was
+        active, the version now active)."""
+        active = self.active()
+        if active is None:
+            raise ValueError("no version is active: nothing to roll back")
         if to_version is None:
-            row = self._one("SELECT previous FROM promotions WHERE previous IS NOT NULL "
-                            "AND version = (SELECT version FROM configurations WHERE active) "
-                            "ORDER BY at DESC LIMIT 1")
+            row = self._one("SELECT previous FROM promotions WHERE version = %s AND previous IS NOT NULL "
+                            "AND previous <> version ORDER BY id DESC LIMIT 1", (active.version,))
             if row is None:
-                raise ValueError("nothing to roll back to: the active version has no predecessor")
+                raise ValueError(f"nothing to roll back to: version {active.version} has no predecessor")
             to_version = row[0]
-        self.activate(to_version, "rollback")
-        return to_version
+        if to_version == active.version:
+            raise ValueError(f"version {to_version} is already active: nothing to roll back")
+        self.activate(to_version, "rollback", reason=reason)
+        return active.version, to_version
 
     def history(self, limit: int = 20) -> list[dict[str, Any]]:
+        keys = ("at", "action", "version", "name", "previous", "run_id", "reason")
         rows = self.hook.get_records(
-            "SELECT p.at, p.action, p.version, c.name, p.previous, p.run_id FROM promotions p "
-            "JOIN configurations c USING (version) ORDER BY p.at DESC LIMIT %s", parameters=(limit,))
-        return [dict(zip(("at", "action", "version", "name", "previous", "run_id"), r, strict=True))
-                for r in rows]
+            "SELECT p.at, p.action, p.version, c.name, p.previous, p.run_id, p.reason FROM promotions p "
+            "JOIN configurations c USING (version) ORDER BY p.id DESC LIMIT %s", parameters=(limit,))
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def raise_alarm(self, version: int, decision_id: int, run_id: str, failed: list[dict[str, Any]]) -> int:
+        """Record that a re-measurement of the active version failed the gate."""
+        return self._write("INSERT INTO regression_alarms (version, decision_id, run_id, failed) "
+                           "VALUES (%s, %s, %s, %s) RETURNING id",
+                           (version, decision_id, run_id, json.dumps(failed)))[0]
+
+    def alarms(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The latest alarms, newest first, with whether their version is still the active one."""
+        keys = ("id", "version", "name", "decision_id", "run_id", "failed", "raised_at", "active")
+        rows = self.hook.get_records(
+            "SELECT a.id, a.version, c.name, a.decision_id, a.run_id, a.failed, a.raised_at, c.active "
+            "FROM regression_alarms a JOIN configurations c USING (version) ORDER BY a.id DESC LIMIT %s",
+            parameters=(limit,))
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def record_capacity(self, version: int, run_id: str, max_sustainable_rps: float | None,
+                        ai_capacity_rps: float, objective: dict[str, Any],
+                        steps: list[dict[str, Any]]) -> int:
+        """Store a capacity search's result beside the version's configuration."""
+        return self._write("INSERT INTO capacity_searches (version, run_id, max_sustainable_rps, "
+                           "ai_capacity_rps, objective, steps) VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+                           (version, run_id, max_sustainable_rps, ai_capacity_rps, json.dumps(objective),
+                            json.dumps(steps)))[0]
+
+    def capacity_searches(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The latest capacity searches, newest first."""
+        keys = ("id", "version", "name", "run_id", "max_sustainable_rps", "ai_capacity_rps", "objective",
+                "steps", "searched_at")
+        rows = self.hook.get_records(
+            "SELECT s.id, s.version, c.name, s.run_id, s.max_sustainable_rps, s.ai_capacity_rps, "
+            "s.objective, s.steps, s.searched_at FROM capacity_searches s "
+            "JOIN configurations c USING (version) ORDER BY s.id DESC LIMIT %s", parameters=(limit,))
+        return [dict(zip(keys, r, strict=True)) for r in rows]
 
     def _write(self, sql: str, params: tuple) -> tuple:
         with self._tx() as cur:

@@ -1,7 +1,9 @@
-"""The tuning run's report: the gate's checks as text and JSON, and plots of the run.
+"""The tuning run's report: capacity, throughput and utilization with their intervals, the gate's
+checks and each trial's figures, as text and JSON, and plots of the trials.
 
-Files go to `results/<run id>/` (or $PIPELINE_RESULTS_DIR): gate.json, completions.png (final
-stage completions per second, from the Spark analysis) and requests_per_partition.png.
+Files go to `results/<run id>/` (or $PIPELINE_RESULTS_DIR): gate.json, gate.txt,
+completions.png (cumulative final-stage completions of each trial against its AI capacity: the
+slope is the throughput) and requests_per_partition.png (style topic, each trial).
 """
 
 from __future__ import annotations
@@ -18,15 +20,52 @@ from consumers.events import Topics
 
 RESULTS = Path(os.environ.get("PIPELINE_RESULTS_DIR",
                               Path(__file__).resolve().parents[2] / "results"))
+TRIAL_COLUMNS = (("steady_throughput_rps", "steady rps"), ("throughput_rps", "span rps"),
+                 ("capacity_rps", "capacity"), ("utilization", "utilization"), ("lost", "lost"),
+                 ("duplicate_ai_calls", "dup calls"), ("skew_max_over_mean", "skew"), ("p99_ms", "p99 ms"))
+
+
+def interval(bounds: dict[str, Any] | None, digits: int = 3) -> str:
+    """`mean [low, high]`: each end a one-sided 95% bound (the gate checks the low one)."""
+    if not bounds:
+        return "-"
+    return (f"{bounds['estimate']:.{digits}f} [{bounds['low']:.{digits}f}, {bounds['high']:.{digits}f}]")
+
+
+def headline(figures: dict[str, Any]) -> list[str]:
+    """Capacity, throughput and utilization over the trials, with their intervals."""
+    summary, trials = figures["summary"], figures["trials"]
+    first = trials[0]
+    service = first["service_s"].get(first["bottleneck_stage"]) if first["bottleneck_stage"] else None
+    lines = [
+        f"  capacity     {interval(summary['capacity_rps'], 1)} rps  ({first['ai_limit']} concurrent calls / "
+        f"{service if service is not None else '-'} s mean {first['bottleneck_stage'] or '-'} call)",
+        f"  throughput   {interval(summary['steady_throughput_rps'], 1)} rps steady, "
+        f"{interval(summary['throughput_rps'], 1)} rps over the span",
+        f"  utilization  {interval(summary['utilization'])}  (mean [95% lower, 95% upper bound], "
+        f"{summary['trials']} trials)",
+    ]
+    reference = figures.get("reference")
+    if reference:
+        rps = reference["steady_throughput_rps"]
+        lines.append(f"  reference    v{reference['version']}: {sum(rps) / len(rps):.1f} rps steady "
+                     f"over {len(rps)} trials")
+    return lines
 
 
 def text(candidate: dict[str, Any], decision: dict[str, Any]) -> str:
+    figures = decision["figures"]
     lines = [f"gate report for version {candidate['version']} ({candidate['name']}), "
-             f"run {candidate['run_id']}", "  " + decision["summary"]]
+             f"run {candidate['run_id']}", *headline(figures), "  " + decision["summary"]]
+    if decision.get("alarm"):
+        lines.append(f"  REGRESSION ALARM {decision['alarm']}: the active version no longer passes the gate")
     for check in decision["reasons"]:
         mark = "ok  " if check["passed"] else "FAIL"
         lines.append(f"  [{mark}] {check['name']:<20} measured {check['measured']}  "
                      f"required {check['required']}")
+    lines.append("  trials: " + "  ".join(label for _, label in TRIAL_COLUMNS))
+    for trial in figures["trials"]:
+        lines.append(f"    {trial['run_id']}: " + "  ".join(f"{trial[key]}" for key, _ in TRIAL_COLUMNS))
     return "\n".join(lines)
 
 
@@ -36,33 +75,95 @@ def write(hook: PostgresHook, candidate: dict[str, Any], decision: dict[str, Any
     (out / "gate.json").write_text(json.dumps({"candidate": candidate, "decision": decision}, indent=2,
                                               default=str))
     (out / "gate.txt").write_text(text(candidate, decision) + "\n")
-    _plot_completions(decision["figures"], hook, candidate["run_id"], out / "completions.png")
-    _plot_partitions(hook, candidate["run_id"], out / "requests_per_partition.png")
+    _plot_completions(decision["figures"], hook, out / "completions.png")
+    _plot_partitions(decision["figures"], hook, out / "requests_per_partition.png")
     return out
 
 
-def _plot_completions(figures: dict[str, Any], hook: PostgresHook, run_id: str, path: Path) -> None:
-    rows = hook.get_records(
-        "SELECT date_trunc('second', completed_at), count(*) FROM stage_results WHERE run_id = %s "
-        "AND stage = 'generate' GROUP BY 1 ORDER BY 1", parameters=(run_id,))
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    if rows:
-        start = rows[0][0]
-        ax.bar([(t - start).total_seconds() for t, _ in rows], [n for _, n in rows], width=0.9)
-    ax.set(xlabel="seconds", ylabel="completions / s",
-           title=f"{run_id}: {figures['throughput_rps']:.1f} rps over the run")
+def _plot_completions(figures: dict[str, Any], hook: PostgresHook, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 4))
+    longest = 0.0
+    for trial in figures["trials"]:
+        rows = hook.get_records(
+            "SELECT extract(epoch FROM s.completed_at - (SELECT min(produced_at) FROM requests "
+            "WHERE run_id = %(run)s)) FROM stage_results s WHERE s.run_id = %(run)s "
+            "AND s.stage = 'generate' ORDER BY 1", parameters={"run": trial["run_id"]})
+        seconds = [float(r[0]) for r in rows]
+        if seconds:
+            longest = max(longest, seconds[-1])
+            ax.plot(seconds, range(1, len(seconds) + 1), linewidth=1.4,
+                    label=f"{trial['run_id'].rsplit('-', 1)[-1]}: utilization {trial['utilization']}")
+    capacity = figures["summary"]["capacity_rps"]
+    if capacity and longest:
+        ax.plot([0, longest], [0, capacity["estimate"] * longest], color="grey", linestyle="--",
+                linewidth=1, label=f"AI capacity ({capacity['estimate']:.1f} rps)")
+    utilization = figures["summary"]["utilization"]
+    ax.set(xlabel="seconds since the trial's first request", ylabel="completed requests",
+           title=f"utilization {interval(utilization)} over {figures['summary']['trials']} trials")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def _plot_partitions(hook: PostgresHook, run_id: str, path: Path) -> None:
-    rows = hook.get_records("SELECT kafka_partition, records FROM analysis_partition_load WHERE "
-                            "run_id = %s AND topic = %s ORDER BY 1",
-                            parameters=(run_id, Topics(run_id).style))
-    fig, ax = plt.subplots(figsize=(8, 3))
-    ax.bar([p for p, _ in rows], [n for _, n in rows], width=0.9)
-    ax.set(xlabel="partition", ylabel="requests", title="requests per partition (style topic)")
+def _plot_partitions(figures: dict[str, Any], hook: PostgresHook, path: Path) -> None:
+    trials = figures["trials"]
+    fig, axes = plt.subplots(len(trials), 1, figsize=(8, 1.6 * len(trials) + 0.8), sharex=True,
+                             squeeze=False)
+    for ax, trial in zip(axes[:, 0], trials, strict=True):
+        rows = hook.get_records("SELECT kafka_partition, records FROM analysis_partition_load WHERE "
+                                "topic = %s ORDER BY 1", parameters=(Topics(trial["run_id"]).style,))
+        ax.bar([p for p, _ in rows], [n for _, n in rows], width=0.9)
+        ax.set_ylabel("requests")
+        ax.set_title(f"{trial['run_id']}: max/mean {trial['skew_max_over_mean']}", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("partition")
+    fig.suptitle("requests per partition (style topic)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def capacity_text(result: dict[str, Any]) -> str:
+    """The capacity search as text: the result against the AI capacity, then every step."""
+    best, objective = result["max_sustainable_rps"], result["objective"]
+    share = f" = {result['share_of_capacity']:.1%} of the AI capacity" if best else ""
+    lines = [f"capacity search for version {result['version']} ({result['name']}), run {result['run_id']}",
+             f"  AI capacity (calibration burst) {result['ai_capacity_rps']:.2f} rps",
+             f"  max sustainable rate {best:.2f} rps{share}" if best else "  no step was sustained",
+             f"  objective: p99 <= {objective['p99_s']:.3f} s, lag trend <= {objective['lag_growth']:.0%} "
+             f"of the rate, {objective['step_s']:.0f} s steps",
+             "  steps:     rate  sustained  lag trend/s  lag max   p99 s  steady rps  utilization"]
+    for s in result["steps"]:
+        p99 = "-" if s["p99_s"] is None else f"{s['p99_s']:.3f}"
+        lines.append(f"    {s['rate']:10.2f}  {'yes' if s['sustained'] else 'no':>9}  "
+                     f"{s['lag_trend']:11.2f}  {s['lag_max']!s:>7}  {p99:>6}  "
+                     f"{s['steady_throughput_rps']!s:>10}  {s['utilization']}")
+    return "\n".join(lines)
+
+
+def write_capacity(result: dict[str, Any], steps: list[Any]) -> Path:
+    """capacity.json, capacity.txt and capacity.png (lag over each step; p99 per step rate)."""
+    out = RESULTS / result["run_id"]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "capacity.json").write_text(json.dumps(
+        {**result, "lag": {str(s.rate): s.lag for s in steps}}, indent=2, default=str))
+    (out / "capacity.txt").write_text(capacity_text(result) + "\n")
+    fig, (lag_ax, p99_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for n, step in enumerate(steps, start=1):
+        style = "-" if step.sustained else ":"
+        lag_ax.plot([t for t, _ in step.lag], [lag for _, lag in step.lag], style, linewidth=1.3,
+                    label=f"{n}: {step.rate:.1f} rps {'held' if step.sustained else 'failed'}")
+    lag_ax.set(xlabel="seconds into the step", ylabel="consumer lag (records, all stages)",
+               title="lag per step (dotted: not sustained)")
+    lag_ax.legend(fontsize=7)
+    p99_ax.scatter([s.rate for s in steps], [s.p99_s or 0 for s in steps],
+                   c=["tab:green" if s.sustained else "tab:red" for s in steps])
+    p99_ax.axhline(result["objective"]["p99_s"], color="grey", linestyle="--", label="p99 objective")
+    p99_ax.axvline(result["ai_capacity_rps"], color="tab:blue", linestyle=":", label="AI capacity")
+    p99_ax.set(xlabel="step rate (requests/s)", ylabel="end-to-end p99 (s)",
+               title=f"max sustainable {result['max_sustainable_rps'] or 0:.1f} rps")
+    p99_ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "capacity.png", dpi=100)
+    plt.close(fig)
+    return out

@@ -1,11 +1,15 @@
 """The gate page inside the Airflow UI: what the promotion gate decided, and why.
 
 A FastAPI app that the `gate_ui_plugin` plugin mounts on the API server under /pipeline-gate.
-It shows the latest gate decisions with every check (measured against required), the active
-configuration, the promotion history and the plots of the most recent run, and serves the same
-decisions as JSON at /pipeline-gate/api/decisions. Reading needs an Airflow login with read access
-to the runs of `pipeline_tuning` (the UI's session cookie or a bearer token), because the page
-sits on the same server as the REST API.
+It shows the active configuration, regression alarms raised by re-measurements of the active
+version, the latest gate decisions with capacity, throughput and utilization (mean and 95%
+bounds over the trials) and every check (measured against required), the promotion history and
+the plots of the most recent run, the capacity searches (max sustainable rate per version), and
+serves the same decisions as JSON at
+/pipeline-gate/api/decisions. Reading needs an Airflow login with read access to the runs of
+`pipeline_tuning` (the UI's session cookie or a bearer token), because the page sits on the same
+server as the REST API. Its *Roll back* form triggers `pipeline_rollback` through that REST API
+from the browser, with the user's own login: Airflow checks the user may trigger it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from pipeline_ops.registry import ConfigRegistry
 
 CONN_ID = "postgres_default"
 DAG_ID = "pipeline_tuning"
+ROLLBACK_DAG_ID = "pipeline_rollback"
+MOUNT = "/pipeline-gate"  # where gate_ui_plugin mounts this app
 PLOTS = ("completions.png", "requests_per_partition.png")
 # Run ids are made by the resolve task (e.g. tuning-20261122t084146-v1); anything else is refused
 # before it gets near the file system.
@@ -106,5 +112,13 @@ def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20) -> H
              for name in PLOTS if latest and plot_path(latest, name)]
     html = _templates.get_template("gate.html").render(
         decisions=rows, active=registry.active(), history=[_utc(h) for h in registry.history()],
-        latest=latest, plots=plots, results_dir=results_dir())
+        alarms=[_utc(a) for a in registry.alarms()], versions=registry.versions(),
+        capacity=[_utc(c) for c in registry.capacity_searches()], latest=latest,
+        plots=plots, results_dir=results_dir(), api_base=api_base(request),
+        rollback_dag=ROLLBACK_DAG_ID)
     return HTMLResponse(html)
+
+
+def api_base(request: Request) -> str:
+    """The Airflow server's root path as the browser sees it (this app is mounted below it)."""
+    return request.scope.get("root_path", "").removesuffix(MOUNT)

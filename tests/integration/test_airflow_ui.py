@@ -1,5 +1,6 @@
 """The Airflow UI end to end, as a person uses it: log in, trigger `pipeline_tuning` from its form
-with a non-default value, watch the run finish, and read the gate's decision on the gate page.
+with a non-default value, watch the run finish, read the gate's decision (capacity, throughput,
+utilization with its interval, every check) on the gate page, and roll back from that page.
 
 Airflow (standalone) runs on the test stack for this module only; Chromium is Debian's
 (`make browser`), driven headless by Playwright. Screenshots go to results/ui/.
@@ -16,7 +17,9 @@ from typing import Any
 import pytest
 import requests
 
+from consumers.pipeline_config import PipelineConfig
 from infra import airflow_ui
+from tests.integration.pipeline_fixtures import query
 from tests.stack import REPO, Stack
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -26,6 +29,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = REPO / "results" / "ui"
 DAG_ID = "pipeline_tuning"
+ROLLBACK_DAG_ID = "pipeline_rollback"
 BURST = 200  # the form's default is 320: seeing 200 in the run's conf proves the form was used
 RUN_TIMEOUT_S = 600
 # The nightly schedule would add a run of its own as soon as the DAG is unpaused (catchup=False
@@ -83,15 +87,15 @@ def page(airflow: str) -> Iterator[Any]:
             browser.close()
 
 
-def wait_for_run(api: Api, run_id: str, timeout_s: float) -> dict[str, Any]:
+def wait_for_run(api: Api, run_id: str, timeout_s: float, dag_id: str = DAG_ID) -> dict[str, Any]:
     """Poll the run until it ends; fail with the task states when it does not succeed."""
     deadline = time.monotonic() + timeout_s
-    run = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
+    run = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
     while run["state"] not in ("success", "failed") and time.monotonic() < deadline:
         time.sleep(5)
-        run = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")
+        run = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
     if run["state"] != "success":
-        tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        tasks = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
         states = {t["task_id"]: t["state"] for t in tasks}
         pytest.fail(f"run {run_id} is {run['state']} after {timeout_s:.0f}s at most; tasks: {states}")
     return run
@@ -119,7 +123,7 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         page.get_by_role("button", name="Trigger").first.click()
         dialog = page.get_by_role("dialog")
         expect(dialog.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
-        form = {"burst": BURST, "min_throughput_rps": 1, "tolerance": 0.9}
+        form = {"burst": BURST, "trials": 2, "target_utilization": 0.3, "tolerance": 0.9}
         for name, value in form.items():
             field = dialog.get_by_role("spinbutton", name=name, exact=True)
             field.fill(str(value))
@@ -137,11 +141,11 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         # The run executes (it is queued until the scheduler's executor picks it up) and succeeds.
         run = wait_for_run(api, run_id, RUN_TIMEOUT_S)
         assert run["run_type"] == "manual"
-        assert run["conf"]["burst"] == BURST
-        assert run["conf"]["min_throughput_rps"] == 1
+        assert (run["conf"]["burst"], run["conf"]["trials"], run["conf"]["target_utilization"]) == (
+            BURST, 2, 0.3)
         tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
         states = {t["task_id"]: t["state"] for t in tasks}
-        assert states["gate"] == states["load_test"] == states["report"] == "success", states
+        assert states["gate"] == states["trials"] == states["report"] == "success", states
         resolved = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/resolve/xcomEntries/"
                            "return_value")["value"]
         pipeline_run = resolved["run_id"]
@@ -156,8 +160,10 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         assert len(decision) == 1, decision
         decision = decision[0]
         assert decision["version"] == resolved["version"]
-        assert decision["thresholds"]["min_throughput_rps"] == 1
+        assert decision["thresholds"]["target_utilization"] == 0.3
         assert decision["passed"], decision["reasons"]
+        summary = decision["figures"]["summary"]
+        assert summary["trials"] == 2
         page.get_by_role("button", name="Browse").click()
         page.get_by_role("menuitem", name="Pipeline gate").click()
         page.wait_for_url(f"{airflow}/plugin/pipeline-gate")
@@ -169,7 +175,12 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         for check in decision["reasons"]:
             expect(row).to_contain_text(check["name"])
             expect(row).to_contain_text(check["required"])
-        expect(row).to_contain_text(f"{decision['figures']['throughput_rps']:.2f}")
+        utilization = summary["utilization"]
+        expect(row.locator("td.utilization")).to_contain_text(
+            f"{utilization['estimate']:.3f} [{utilization['low']:.3f}, {utilization['high']:.3f}]")
+        expect(row.locator("td.capacity")).to_contain_text(f"{summary['capacity_rps']['estimate']:.1f}")
+        expect(row.locator("td.throughput")).to_contain_text(
+            f"{summary['steady_throughput_rps']['estimate']:.2f}")
         expect(gate.locator("#active-version")).to_contain_text(f"v{decision['version']}")
         for plot in ("completions.png", "requests_per_partition.png"):
             image = gate.locator(f'img[alt="{plot}"]')
@@ -177,9 +188,42 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
             assert image.evaluate("img => img.complete && img.naturalWidth > 0"), f"{plot} did not load"
         page.set_viewport_size({"width": 1400, "height": 1500})
         page.screenshot(path=SHOTS / "gate_page.png")
+
+        # Roll back from the gate page to another version, then back with "the previous one".
+        other = another_version(stack)
+        for target, reason in ((other, "ui test: away"), (0, "ui test: back")):
+            with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith(
+                    f"/api/v2/dags/{ROLLBACK_DAG_ID}/dagRuns")) as posted:
+                rollback(gate, target, reason)
+            assert posted.value.ok, posted.value.text()
+            expect(gate.locator("#rollback-status")).to_contain_text("Rollback triggered")
+            wait_for_run(api, posted.value.json()["dag_run_id"], 300, ROLLBACK_DAG_ID)
+            page.reload()
+            gate = page.frame_locator("iframe").first
+            expected = other if target else decision["version"]
+            expect(gate.locator("#active-version")).to_contain_text(f"v{expected}")
+            expect(gate.locator("#promotions tbody tr").first).to_contain_text(reason)
+        page.screenshot(path=SHOTS / "gate_rolled_back.png")
     except BaseException:
         page.screenshot(path=SHOTS / "failure.png")
         raise
     finally:
         if was_paused:
             api.patch(f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
+
+
+def another_version(stack: Stack) -> int:
+    """A registered version that is not active (registered here when there is none yet)."""
+    config = PipelineConfig(partitions=3).to_json()
+    rows = query(stack.database_url, "SELECT version FROM configurations WHERE config = %s::jsonb", config)
+    if rows:
+        return rows[0][0]
+    return query(stack.database_url, "INSERT INTO configurations (name, config, note) VALUES "
+                 "('ui-rollback', %s, 'rollback target of the UI test') RETURNING version", config)[0][0]
+
+
+def rollback(gate: Any, version: int, reason: str) -> None:
+    """Fill in and submit the gate page's rollback form."""
+    gate.locator('#rollback-form select[name="version"]').select_option(str(version))
+    gate.locator('#rollback-form input[name="reason"]').fill(reason)
+    gate.locator("#rollback-button").click()

@@ -15,7 +15,8 @@ from consumers.presets import NAMES
 from tests.integration.pipeline_fixtures import query, scalar
 from tests.stack import Stack
 
-SCENARIO_FIELDS = {"throughput_rps", "steady_throughput_rps", "utilization", "lost", "duplicate_ai_calls",
+SCENARIO_FIELDS = {"throughput_rps", "steady_throughput_rps", "capacity_rps", "utilization", "lost",
+                   "duplicate_ai_calls",
                    "rebalances", "skew_max_over_mean", "skew_cv", "p50_ms", "p95_ms", "p99_ms",
                    "overhead_p99_ms", "refetch_amplification"}
 
@@ -56,20 +57,27 @@ def test_figures_recomputed_from_the_database(stack: Stack, smoke: tuple[Path, d
     db = stack.database_url
     for name, s in summary["scenarios"].items():
         run = s["run_id"]
-        done, last = query(db, "SELECT count(*), extract(epoch FROM max(completed_at)) FROM stage_results "
-                           "WHERE run_id = %s AND stage = 'generate'", run)[0]
+        # measure/figures.py: completed / (last terminal state - first produce); nothing is rejected
+        # or dead-lettered here, so the last terminal state is the last generation
+        done, span = query(db, "SELECT count(*) FILTER (WHERE status = 'completed'), extract(epoch FROM "
+                           "max(generated_at) - min(produced_at)) FROM requests WHERE run_id = %s", run)[0]
         assert s["completed"] == done, name
-        assert s["throughput_rps"] == pytest.approx(done / (float(last) - s["load_started"]), abs=0.01)
+        assert s["throughput_rps"] == pytest.approx(done / float(span), abs=0.001)
         terminal = scalar(db, "SELECT count(*) FROM requests WHERE run_id = %s AND status IN "
                           "('completed', 'rejected', 'dead_lettered')", run)
         assert s["lost"] == s["produced"] - terminal
         calls = query(db, "SELECT request_id, stage, count(*) FROM ai_attempts WHERE run_id = %s "
-                      "AND outcome = 'ok' GROUP BY 1, 2", run)
+                      "AND outcome IN ('ok', 'started') GROUP BY 1, 2", run)
         assert s["duplicate_ai_calls"] == sum(n - 1 for _, _, n in calls)
         p99 = scalar(db, "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM "
-                     "notified_at - styled_at)) FROM requests WHERE run_id = %s "
+                     "notified_at - produced_at)) FROM requests WHERE run_id = %s "
                      "AND status = 'completed'", run)
         assert s["p99_ms"] == pytest.approx(float(p99) * 1000, abs=0.1)
+        mean_generate = scalar(db, "SELECT avg(extract(epoch FROM ended_at - started_at)) FROM ai_attempts "
+                               "WHERE run_id = %s AND stage = 'generate' AND outcome = 'ok'", run)
+        capacity = summary["params"]["concurrency"] / float(mean_generate)
+        assert s["capacity_rps"] == pytest.approx(capacity, abs=0.001), name
+        assert s["utilization"] == pytest.approx(s["steady_throughput_rps"] / capacity, abs=0.001), name
         per_partition: dict[tuple[str, int], list[float]] = {}
         for stage, partition, seconds in query(
                 db, "SELECT stage, kafka_partition, extract(epoch FROM ended_at - started_at) "

@@ -16,9 +16,16 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 
+from bench import figures as bench_figures
 from consumers import datagen
-from spark import partition_load, pipeline_analysis
+from consumers.events import Topics
+from consumers.pipeline import running_pipeline
+from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.run_figures import standard_figures
+from measure import figures as measure_figures
+from spark import job_io, partition_load, pipeline_analysis
 from spark.session import build
+from tests.integration.pipeline_fixtures import TIME_SCALE, ai_service
 from tests.stack import REPO, Stack, unique
 
 PARTITIONS = 6
@@ -150,10 +157,11 @@ def insert_run(cur, run_id: str) -> None:
         rejected = i % 10 == 9
         generated = None if rejected else checked + rng.uniform(1.5, 4.5)
         notified = None if generated is None or i % 7 == 0 else generated + rng.uniform(0.01, 0.2)
+        status = "rejected" if rejected else "completed"
         cur.execute("INSERT INTO requests (request_id, run_id, user_id, object_id, status, produced_at, "
                     "checked_at, generated_at, notified_at) "
-                    "VALUES (%s, %s, 'u', 'o', 'done', %s, %s, %s, %s)",
-                    (rid, run_id, at(produced), at(checked), at(generated), at(notified)))
+                    "VALUES (%s, %s, 'u', 'o', %s, %s, %s, %s, %s)",
+                    (rid, run_id, status, at(produced), at(checked), at(generated), at(notified)))
         stages = [("check", produced, checked, "rejected" if rejected else "ok")]
         if generated is not None:
             stages.append(("generate", checked, generated, "ok"))
@@ -172,6 +180,18 @@ def insert_run(cur, run_id: str) -> None:
                             "kafka_partition, kafka_offset, started_at, ended_at, outcome) "
                             "VALUES (%s, %s, %s, %s, %s, 't', 0, 0, %s, %s, %s)",
                             (run_id, rid, stage, attempt, who, at(began), at(ended), result))
+    # a request dead-lettered last (its dead letter ends the run), one still in flight (lost),
+    # and a generate call cut short by a crash before the takeover's call (a duplicate)
+    cur.execute("INSERT INTO requests (request_id, run_id, status, produced_at) VALUES "
+                "(%s, %s, 'dead_lettered', %s), (%s, %s, 'checking', %s)",
+                (f"{run_id}-dl", run_id, at(1.0), f"{run_id}-open", run_id, at(2.0)))
+    cur.execute("INSERT INTO dead_letters (run_id, request_id, stage, reason, source_topic, kafka_partition, "
+                "kafka_offset, at) VALUES (%s, %s, 'check', 'http_4xx', %s, 0, 0, %s)",
+                (run_id, f"{run_id}-dl", f"{run_id}.style", at(12.5)))
+    cur.execute("INSERT INTO ai_attempts (run_id, request_id, stage, attempt, member, topic, "
+                "kafka_partition, kafka_offset, started_at, ended_at, outcome) "
+                "VALUES (%s, %s, 'generate', 9, 'm2', 't', 0, 0, %s, NULL, 'started')",
+                (run_id, f"{run_id}-r1", at(0.5)))
     events = [("g-main", "m0", "revoke", 3.0), ("g-main", "m1", "revoke", 3.1),
               ("g-main", "m0", "assign", 3.9), ("g-main", "m1", "assign", 4.0),
               ("g-main", "m2", "max_poll_exceeded", 5.9), ("g-main", "m2", "lost", 6.0),
@@ -216,11 +236,13 @@ def sql_figures(cur, run_id: str, bucket: int) -> dict:
     figures: dict = {}
     cur.execute("SELECT count(*) FROM requests WHERE run_id = %s", (run_id,))
     figures["requests"] = cur.fetchone()[0]
-    cur.execute("SELECT count(*), extract(epoch FROM max(completed_at) - "
-                "(SELECT min(produced_at) FROM requests WHERE run_id = %s))::float8 "
-                "FROM stage_results WHERE run_id = %s AND stage = 'generate'", (run_id, run_id))
-    figures["completed"], span = cur.fetchone()
-    figures["completed_per_s"] = figures["completed"] / span
+    cur.execute("SELECT count(*) FILTER (WHERE status = 'completed'), extract(epoch FROM greatest("
+                "max(generated_at) FILTER (WHERE status = 'completed'), "
+                "max(checked_at) FILTER (WHERE status = 'rejected'), "
+                "(SELECT max(at) FROM dead_letters WHERE request_id IN (SELECT request_id FROM requests "
+                "WHERE run_id = %s AND status = 'dead_lettered'))) - min(produced_at))::float8 "
+                "FROM requests WHERE run_id = %s", (run_id, run_id))
+    figures["completed"], figures["span_s"] = cur.fetchone()
     cur.execute("SELECT stage, floor(extract(epoch FROM completed_at) / %s)::bigint * %s, count(*) "
                 "FROM stage_results WHERE run_id = %s GROUP BY 1, 2 ORDER BY 1, 2", (bucket, bucket, run_id))
     figures["completions"] = {}
@@ -231,7 +253,8 @@ def sql_figures(cur, run_id: str, bucket: int) -> dict:
     for measure in ("generated", "notified"):
         cur.execute(f"SELECT count(*), percentile_cont({q}) WITHIN GROUP "
                     f"(ORDER BY extract(epoch FROM {measure}_at - produced_at)) FROM requests "
-                    f"WHERE run_id = %s AND {measure}_at IS NOT NULL AND produced_at IS NOT NULL", (run_id,))
+                    f"WHERE run_id = %s AND status = 'completed' AND {measure}_at IS NOT NULL "
+                    "AND produced_at IS NOT NULL", (run_id,))
         figures["end_to_end"][measure] = cur.fetchone()
     cur.execute(f"SELECT stage, count(*), percentile_cont({q}) WITHIN GROUP "
                 "(ORDER BY extract(epoch FROM ended_at - started_at)) FROM ai_attempts "
@@ -241,8 +264,8 @@ def sql_figures(cur, run_id: str, bucket: int) -> dict:
                 "WHERE run_id = %s GROUP BY member", (run_id,))
     figures["members"] = {m: {"attempts": a, "ok": ok} for m, a, ok in cur.fetchall()}
     cur.execute("SELECT stage, sum(calls - 1) FROM (SELECT stage, count(*) AS calls FROM ai_attempts "
-                "WHERE run_id = %s AND outcome = 'ok' GROUP BY request_id, stage) c GROUP BY stage",
-                (run_id,))
+                "WHERE run_id = %s AND outcome IN ('ok', 'started') GROUP BY request_id, stage) c "
+                "GROUP BY stage HAVING sum(calls - 1) > 0", (run_id,))
     figures["duplicates"] = {stage: int(n) for stage, n in cur.fetchall()}
     cur.execute(WINDOWS_SQL, {"run": run_id, "b": bucket})
     figures["windows"] = cur.fetchall()
@@ -254,27 +277,37 @@ def assert_quantiles(spark_figures: dict, count: int, quantiles: list[float]) ->
     assert [spark_figures[k] for k in ("p50", "p95", "p99")] == pytest.approx(quantiles, abs=1e-6)
 
 
-def test_pipeline_analysis_matches_sql(stack: Stack, spark: SparkSession, tmp_path: Path) -> None:
-    run_id, output = unique("analysis-run"), tmp_path / "pipeline.json"
+@pytest.fixture(scope="module")
+def synthetic_run(stack: Stack) -> Iterator[str]:
+    run_id = unique("analysis-run")
     with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
         insert_run(cur, run_id)
-    try:
-        figures = pipeline_analysis.main(["--run-id", run_id, "--database-url", stack.database_url,
-                                          "--output-json", str(output), "--bucket-seconds", "1"])
-        with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
-            expected = sql_figures(cur, run_id, 1)
-            cur.execute("SELECT figures FROM analysis_pipeline WHERE run_id = %s", (run_id,))
-            stored = cur.fetchone()[0]
-    finally:
-        with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
-            for table in ("requests", "stage_results", "ai_attempts", "rebalance_events",
-                          "analysis_pipeline"):
-                cur.execute(f"DELETE FROM {table} WHERE run_id = %s", (run_id,))
-        conn.close()
+    conn.close()
+    yield run_id
+    with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
+        for table in ("requests", "stage_results", "ai_attempts", "rebalance_events", "dead_letters",
+                      "analysis_pipeline"):
+            cur.execute(f"DELETE FROM {table} WHERE run_id = %s", (run_id,))
+    conn.close()
+
+
+def test_pipeline_analysis_matches_sql(stack: Stack, synthetic_run: str, tmp_path: Path) -> None:
+    run_id, output = synthetic_run, tmp_path / "pipeline.json"
+    documents = pipeline_analysis.main(["--run-id", run_id, "--database-url", stack.database_url,
+                                        "--output-json", str(output), "--bucket-seconds", "1"])
+    figures = documents[run_id]
+    with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
+        expected = sql_figures(cur, run_id, 1)
+        cur.execute("SELECT figures FROM analysis_pipeline WHERE run_id = %s", (run_id,))
+        stored = cur.fetchone()[0]
+    conn.close()
 
     assert json.loads(output.read_text()) == stored == json.loads(json.dumps(figures))
     assert (figures["requests"], figures["completed"]) == (expected["requests"], expected["completed"])
-    assert figures["completed_per_s"] == pytest.approx(expected["completed_per_s"])
+    assert figures["status"] == {"completed": 36, "rejected": 4, "dead_lettered": 1, "checking": 1}
+    assert figures["last_terminal_at"] == at(12.5).isoformat()  # the dead letter, after every generation
+    assert figures["span_s"] == pytest.approx(expected["span_s"])
+    assert figures["throughput_rps"] == pytest.approx(36 / expected["span_s"])
     assert figures["completions"] == expected["completions"]
     for measure, (count, quantiles) in expected["end_to_end"].items():
         assert_quantiles(figures["latency_s"]["end_to_end"][measure], count, quantiles)
@@ -284,7 +317,7 @@ def test_pipeline_analysis_matches_sql(stack: Stack, spark: SparkSession, tmp_pa
     assert figures["members"] == expected["members"]
     assert figures["duplicates"] == {"total": sum(expected["duplicates"].values()),
                                      "by_stage": expected["duplicates"]}
-    assert figures["duplicates"]["total"] > 0
+    assert figures["duplicates"]["by_stage"]["generate"] == 8  # 7 double 'ok' calls and 1 'started'
 
     windows = [(w["group_id"], datetime.fromisoformat(w["start"]), datetime.fromisoformat(w["end"]),
                 w["events"], w["cost_seconds"]) for w in figures["rebalances"]["windows"]]
@@ -292,3 +325,73 @@ def test_pipeline_analysis_matches_sql(stack: Stack, spark: SparkSession, tmp_pa
     assert [w[0] for w in windows] == ["g-main", "g-main", "g-side"]  # 3.0 and 3.1 merged; 6.0 and 6.2 merged
     assert figures["rebalances"]["cost_seconds"] == sum(row[4] for row in expected["windows"])
     assert figures["rebalances"]["events"] == {"assign": 3, "lost": 1, "max_poll_exceeded": 1, "revoke": 4}
+
+
+# --- the benchmark's SQL figures and the Spark analysis agree ---------------------------------
+
+# One unit of each figure's rounding (measure.figures.run_figures): the two sides compute from
+# the same rows through different engines (PostgreSQL numerics, Spark microseconds).
+ROUNDING = {"span_s": 1e-3, "throughput_rps": 1e-3, "steady_throughput_rps": 1e-3, "capacity_rps": 1e-3,
+            "utilization": 1e-4, "skew_max_over_mean": 1e-3, "skew_cv": 1e-3, "p50_ms": 0.1, "p95_ms": 0.1,
+            "p99_ms": 0.1}
+
+
+def assert_agree(bench_side: dict, spark_side: dict) -> None:
+    """Every standard figure (the Spark side's keys) agrees within rounding."""
+    assert set(spark_side) <= set(bench_side)
+    for key, value in ((k, bench_side[k]) for k in spark_side):
+        if key in ROUNDING and value is not None:
+            assert spark_side[key] == pytest.approx(value, abs=ROUNDING[key]), key
+        elif key == "service_s":
+            assert spark_side[key] == pytest.approx(value, abs=1e-5), key
+        else:
+            assert spark_side[key] == value, key
+
+
+def spark_document(stack: Stack, spark: SparkSession, run_id: str) -> dict:
+    frames = pipeline_analysis.load_run(spark, job_io.jdbc_from(stack.database_url), run_id)
+    return pipeline_analysis.analyse(frames, run_id)
+
+
+def test_bench_and_spark_agree_on_a_synthetic_run(stack: Stack, spark: SparkSession,
+                                                  synthetic_run: str) -> None:
+    document = spark_document(stack, spark, synthetic_run)
+    bench_side, _ = standard_figures(stack.database_url, synthetic_run, 43, 16, [])
+    spark_side = measure_figures.from_analysis(document, produced=43, ai_limit=16, skew_max_over_mean=None,
+                                               skew_cv=None)
+    assert_agree(bench_side, spark_side)
+    assert (bench_side["lost"], bench_side["duplicate_ai_calls"]) == (2, 8)  # 43 - 41 settled; see insert_run
+    assert bench_side["bottleneck_stage"] == "generate" and bench_side["steady_throughput_rps"] > 0
+
+
+@pytest.fixture(scope="module")
+def real_run(stack: Stack) -> str:
+    """A burst through the real pipeline (in-process fleets, stand-in at a fast time scale)."""
+    config = PipelineConfig(partitions=8, time_scale=TIME_SCALE, replication_factor=1,
+                            check=StageConfig("flow", members=1, window=16),
+                            generate=StageConfig("flow", members=2, window=8))
+    with ai_service(limit=16) as ai, running_pipeline(config, stack.bootstrap, stack.database_url,
+                                                      ai.endpoints) as pipeline:
+        pipeline.send(REAL_BURST, reject_share=0.1)
+        pipeline.wait_terminal(REAL_BURST, timeout_s=180)
+    return pipeline.run_id
+
+
+REAL_BURST = 200
+
+
+def test_bench_and_spark_agree_on_a_real_run(stack: Stack, spark: SparkSession, real_run: str) -> None:
+    topics = Topics(real_run)
+    bench_side = bench_figures.scenario_figures(stack.database_url, stack.bootstrap, real_run, topics,
+                                                REAL_BURST, 16)
+    document = spark_document(stack, spark, real_run)
+    load = partition_load.analyse(partition_load.read_records(spark, stack.bootstrap, [topics.style]),
+                                  {topics.style: len(bench_side["requests_per_partition"])})
+    (skew,) = load.skew
+    spark_side = measure_figures.from_analysis(document, produced=REAL_BURST, ai_limit=16,
+                                               skew_max_over_mean=skew["max_over_mean"], skew_cv=skew["cv"])
+    assert_agree(bench_side, spark_side)
+    assert sum(bench_side["requests_per_partition"]) == REAL_BURST
+    assert bench_side["completed"] + bench_side["status"]["rejected"] == REAL_BURST
+    assert bench_side["lost"] == bench_side["duplicate_ai_calls"] == 0
+    assert bench_side["utilization"] > 0 and bench_side["skew_max_over_mean"] >= 1

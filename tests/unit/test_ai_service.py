@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from consumers.ai_service import EndpointConfig, ServiceConfig, sample_latency, serve
+from consumers.ai_service import Endpoint, EndpointConfig, Refusal, ServiceConfig, sample_latency, serve
 
 SCALE = 0.1
 REPO = Path(__file__).resolve().parents[2]
@@ -207,6 +207,88 @@ def test_put_config_injects_and_clears_an_error_burst(start: Start) -> None:
     assert timed_post(f"{base}/v1/generate", GENERATE)[0].status_code == 429
 
 
+def test_duplicate_served_counts_repeats_per_request_id_and_endpoint(start: Start) -> None:
+    base = start(check=EndpointConfig(latency_s=0.01), generate=EndpointConfig(latency_s=0.01))
+    for request_id in ("a", "a", "a", "b"):
+        assert timed_post(f"{base}/v1/check", {"request_id": request_id})[0].status_code == 200
+    assert timed_post(f"{base}/v1/generate", {**GENERATE, "request_id": "a"})[0].status_code == 200
+    requests.put(f"{base}/v1/config", json={"endpoint": "check", "error_rate": 1.0},
+                 timeout=5).raise_for_status()
+    assert timed_post(f"{base}/v1/check", {"request_id": "b"})[0].status_code == 500  # not served
+    current = stats(base)
+    # check served a x3 and b x1: two ids, two answers beyond the first; generate served a once.
+    assert {k: current["check"][k] for k in ("served", "distinct_served", "duplicate_served")} == \
+        {"served": 4, "distinct_served": 2, "duplicate_served": 2}
+    assert (current["generate"]["distinct_served"], current["generate"]["duplicate_served"]) == (1, 0)
+    requests.post(f"{base}/v1/stats/reset", timeout=5).raise_for_status()
+    assert (stats(base)["check"]["distinct_served"], stats(base)["check"]["duplicate_served"]) == (0, 0)
+    requests.put(f"{base}/v1/config", json={"endpoint": "check", "error_rate": 0.0},
+                 timeout=5).raise_for_status()
+    timed_post(f"{base}/v1/check", {"request_id": "a"})
+    assert stats(base)["check"]["duplicate_served"] == 0  # the reset forgot that a was served
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_rate_limit_is_a_token_bucket_with_retry_after_until_the_next_token() -> None:
+    clock = FakeClock()
+    endpoint = Endpoint("check", EndpointConfig(rate_limit_rps=2.0, rate_burst=3), seed=1, clock=clock)
+    outcomes = [endpoint.admit(1.0) for _ in range(5)]
+    assert [isinstance(o, EndpointConfig) for o in outcomes] == [True, True, True, False, False]
+    assert outcomes[3] == Refusal("rate_limited", 0.5)  # one token at 2/s
+    clock.now = 0.25  # half a token back
+    assert endpoint.admit(1.0) == Refusal("rate_limited", pytest.approx(0.25))
+    clock.now = 1.0  # 0.5 + 0.75 s x 2/s = 2 tokens
+    assert isinstance(endpoint.admit(1.0), EndpointConfig)
+    assert isinstance(endpoint.admit(1.0), EndpointConfig)
+    assert endpoint.admit(1.0) == Refusal("rate_limited", pytest.approx(0.5))
+    snapshot = endpoint.snapshot()
+    assert (snapshot["rate_limited"], snapshot["rejected_429"], snapshot["in_flight"]) == (4, 0, 5)
+
+
+def test_rate_limit_follows_the_time_scale() -> None:
+    clock = FakeClock()
+    endpoint = Endpoint("check", EndpointConfig(rate_limit_rps=2.0), seed=1, clock=clock)
+    assert isinstance(endpoint.admit(0.5), EndpointConfig)
+    assert endpoint.admit(0.5) == Refusal("rate_limited", 0.25)  # 2/s at 0.5x is 4 per wall second
+    clock.now = 0.25
+    assert isinstance(endpoint.admit(0.5), EndpointConfig)
+
+
+def test_a_request_refused_for_concurrency_keeps_its_token() -> None:
+    clock = FakeClock()
+    endpoint = Endpoint("generate", EndpointConfig(latency_s=3.0, limit=1, rate_limit_rps=1.0, rate_burst=2),
+                        seed=1, clock=clock)
+    assert isinstance(endpoint.admit(1.0), EndpointConfig)
+    assert endpoint.admit(1.0) == Refusal("rejected_429", 3.0)  # Retry-After defaults to the latency
+    endpoint.release()
+    assert isinstance(endpoint.admit(1.0), EndpointConfig)  # the second token was kept
+    endpoint.release()
+    assert endpoint.admit(1.0) == Refusal("rate_limited", 1.0)
+
+
+def test_rate_limit_switched_on_over_http_answers_429_with_retry_after(start: Start) -> None:
+    base = start(check=EndpointConfig(latency_s=0.01))
+    # 0.01 requests per real-scale second at 0.1x: one token every 10 wall seconds, 2 in the bucket.
+    requests.put(f"{base}/v1/config", json={"endpoint": "check", "rate_limit_rps": 0.01, "rate_burst": 2},
+                 timeout=5).raise_for_status()
+    codes = [timed_post(f"{base}/v1/check", CHECK)[0] for _ in range(3)]
+    assert [r.status_code for r in codes] == [200, 200, 429]
+    assert codes[2].json()["error"] == "rate_limited"
+    assert 9.0 < float(codes[2].headers["Retry-After"]) <= 10.0
+    check = stats(base)["check"]
+    assert (check["served"], check["rate_limited"], check["rejected_429"]) == (2, 1, 0)
+    requests.put(f"{base}/v1/config", json={"endpoint": "check", "rate_limit_rps": None},
+                 timeout=5).raise_for_status()
+    assert timed_post(f"{base}/v1/check", CHECK)[0].status_code == 200
+
+
 def test_put_config_changes_latency_and_time_scale(start: Start) -> None:
     base = start(time_scale=0.01)
     config = f"{base}/v1/config"
@@ -220,7 +302,9 @@ def test_put_config_refuses_invalid_changes_as_a_whole(start: Start) -> None:
     base = start()
     config = f"{base}/v1/config"
     for bad in ({"error_rate": 2}, {"latency": 1}, {"endpoint": "draw"}, {"time_scale": 0},
-                {"check": {"limit": 3}, "generate": {"distribution": "pareto"}}):
+                {"check": {"limit": 3}, "generate": {"distribution": "pareto"}},
+                {"rate_limit_rps": 0}, {"rate_limit_rps": "fast"}, {"rate_burst": 0},
+                {"rate_burst": 1.5}):
         assert requests.put(config, json=bad, timeout=5).status_code == 400, bad
     current = stats(base)
     assert current["check"]["config"]["limit"] == 64
@@ -249,7 +333,9 @@ def test_metrics_expose_the_counters(start: Start) -> None:
     text = response.text
     assert 'ai_service_requests_total{endpoint="check",outcome="served"} 1.0' in text
     for name in ("ai_service_in_flight", "ai_service_max_in_flight", "ai_service_limit",
-                 'outcome="rejected_429"', 'outcome="errors_5xx"', 'outcome="hangs"'):
+                 'ai_service_duplicate_served{endpoint="check"} 0.0',
+                 'outcome="rejected_429"', 'outcome="rate_limited"', 'outcome="errors_5xx"',
+                 'outcome="hangs"'):
         assert name in text, name
 
 

@@ -77,25 +77,21 @@ def test_skew_figures_against_hand_computed_values(spark: SparkSession) -> None:
                                   "none": [0, 0]})
     rows = by(collect(partition_load.skew(totals)), "topic")
 
-    ramp = rows["ramp"]  # loads 0..40 step 10: mean 20, population variance 200
+    ramp = rows["ramp"]  # loads 0..40 step 10
     assert (ramp["partitions"], ramp["records"], ramp["hottest_partition"]) == (5, 100, 2)
-    assert ramp["max_over_mean"] == pytest.approx(2.0)
-    assert ramp["cv"] == pytest.approx(math.sqrt(200) / 20)
     assert ramp["gini"] == pytest.approx(0.4)  # sum |xi - xj| over all pairs = 400; 400 / (2 * 25 * 20)
     assert ramp["hottest_share"] == pytest.approx(0.4)
 
     even = rows["even"]
-    assert (even["max_over_mean"], even["cv"], even["gini"]) == (pytest.approx(1.0), 0.0, pytest.approx(0.0))
+    assert even["gini"] == pytest.approx(0.0)
     assert (even["hottest_share"], even["hottest_partition"]) == (pytest.approx(1 / 3), 0)  # tie: lowest
 
-    one = rows["one"]  # everything on one of four partitions: mean 3, variance 27
-    assert (one["max_over_mean"], one["cv"], one["gini"], one["hottest_share"]) == (
-        pytest.approx(4.0), pytest.approx(math.sqrt(27) / 3), pytest.approx(0.75), pytest.approx(1.0))
-    assert one["hottest_partition"] == 2
+    one = rows["one"]  # everything on one of four partitions
+    assert (one["gini"], one["hottest_share"], one["hottest_partition"]) == (
+        pytest.approx(0.75), pytest.approx(1.0), 2)
 
     none = rows["none"]
-    assert (none["records"], none["max_over_mean"], none["cv"], none["gini"], none["hottest_share"]) == (
-        0, None, None, None, None)
+    assert (none["records"], none["gini"], none["hottest_share"]) == (0, None, None)
 
 
 def test_hot_flag_is_strictly_above_threshold_times_topic_mean(spark: SparkSession) -> None:
@@ -125,7 +121,8 @@ def test_analyse_collects_zero_filled_partitions_skew_and_hot_list(spark: SparkS
     assert got == [(0, 0, 0, 0, False), (1, 6, 600, 3, True), (2, 1, 100, 1, False), (3, 1, 100, 1, False)]
     (topic,) = result.skew
     assert (topic["records"], topic["partitions"], topic["hot_partitions"]) == (8, 4, [1])
-    assert topic["max_over_mean"] == pytest.approx(3.0)
+    assert topic["max_over_mean"] == pytest.approx(3.0)  # 0, 6, 1, 1: mean 2, population variance 5.5
+    assert topic["cv"] == pytest.approx(math.sqrt(5.5) / 2)
     assert [(b["partition"], b["bucket_start"], b["records"]) for b in result.buckets] == [
         (1, T0_S, 6), (2, T0_S, 1), (3, T0_S, 1)]
 
@@ -133,11 +130,15 @@ def test_analyse_collects_zero_filled_partitions_skew_and_hot_list(spark: SparkS
 # --- pipeline analysis ------------------------------------------------------------------------
 
 def run_frames(spark: SparkSession) -> pipeline_analysis.RunFrames:
-    """A small run: 4 requests, stages check and generate, 3 members, two consumer groups."""
+    """A small run: 5 requests (3 completed, 1 rejected, 1 dead-lettered), stages check and
+    generate, 3 members, two consumer groups."""
     requests = spark.createDataFrame(
-        [("r1", at(0), at(1), at(1.5)), ("r2", at(0.5), at(2.5), None), ("r3", at(1), at(4), at(5)),
-         ("r4", at(2), None, None)],
-        "request_id string, produced_at timestamp, generated_at timestamp, notified_at timestamp")
+        [("r1", "completed", at(0), at(0.5), at(1), at(1.5)),
+         ("r2", "completed", at(0.5), at(1), at(2.5), None),
+         ("r3", "completed", at(1), at(2), at(4), at(5)), ("r4", "rejected", at(2), at(2.2), None, None),
+         ("r5", "dead_lettered", at(3), None, None, None)],
+        "request_id string, status string, produced_at timestamp, checked_at timestamp, "
+        "generated_at timestamp, notified_at timestamp")
     stage_results = spark.createDataFrame(
         [("r1", "check", "ok", "m1", at(10.05)), ("r2", "check", "ok", "m2", at(10.9)),
          ("r3", "check", "rejected", "m1", at(12.2)),
@@ -157,7 +158,10 @@ def run_frames(spark: SparkSession) -> pipeline_analysis.RunFrames:
          ("g1", "m2", "assign", at(12.4)), ("g1", "m3", "max_poll_exceeded", at(19.9)),
          ("g1", "m3", "lost", at(20.0)), ("g1", "m1", "assign", at(21.5)), ("g2", "m9", "revoke", at(30.0))],
         "group_id string, member string, event string, at timestamp")
-    return pipeline_analysis.RunFrames(requests, stage_results, attempts, rebalances)
+    # r5's dead letter ends it at 6.0; r1's (a completed request) does not count
+    dead_letters = spark.createDataFrame([("r5", at(6.0)), ("r1", at(50.0))],
+                                         "request_id string, at timestamp")
+    return pipeline_analysis.RunFrames(requests, stage_results, attempts, rebalances, dead_letters)
 
 
 def test_completions_per_stage_and_bucket(spark: SparkSession) -> None:
@@ -187,10 +191,21 @@ def test_end_to_end_latency_uses_requests_with_both_ends(spark: SparkSession) ->
         2, pytest.approx(2.75), pytest.approx(1.5 + 0.99 * 2.5))
 
 
+def test_end_to_end_latency_counts_completed_requests_only(spark: SparkSession) -> None:
+    requests = spark.createDataFrame(
+        [("a", "completed", at(0), at(2), at(3)), ("b", "rejected", at(0), None, at(0.4))],
+        "request_id string, status string, produced_at timestamp, generated_at timestamp, "
+        "notified_at timestamp")
+    rows = by(collect(pipeline_analysis.end_to_end_latency(requests)), "measure")
+    assert (rows["notified"]["count"], rows["notified"]["p50"]) == (1, pytest.approx(3.0))
+
+
 def test_stage_latency_counts_successful_attempts_only(spark: SparkSession) -> None:
     rows = by(collect(pipeline_analysis.stage_latency(run_frames(spark).attempts)), "stage")
     assert (rows["check"]["count"], rows["check"]["p50"]) == (4, pytest.approx(2.5))  # 1, 2, 3, 4 s
+    assert rows["check"]["mean"] == pytest.approx(2.5)
     assert (rows["generate"]["count"], rows["generate"]["p50"]) == (2, pytest.approx(1.5))  # 2, 1 s
+    assert rows["generate"]["mean"] == pytest.approx(1.5)
 
 
 def test_member_load_and_duplicate_calls(spark: SparkSession) -> None:
@@ -198,9 +213,9 @@ def test_member_load_and_duplicate_calls(spark: SparkSession) -> None:
     load = by(collect(pipeline_analysis.member_load(frames.attempts)), "member")
     assert {m: (r["attempts"], r["ok"]) for m, r in load.items()} == {
         "m1": (3, 1), "m2": (3, 3), "m3": (2, 2)}
-    duplicates = by(collect(pipeline_analysis.duplicate_calls(frames.attempts)), "stage")
-    # r1/check: 3 ok -> 2 extra; r2/check: 1 ok; r1/generate: 2 ok -> 1 extra; r2/generate: none ok
-    assert {s: r["duplicates"] for s, r in duplicates.items()} == {"check": 2, "generate": 1}
+    repeated = by(collect(pipeline_analysis.repeated_calls(frames.attempts)), "request_id", "stage")
+    # r1/check: 3 ok; r2/check: 1 ok (not repeated); r1/generate: 2 ok; r2/generate: none ok
+    assert {k: r["calls"] for k, r in repeated.items()} == {("r1", "check"): 3, ("r1", "generate"): 2}
 
 
 def test_duplicate_calls_count_calls_interrupted_by_a_crash(spark: SparkSession) -> None:
@@ -210,10 +225,10 @@ def test_duplicate_calls_count_calls_interrupted_by_a_crash(spark: SparkSession)
          ("r3", "generate", "m1", "http_5xx", at(2), at(5)), ("r3", "generate", "m1", "ok", at(6), at(9))],
         "request_id string, stage string, member string, outcome string, started_at timestamp, "
         "ended_at timestamp")
-    duplicates = collect(pipeline_analysis.duplicate_calls(attempts))
-    # r1: a call cut short by a crash, then the takeover's call -> 1 extra; r2: one interrupted
-    # call alone -> none; r3: a 5xx produced nothing, then one ok -> none.
-    assert [(r["stage"], r["duplicates"]) for r in duplicates] == [("generate", 1)]
+    repeated = collect(pipeline_analysis.repeated_calls(attempts))
+    # r1: a call cut short by a crash, then the takeover's call -> 2 calls; r2: one interrupted
+    # call alone; r3: a 5xx produced nothing, then one ok.
+    assert [(r["request_id"], r["stage"], r["calls"]) for r in repeated] == [("r1", "generate", 2)]
 
 
 def test_rebalance_windows_merge_and_cost_idle_buckets(spark: SparkSession) -> None:
@@ -235,8 +250,13 @@ def test_rebalance_windows_merge_and_cost_idle_buckets(spark: SparkSession) -> N
 
 def test_analyse_document(spark: SparkSession) -> None:
     doc = pipeline_analysis.analyse(run_frames(spark), "run-x", bucket_seconds=1)
-    assert (doc["requests"], doc["completed"]) == (4, 4)
-    assert doc["completed_per_s"] == pytest.approx(4 / 33.2)  # first produced at 0, last generate at 33.2
+    assert (doc["requests"], doc["completed"]) == (5, 3)
+    assert doc["status"] == {"completed": 3, "dead_lettered": 1, "rejected": 1}
+    # first produced at 0; last terminal state: r5's dead letter at 6 (after r3's generation at 4)
+    assert (doc["first_produced_at"], doc["last_terminal_at"]) == (at(0).isoformat(), at(6).isoformat())
+    assert (doc["span_s"], doc["throughput_rps"]) == (pytest.approx(6.0), pytest.approx(0.5))
+    assert doc["steady_throughput_rps"] == 0.0  # 4 generate completions: too few for a plateau
+    assert doc["service_s"] == {"check": pytest.approx(2.5), "generate": pytest.approx(1.5)}
     assert doc["duplicates"] == {"total": 3, "by_stage": {"check": 2, "generate": 1}}
     assert doc["rebalances"]["cost_seconds"] == 5
     assert doc["rebalances"]["events"] == {"assign": 3, "lost": 1, "max_poll_exceeded": 1, "revoke": 3}

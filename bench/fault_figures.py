@@ -1,0 +1,282 @@
+"""Figures of a fault-injection phase that bench/figures.py does not define (yet).
+
+The standard figures (produced, completed, lost, duplicate_ai_calls, completion times, as
+`measure.figures` defines them) come from `bench.figures.scenario_figures`; these add what only
+a fault run needs. Definitions:
+
+- pre_fault_rps: completions (generate results) per second over the `baseline_s` seconds
+  before the fault started; fault_rps: the same while the fault was in force.
+- longest_stall_s: the longest time without a completion between the fault's start and the
+  end of the load: how long the pipeline stood still.
+- recovery_s: seconds from the fault's end to the first whole second s at which the
+  completions in [end + s, end + s + window_s) reach 90 % of pre_fault_rps (None: not within
+  the load). A count over a window, not `figures.steady_rate`: that slope drops the ends of
+  its input, which is what a plateau needs and a short recovery window does not.
+- duplicate_results: requests that got more than one distinct final outcome, either in
+  PostgreSQL (a stage result and a dead letter for the same request and stage) or on the
+  notify topic (final messages to the user that differ: a link and a failure, two links).
+  Re-sending the same final message is the pipeline's documented at-least-once behaviour
+  (downstream is idempotent by request id) and is counted apart, as resent_notifications.
+- uncommitted: per consumer group, end offset minus committed offset over its input topic's
+  partitions (the low watermark where nothing was committed): records not yet behind it.
+- unexpected_dead_letters: dead letters beyond what the phase itself injected as poison
+  (per reason, the larger of the `dead_letters` rows and the dead-letter topic's records, so
+  one written to only one of them still counts).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+import psycopg2
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from bench import figures
+from bench.report import per_second
+from consumers.events import STAGES, Topics
+
+RECOVERY_SHARE = 0.9
+FINAL_KINDS = ("result", "rejected", "failed")  # notifications that end a request for the user
+SERVICE_COUNTERS = ("served", "distinct_served", "duplicate_served", "rejected_429", "rate_limited",
+                    "errors_5xx", "hangs")
+
+
+def rate_between(times: Iterable[float], start: float, end: float) -> float:
+    """Completions per second in [start, end)."""
+    if end <= start:
+        return 0.0
+    return sum(1 for t in times if start <= t < end) / (end - start)
+
+
+def recovery_s(times: list[float], fault_start: float, fault_end: float, load_end: float,
+               baseline_s: float, window_s: float) -> tuple[float, int | None]:
+    """(pre-fault completion rate, seconds after the fault's end until a `window_s` window
+    reaches RECOVERY_SHARE of it); the window must end before the load does."""
+    pre = rate_between(times, fault_start - baseline_s, fault_start)
+    if pre == 0:
+        return 0.0, None
+    second = 0
+    while fault_end + second + window_s <= load_end:
+        start = fault_end + second
+        if rate_between(times, start, start + window_s) >= RECOVERY_SHARE * pre:
+            return pre, second
+        second += 1
+    return pre, None
+
+
+def longest_stall_s(times: Iterable[float], start: float, end: float) -> float:
+    """The longest gap between completions in [start, end], the bounds counting as ends of gaps."""
+    points = [start, *sorted(t for t in times if start <= t <= end), end]
+    return max(b - a for a, b in pairwise(points))
+
+
+def final_outcome(notification: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(kind, what it says) of a final notification, None for any other message."""
+    kind = notification.get("kind")
+    if kind not in FINAL_KINDS:
+        return None
+    said = {k: v for k, v in notification.items() if k not in ("request_id", "run_id", "kind", "at")}
+    return kind, json.dumps(said, sort_keys=True)
+
+
+def notification_outcomes(notifications: Iterable[Mapping[str, Any]]) -> tuple[set[str], int]:
+    """(requests told more than one distinct final outcome, final messages resent unchanged)."""
+    outcomes: dict[str, Counter[tuple[str, str]]] = defaultdict(Counter)
+    for notification in notifications:
+        outcome = final_outcome(notification)
+        if outcome is not None:
+            outcomes[notification["request_id"]][outcome] += 1
+    conflicting = {request for request, seen in outcomes.items() if len(seen) > 1}
+    resent = sum(count - 1 for seen in outcomes.values() for count in seen.values())
+    return conflicting, resent
+
+
+def reason_code(reason: str) -> str:
+    """The machine-readable code of a stored dead-letter reason ('<code>: <detail>')."""
+    return reason.split(":", 1)[0].strip()
+
+
+def reasons_by_code(rows: Iterable[tuple[str, int]]) -> Counter[str]:
+    """Dead letters per reason code, from (stored reason, count) rows whose details differ."""
+    counts: Counter[str] = Counter()
+    for reason, n in rows:
+        counts[reason_code(reason)] += n
+    return counts
+
+
+def unexpected_dead_letters(rows: Mapping[str, int], topic: Mapping[str, int],
+                            allowed: Mapping[str, int | None]) -> int:
+    """Dead letters per reason (the larger of table and topic) beyond what `allowed` permits
+    for that reason (None: any number)."""
+    total = 0
+    for reason in set(rows) | set(topic):
+        seen = max(rows.get(reason, 0), topic.get(reason, 0))
+        limit = allowed.get(reason, 0)
+        if limit is not None:
+            total += max(0, seen - limit)
+    return total
+
+
+def uncommitted(low: int, high: int, committed: int) -> int:
+    """Records of one partition past its committed offset (negative: nothing committed)."""
+    return high - (committed if committed >= 0 else low)
+
+
+def verdict(figures: Mapping[str, Any], allowed_service_duplicates: int) -> list[str]:
+    """Why a phase failed (empty: it passed): lost requests, duplicate results, AI calls the
+    service served twice beyond what the fault allows, dead letters for a reason the phase did
+    not inject, or a harness error (the fault could not be measured)."""
+    failures = []
+    if figures.get("error"):
+        failures.append(f"not measured: {figures['error']}")
+    if figures.get("lost", 0) > 0:
+        failures.append(f"{figures['lost']} lost")
+    if figures.get("duplicate_results", 0) > 0:
+        failures.append(f"{figures['duplicate_results']} duplicate results")
+    served_twice = figures.get("service_duplicates", 0)
+    if served_twice > allowed_service_duplicates:
+        failures.append(f"{served_twice} AI calls served twice (allowed {allowed_service_duplicates})")
+    if figures.get("unexpected_dead_letters", 0) > 0:
+        failures.append(f"{figures['unexpected_dead_letters']} dead letters for a reason not injected")
+    return failures
+
+
+# ----------------------------------------------------------------------------- Kafka readers
+Record = tuple[bytes | None, dict[str, bytes]]
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Record]:
+    """Every record of a topic as (value, headers), read up to the high watermarks."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "faults-reader",
+                         "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        ends = {}
+        for pid in meta.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, pid), timeout=10)
+            if high > low:
+                ends[pid] = high
+        consumer.assign([TopicPartition(topic, pid, OFFSET_BEGINNING) for pid in ends])
+        records = []
+        positions = dict.fromkeys(ends, -1)
+        deadline = time.monotonic() + timeout_s
+        while any(positions[p] + 1 < ends[p] for p in ends) and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=10_000, timeout=0.5):
+                if msg.error() is None:
+                    positions[msg.partition()] = msg.offset()
+                    records.append((msg.value(), {k: v for k, v in (msg.headers() or []) if v is not None}))
+        return records
+    finally:
+        consumer.close()
+
+
+def group_uncommitted(bootstrap: str, group: str, topic: str) -> int:
+    """Records of `topic` past `group`'s committed offsets (from the brokers, not the database)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        total = 0
+        for tp in committed:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
+            total += uncommitted(low, high, tp.offset)
+        return total
+    finally:
+        consumer.close()
+
+
+def notifications(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    """The notify topic's messages, decoded."""
+    return [json.loads(value) for value, _ in read_topic(bootstrap, topic) if value]
+
+
+def dead_letter_topic(bootstrap: str, topic: str) -> tuple[Counter[str], set[tuple[str, int, int]]]:
+    """Dead letters on the topic per reason header, and the (topic, partition, offset) each
+    names as its source."""
+    reasons: Counter[str] = Counter()
+    sources = set()
+    for _, headers in read_topic(bootstrap, topic):
+        reasons[headers.get("reason", b"?").decode(errors="replace")] += 1
+        if "source_topic" in headers:
+            sources.add((headers["source_topic"].decode(), int(headers["source_partition"]),
+                         int(headers["source_offset"])))
+    return reasons, sources
+
+
+# ----------------------------------------------------------------------------- one phase
+def _rows(database_url: str, sql: str, params: tuple) -> list[tuple]:
+    with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+
+@dataclass(frozen=True)
+class PhaseRun:
+    """What the harness knows of one phase when the figures are computed."""
+
+    run_id: str
+    produced: int  # requests on the style topic (Kafka), the injected records left out
+    load_started: float
+    load_ended: float
+    fault_start: float
+    fault_end: float
+    ai_limit: int  # concurrency limit per AI endpoint
+    injected: list[tuple[str, int, int]]  # records the fault itself put on the input topics
+    allowed_dead_letters: Mapping[str, int | None]
+
+
+def collect(database_url: str, bootstrap: str, phase: PhaseRun, service_stats: Mapping[str, Any],
+            baseline_s: float, window_s: float) -> dict[str, Any]:
+    """Every figure of one phase (see the module docstring and bench/figures.py)."""
+    topics = Topics(phase.run_id)
+    shared = figures.scenario_figures(database_url, bootstrap, phase.run_id, topics, phase.produced,
+                                      phase.ai_limit)
+    times = shared["completion_times"]
+    pre, recovery = recovery_s(times, phase.fault_start, phase.fault_end, phase.load_ended,
+                               baseline_s, window_s)
+    table = reasons_by_code(_rows(database_url, "SELECT reason, count(*) FROM dead_letters "
+                                  "WHERE run_id = %s GROUP BY 1", (phase.run_id,)))
+    table_sources = set(_rows(database_url, "SELECT source_topic, kafka_partition, kafka_offset "
+                              "FROM dead_letters WHERE run_id = %s", (phase.run_id,)))
+    topic_reasons, topic_sources = dead_letter_topic(bootstrap, topics.dead_letter)
+    injected_lost = [r for r in map(tuple, phase.injected) if r not in table_sources | topic_sources]
+    recorded_twice = {row[0] for row in _rows(
+        database_url, "SELECT DISTINCT d.request_id FROM dead_letters d JOIN stage_results s "
+        "USING (request_id, stage) WHERE d.run_id = %s", (phase.run_id,))}
+    told_twice, resent = notification_outcomes(notifications(bootstrap, topics.notify))
+    unrecorded = _rows(database_url, "SELECT count(*) FROM requests WHERE run_id = %s "
+                       "AND received_at IS NULL", (phase.run_id,))[0][0]
+    service = {name: {k: service_stats[name][k] for k in SERVICE_COUNTERS}
+               for name in ("check", "generate")}
+    return {
+        "produced": phase.produced,
+        "completed": shared["completed"],
+        "status": shared["status"],
+        "dead_letters": {"table": dict(table), "topic": dict(topic_reasons)},
+        "unexpected_dead_letters": unexpected_dead_letters(table, topic_reasons, phase.allowed_dead_letters),
+        "lost": shared["lost"] + len(injected_lost),
+        "injected_lost": injected_lost,
+        "intake_unrecorded": unrecorded,
+        "duplicate_results": len(recorded_twice | told_twice),
+        "resent_notifications": resent,
+        "duplicate_ai_calls": shared["duplicate_ai_calls"],
+        "service": service,
+        "service_duplicates": sum(s["duplicate_served"] for s in service.values()),
+        "uncommitted": {stage: group_uncommitted(bootstrap, f"{topics.prefix}.{stage}",
+                                                 topics.source_of(stage)) for stage in STAGES},
+        "pre_fault_rps": round(pre, 2),
+        "fault_rps": (round(rate_between(times, phase.fault_start, phase.fault_end), 2)
+                      if phase.fault_end > phase.fault_start else None),
+        "longest_stall_s": round(longest_stall_s(times, phase.fault_start, phase.load_ended), 1),
+        "recovery_s": recovery,
+        "steady_throughput_rps": shared["steady_throughput_rps"],
+        "rebalances": shared["rebalances"],
+        "p99_ms": shared["p99_ms"],
+        "completions_per_second": per_second(times, phase.load_started),
+    }

@@ -1,0 +1,259 @@
+"""The faults of `make faults`, each injected and undone by the harness itself.
+
+Every fault blocks for as long as it lasts and undoes itself in a `finally` (a frozen broker is
+thawed, a killed one restarted, PostgreSQL started, the AI service healed) even when the run is
+interrupted, and returns the window it was in force: the figures measure recovery from its end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from confluent_kafka.admin import AdminClient
+
+from bench.fault_fleets import SupervisedFleets
+from consumers import events
+from consumers.pipeline_config import PipelineConfig
+from consumers.producer import KeyedProducer
+from infra import kafka_cluster, postgres_server
+from infra.layout import Layout
+from infra.stack import load_state, save_state
+
+BROKER_DOWN_S = 30.0
+BROKER_FROZEN_S = 20.0
+POSTGRES_DOWN_S = 15.0
+AI_ERROR_RATE = 0.10
+AI_HANG_RATE = 0.05
+AI_BURSTS = 3  # 429 bursts: the rate limit on for AI_BURST_S, then off for AI_BURST_GAP_S
+AI_BURST_S = 3.0
+AI_BURST_GAP_S = 7.0
+AI_BURST_RATE_SHARE = 0.25  # rate limit during a burst, as a share of the load
+# Over the producer's default message.max.bytes (1,000,000), under the broker's and the topics'
+# default (1,048,588) with room for the batch framing.
+OVERSIZE_BYTES = 1_010_000
+OVERSIZE_PRODUCER_MAX_BYTES = 1_048_576
+
+
+@dataclass(frozen=True)
+class Window:
+    """When a fault was in force (epoch seconds) and what it hit."""
+
+    start: float
+    end: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Target:
+    """What a fault acts on: the stack, the phase's run, its fleets and the AI service."""
+
+    layout: Layout
+    bootstrap: str
+    ai_url: str
+    run_id: str
+    config: PipelineConfig
+    fleets: SupervisedFleets
+    load_rps: float
+    say: Callable[[str], None]  # progress line
+
+    @property
+    def topics(self) -> events.Topics:
+        return events.Topics(self.run_id)
+
+    def wait(self, seconds: float, what: str) -> None:
+        """Sleep out part of a fault with a countdown."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self.say(f"{what}: {left:.0f} s left")
+            time.sleep(min(1.0, left))
+
+
+def partition_leaders(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
+    """The leader broker of every partition of `topics`."""
+    meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    return {(topic, pid): partition.leader for topic in topics
+            for pid, partition in meta.topics[topic].partitions.items()}
+
+
+def busiest_leader(leaders: Mapping[Any, int]) -> tuple[int, int]:
+    """(broker leading the most partitions, how many); the lowest id among equals."""
+    counts = Counter(leaders.values())
+    node = min(counts, key=lambda n: (-counts[n], n))
+    return node, counts[node]
+
+
+def _busiest_broker(t: Target) -> tuple[int, int, int]:
+    node, led = busiest_leader(partition_leaders(t.bootstrap, t.topics.all()))
+    return node, led, load_state(t.layout)["kafka"][str(node)]
+
+
+def _start_broker(layout: Layout, node: int) -> dict[str, Any]:
+    """Start a stopped broker; the stack's state (what `infra.stack down` stops) knows its pid."""
+    state = load_state(layout)
+    state["kafka"][str(node)] = kafka_cluster.start_node(layout, node)
+    save_state(layout, state)
+    return state
+
+
+def kill_broker(t: Target) -> Window:
+    """kill -9 the broker leading most of the run's partitions; start it again after 30 s. The
+    fault ends when the harness starts it: its start-up and catching up are the recovery."""
+    node, led, pid = _busiest_broker(t)
+    os.kill(pid, signal.SIGKILL)
+    start = time.time()
+    try:
+        t.wait(BROKER_DOWN_S, f"broker {node} (leader of {led} partitions) killed")
+    finally:
+        state = _start_broker(t.layout, node)
+    end = time.time()
+    t.say(f"broker {node} restarted; waiting until it is registered")
+    kafka_cluster.wait_registered(t.layout, {int(n): p for n, p in state["kafka"].items()}, state["brokers"])
+    return Window(start, end, {"broker": node, "partitions_led": led, "pid": pid,
+                               "registered_after_s": round(time.time() - end, 1)})
+
+
+def freeze_broker(t: Target) -> Window:
+    """SIGSTOP the broker leading most of the run's partitions for 20 s, then SIGCONT: alive to
+    the operating system, silent to the cluster (a long GC pause, a stalled VM)."""
+    node, led, pid = _busiest_broker(t)
+    os.kill(pid, signal.SIGSTOP)
+    start = time.time()
+    try:
+        t.wait(BROKER_FROZEN_S, f"broker {node} (leader of {led} partitions) frozen")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return Window(start, time.time(), {"broker": node, "partitions_led": led, "pid": pid})
+
+
+def in_flight_window(config: PipelineConfig, stage: str = "generate") -> int:
+    """AI calls a stage's fleet can have under way at once: what a kill -9 can leave answered
+    but unrecorded, so called again after the restart."""
+    stage_config = config.stage(stage)
+    return stage_config.members * (stage_config.window if stage_config.mode == "flow" else 1)
+
+
+def kill_fleet(t: Target) -> Window:
+    """kill -9 the generate stage's fleet process. The fault is the kill itself: supervisord's
+    restart and the group's rebalance (the dead members expire first) are the recovery, whose
+    steps are timed in the detail."""
+    pid = t.fleets.kill("generate", signal.SIGKILL)
+    start = time.time()
+    t.say(f"generate fleet (pid {pid}) killed; supervisord restarts it")
+    while t.fleets.pid("generate") in (0, pid):
+        if time.time() - start > 60:
+            raise TimeoutError(f"supervisord did not restart the generate fleet: see "
+                               f"{t.fleets.log_file('generate')}")
+        time.sleep(0.2)
+    restarted = time.time()
+    t.say("generate fleet restarted; waiting for its group to settle")
+    settled = t.fleets.wait_stable(("generate",), since=start)
+    return Window(start, start, {"killed_pid": pid, "new_pid": t.fleets.pid("generate"),
+                                 "restarted_after_s": round(restarted - start, 1),
+                                 "group_settled_after_s": round(settled - start, 1),
+                                 "in_flight_window": in_flight_window(t.config)})
+
+
+def stop_postgres(t: Target) -> Window:
+    """PostgreSQL stopped (fast shutdown: sessions cut) for 15 s, then started."""
+    postgres_server.stop(t.layout)
+    start = time.time()
+    try:
+        t.wait(POSTGRES_DOWN_S, "PostgreSQL stopped")
+    finally:
+        t.say("starting PostgreSQL")
+        postgres_server.start(t.layout)
+    return Window(start, time.time())
+
+
+def configure_ai(ai_url: str, changes: dict[str, Any]) -> None:
+    """Change both AI endpoints at run time."""
+    requests.put(f"{ai_url}/v1/config", json=changes, timeout=10).raise_for_status()
+
+
+def degrade_ai(t: Target) -> Window:
+    """10 % 500s, 5 % hangs past the client's timeout and three 429 bursts (a request-rate
+    limit at a quarter of the load for 3 s of every 10), on both AI endpoints."""
+    # The hang's slot stays taken for twice the client's timeout, as a stuck upstream's would.
+    hang_s = 2 * t.config.ai_timeout_s / t.config.time_scale
+    burst_rate = AI_BURST_RATE_SHARE * t.load_rps * t.config.time_scale  # real-scale requests/s
+    configure_ai(t.ai_url, {"error_rate": AI_ERROR_RATE, "hang_rate": AI_HANG_RATE, "hang_s": hang_s})
+    start = time.time()
+    try:
+        for burst in range(1, AI_BURSTS + 1):
+            what = f"AI: 10% 5xx, 5% hangs, 429 burst {burst}/{AI_BURSTS}"
+            configure_ai(t.ai_url, {"rate_limit_rps": burst_rate, "rate_burst": 1})
+            t.wait(AI_BURST_S, what)
+            configure_ai(t.ai_url, {"rate_limit_rps": None})
+            t.wait(AI_BURST_GAP_S, f"AI: 10% 5xx, 5% hangs, after burst {burst}/{AI_BURSTS}")
+    finally:
+        configure_ai(t.ai_url, {"error_rate": 0.0, "hang_rate": 0.0, "rate_limit_rps": None})
+    return Window(start, time.time(), {"hang_s": hang_s, "burst_rate_rps": burst_rate})
+
+
+def oversize_records(run_id: str, topics: events.Topics) -> list[tuple[str, bytes]]:
+    """One well-formed event of exactly OVERSIZE_BYTES per stage input topic (the padding in a
+    free-text field), as a misbehaving upstream with a raised size limit would send."""
+    request_id = str(uuid.uuid4())
+    shapes = {
+        topics.intake: (events.intake_event(run_id, "user-oversize", "", request_id), "object_id"),
+        topics.style: (events.style_event(run_id, request_id, events.STYLES[0], ""), "description"),
+        topics.generate: (events.style_event(run_id, request_id, events.STYLES[0], ""), "description"),
+    }
+    records = []
+    for topic, (event, padded) in shapes.items():
+        event[padded] = "x" * (OVERSIZE_BYTES - len(events.encode(event)))
+        records.append((topic, events.encode(event)))
+    return records
+
+
+def send_oversize(t: Target) -> Window:
+    """One record over the producer's size limit (under the broker's) on each input topic."""
+    producer = KeyedProducer(t.bootstrap, profile=t.config.profile, **{
+        "message.max.bytes": OVERSIZE_PRODUCER_MAX_BYTES, "compression.type": "none"})
+    start = time.time()
+    sent = []
+    try:
+        for topic, value in oversize_records(t.run_id, t.topics):
+            partition, offset = producer.send(topic, value=value, key=uuid.uuid4().bytes).result(60)
+            sent.append([topic, partition, offset])
+    finally:
+        producer.close()
+    return Window(start, time.time(), {"records": sent, "bytes": OVERSIZE_BYTES})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault of the run: how to inject it and what the pipeline is allowed under it."""
+
+    name: str
+    summary: str
+    planned_s: float  # how long it is expected to be in force (sizes the load)
+    inject: Callable[[Target], Window]
+    allowed_dead_letters: Mapping[str, int | None] = field(default_factory=dict)  # None: any
+    allowed_service_duplicates: Callable[[PipelineConfig], int] = lambda _config: 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"summary": self.summary, "allowed_dead_letters": dict(self.allowed_dead_letters)}
+
+
+FAULTS = (
+    Fault("broker-kill", "kill -9 of the busiest leader, restarted after 30 s", BROKER_DOWN_S, kill_broker),
+    Fault("broker-freeze", "SIGSTOP of the busiest leader for 20 s, then SIGCONT", BROKER_FROZEN_S,
+          freeze_broker),
+    Fault("fleet-kill", "kill -9 of the generate fleet; supervisord restarts it", 0.0, kill_fleet,
+          allowed_service_duplicates=in_flight_window),
+    Fault("postgres-stop", "PostgreSQL stopped for 15 s", POSTGRES_DOWN_S + 3, stop_postgres),
+    Fault("ai-faults", "AI: 10% 5xx, 5% hangs past the timeout, 429 bursts",
+          AI_BURSTS * (AI_BURST_S + AI_BURST_GAP_S), degrade_ai,
+          allowed_dead_letters={"ai_unavailable": None}),
+    Fault("oversize", f"one {OVERSIZE_BYTES:,}-byte record on each input topic", 0.0, send_oversize,
+          allowed_dead_letters={"oversize": 3}),
+)

@@ -1,0 +1,336 @@
+"""Fault injection: the pipeline under steady load while the harness breaks one thing at a time.
+
+    python -m bench.faults                          # every fault (make faults: a stack of its own)
+    python -m bench.faults --faults broker-kill,oversize
+
+Faults, in order (bench/fault_injection.py): kill -9 of the broker leading most partitions,
+restarted after 30 s; that broker frozen with SIGSTOP for 20 s; kill -9 of the generate fleet,
+which supervisord restarts; PostgreSQL stopped for 15 s; the AI service answering 10 % 500s,
+5 % hangs past the client's timeout and 429 bursts; one record over the producer's size limit
+on each input topic. Figures per fault (bench/fault_figures.py, on top of bench/figures.py):
+produced, completed, dead-lettered by reason, lost, duplicate results, duplicate AI calls by
+our rows and by the service's own count, uncommitted records per group, and seconds from the
+fault's end (when the harness undoes it; a fleet kill ends with the kill, supervisord's restart
+being the recovery) back to 90 % of the pre-fault completion rate. The run writes
+results/<run id>/faults.json and faults.png and exits 1 when any fault fails (lost, duplicate
+results, AI calls the service served twice beyond the fleet kill's in-flight window, dead
+letters for a reason the fault did not inject, or a fault that could not be measured).
+
+Why this setup:
+- The durability profile (RF 3, min ISR 2, acks=all, idempotent producers) with the `flow`
+  preset on 16 partitions: the configuration that is meant to survive a broker, so the one
+  whose guarantees are worth testing.
+- AI time scale 0.25 and 16 concurrent calls per endpoint: capacity 16 / (3 s x 0.25) = 21.3
+  requests/s, the reference scenario's ceiling (64 / 3 s) with calls four times shorter and
+  four times fewer in flight. On this 2-core machine that keeps the fleets' threads and the
+  per-request platform work (replicated Kafka writes, a dozen database transactions) small
+  beside the AI time; it bounds the fleet kill's in-flight window at 16 calls; the consumer
+  group clocks scale with it (an 11 s session timeout, so a killed fleet's members expire
+  within the phase); and 0.75 s calls make one-second completion counts smooth where 3 s
+  calls would arrive in waves.
+- Load at 88 % of the capacity (18.8 requests/s): busy enough that every fault builds a
+  backlog, with the headroom left to work it off while the load goes on.
+- One run per fault (fresh run id, topics, consumer groups, fleets; AI counters reset): each
+  fault's figures are its own and the after-effects of one (a rebalance, a backlog, a fleet
+  left in a bad state) are not billed to the next, for about 20 s of topic and fleet set-up
+  per fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from bench import fault_report
+from bench.fault_figures import PhaseRun, collect, verdict
+from bench.fault_fleets import SupervisedFleets, remove_leftovers
+from bench.fault_injection import FAULTS, Fault, Target, Window, configure_ai
+from bench.figures import partition_counts
+from bench.report import run_dir
+from consumers import events, presets
+from consumers.pipeline import Pipeline, new_run_id, provision_pipeline
+from consumers.pipeline_config import PipelineConfig
+from consumers.provisioning import delete
+from consumers.storage import Storage
+from infra import kafka_cluster, supervisor
+from infra.layout import Layout, current
+from infra.stack import load_state
+
+console = Console()
+FLEET_ENV = ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "AI_CHECK_URL", "AI_GENERATE_URL")
+SOURCE_EXIT_S = 60.0  # a source still running this long after its last scheduled send is stopped
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The run's shape (see the module docstring for the choices)."""
+
+    time_scale: float = 0.25
+    concurrency: int = 16  # per AI endpoint
+    partitions: int = 16
+    members: int = 4  # per AI stage
+    load_share: float = 0.88  # of the AI capacity
+    pre_s: float = 20.0  # load before the fault
+    post_s: float = 25.0  # load after the fault's planned end
+    baseline_s: float = 15.0  # the pre-fault rate is measured over the last seconds before it
+    window_s: float = 5.0  # recovery: completions counted over this window
+    drain_s: float = 90.0  # after the load, how long to wait for every request to settle
+
+    @property
+    def params(self) -> presets.PresetParams:
+        return presets.PresetParams(partitions=self.partitions, concurrency=self.concurrency,
+                                    time_scale=self.time_scale, flow_members=self.members,
+                                    replication_factor=3)
+
+    @property
+    def capacity_rps(self) -> float:
+        return self.params.ai_capacity_rps
+
+    @property
+    def load_rps(self) -> float:
+        return round(self.load_share * self.capacity_rps, 2)
+
+    def config(self) -> PipelineConfig:
+        config = presets.build("flow", self.params)
+        if config.profile != "durability":
+            raise RuntimeError(f"the flow preset runs the {config.profile} profile; faults need durability")
+        return config
+
+
+def heal_ai(ai_url: str, s: Settings) -> None:
+    """The AI service as every phase starts: the scaled reference latencies, no faults."""
+    healthy = {"limit": s.concurrency, "error_rate": 0.0, "hang_rate": 0.0, "rate_limit_rps": None,
+               "distribution": "fixed"}
+    configure_ai(ai_url, {"time_scale": s.time_scale,
+                          "check": {**healthy, "latency_s": s.params.check_latency_s},
+                          "generate": {**healthy, "latency_s": s.params.generate_latency_s}})
+
+
+def start_source(env: dict[str, str], run_id: str, rate: float, duration_s: float,
+                 log: Path) -> subprocess.Popen[str]:
+    """The load: consumers.source in a process of its own, at a steady rate, UUID keys."""
+    cmd = [sys.executable, "-m", "consumers.source", "--prefix", run_id, "--run-id", run_id,
+           "--rate", str(rate), "--duration", str(duration_s), "--keys", "uuid", "--profile",
+           "durability", "--bootstrap-servers", env["KAFKA_BOOTSTRAP_SERVERS"], "--json", "--quiet"]
+    with open(log, "a") as err:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+
+
+class Phase:
+    """One fault on a fresh run: set up, load, inject, drain, measure, tear down."""
+
+    def __init__(self, fault: Fault, s: Settings, env: dict[str, str], layout: Layout,
+                 client: supervisor.Client, run_id: str, out: Path,
+                 say: Callable[[str, float | None], None]) -> None:
+        self.fault, self.s, self.env, self.layout, self.out = fault, s, env, layout, out
+        self.run_id = run_id
+        self.config = s.config()
+        self.topics = events.Topics(run_id)
+        self.fleets = SupervisedFleets(client, run_id, self.config, {k: env[k] for k in FLEET_ENV})
+        self.pipeline = Pipeline(run_id, self.topics, self.config, env["KAFKA_BOOTSTRAP_SERVERS"],
+                                 env["DATABASE_URL"])
+        self._say = say
+        self.load_started = 0.0
+
+    def say(self, step: str) -> None:
+        elapsed = time.time() - self.load_started if self.load_started else None
+        self._say(f"{self.fault.name}: {step}", elapsed)
+
+    def run(self) -> dict[str, Any]:
+        allowed = self.fault.allowed_service_duplicates(self.config)
+        record: dict[str, Any] = {"fault": self.fault.name, **self.fault.describe(), "run_id": self.run_id,
+                                  "allowed_service_duplicates": allowed}
+        source: subprocess.Popen[str] | None = None
+        try:
+            self.prepare()
+            source = self.load()
+            window = self.inject()
+            record.update(fault_start=window.start, fault_end=window.end, detail=window.detail,
+                          fault_s=round(window.end - window.start, 1))
+            record.update(self.finish_load(source))
+            self.drain(record["produced"])
+            self.fleets.stop()
+            record.update(self.figures(window.start, window.end, window.detail.get("records", []),
+                                       record["produced"], record["load_ended"]))
+        except Exception as exc:  # noqa: BLE001 - one fault that cannot run must not stop the others
+            record["error"] = f"{exc.__class__.__name__}: {exc}"
+            console.print(f"[red]{self.fault.name}: {record['error']}")
+        finally:
+            if source is not None and source.poll() is None:
+                source.terminate()
+                source.wait(30)
+            self.teardown()
+        record["failures"] = verdict(record, record["allowed_service_duplicates"])
+        return record
+
+    def prepare(self) -> None:
+        """Every broker up, fresh topics, the run row, the AI service healed, fleets stable."""
+        state = load_state(self.layout)
+        self.say("waiting for every broker")
+        kafka_cluster.wait_registered(self.layout, {int(n): p for n, p in state["kafka"].items()},
+                                      state["brokers"])
+        self.say("provisioning topics")
+        provision_pipeline(self.config, self.topics, self.env["KAFKA_BOOTSTRAP_SERVERS"])
+        storage = Storage(self.env["DATABASE_URL"], pool_size=1)
+        try:
+            storage.start_run(self.run_id, f"faults:{self.fault.name}", asdict(self.config))
+        finally:
+            storage.close()
+        heal_ai(self.env["AI_SERVICE_URL"], self.s)
+        self.say("starting the fleets under supervisord")
+        self.fleets.start()
+        self.fleets.wait_stable()
+        requests.post(f"{self.env['AI_SERVICE_URL']}/v1/stats/reset", timeout=10).raise_for_status()
+
+    def load(self) -> subprocess.Popen[str]:
+        """Start the steady load and let it run up to the fault."""
+        duration = self.s.pre_s + self.fault.planned_s + self.s.post_s
+        source = start_source(self.env, self.run_id, self.s.load_rps, duration,
+                              self.out / f"source-{self.fault.name}.log")
+        self.load_started = time.time()
+        while (left := self.load_started + self.s.pre_s - time.time()) > 0:
+            self.say(f"steady load, fault in {left:.0f} s")
+            time.sleep(min(1.0, left))
+        return source
+
+    def inject(self) -> Window:
+        """The fault, in force for as long as it lasts (the load goes on in its own process)."""
+        target = Target(self.layout, self.env["KAFKA_BOOTSTRAP_SERVERS"], self.env["AI_SERVICE_URL"],
+                        self.run_id, self.config, self.fleets, self.s.load_rps, self.say)
+        return self.fault.inject(target)
+
+    def finish_load(self, source: subprocess.Popen[str]) -> dict[str, Any]:
+        """The load's end is its schedule's (the source may take longer to exit); what the source
+        says it sent, and what Kafka holds: the figures count what Kafka holds."""
+        ended = self.load_started + self.s.pre_s + self.fault.planned_s + self.s.post_s
+        while source.poll() is None and time.time() < ended + SOURCE_EXIT_S:
+            self.say("load after the fault" if time.time() < ended else "waiting for the source to exit")
+            time.sleep(1.0)
+        result: dict[str, Any] = {"load_started": self.load_started, "load_ended": ended,
+                                  "source_acked": None}
+        if source.poll() is None:
+            source.terminate()
+            result["source_error"] = (f"still running {SOURCE_EXIT_S:.0f} s after its last scheduled send, "
+                                      f"terminated: see source-{self.fault.name}.log")
+        out, _ = source.communicate(timeout=30)
+        if source.returncode == 0:
+            result["source_acked"] = len(json.loads(out)["request_ids"])
+        elif "source_error" not in result:
+            result["source_error"] = f"exit code {source.returncode}: see source-{self.fault.name}.log"
+        if "source_error" in result:
+            console.print(f"[yellow]{self.fault.name}: load source: {result['source_error']}")
+        injected_on_style = 1 if self.fault.name == "oversize" else 0
+        style = partition_counts(self.env["KAFKA_BOOTSTRAP_SERVERS"], self.topics.style)
+        result["produced"] = sum(style) - injected_on_style
+        return result
+
+    def drain(self, produced: int) -> None:
+        deadline = time.monotonic() + self.s.drain_s
+        while time.monotonic() < deadline:
+            try:
+                settled = self.pipeline.settled()
+            except Exception as exc:  # noqa: BLE001 - shown, and waited out like any slow drain
+                settled, note = -1, f" ({exc.__class__.__name__})"
+            else:
+                note = ""
+            if settled >= produced:
+                return
+            self.say(f"draining: {max(settled, 0)} of {produced} settled{note}")
+            time.sleep(1.0)
+
+    def figures(self, fault_start: float, fault_end: float, injected: list, produced: int,
+                load_ended: float) -> dict[str, Any]:
+        self.say("computing figures")
+        phase = PhaseRun(self.run_id, produced, self.load_started, load_ended, fault_start, fault_end,
+                         self.s.concurrency, [tuple(r) for r in injected], self.fault.allowed_dead_letters)
+        stats = requests.get(f"{self.env['AI_SERVICE_URL']}/v1/stats", timeout=10).json()
+        return collect(self.env["DATABASE_URL"], self.env["KAFKA_BOOTSTRAP_SERVERS"], phase, stats,
+                       self.s.baseline_s, self.s.window_s)
+
+    def teardown(self) -> None:
+        """Fleets stopped (again, harmlessly) and the topics deleted; the rows stay."""
+        self.say("tearing down")
+        bootstrap = self.env["KAFKA_BOOTSTRAP_SERVERS"]
+        for step in (self.fleets.stop, lambda: delete(bootstrap, self.topics.all())):
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - reported; the next phase starts clean anyway
+                console.print(f"[yellow]{self.fault.name}: teardown: {exc}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--faults", default=",".join(f.name for f in FAULTS),
+                   help=f"comma-separated, from: {', '.join(f.name for f in FAULTS)}")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    by_name = {f.name: f for f in FAULTS}
+    unknown = [n for n in args.faults.split(",") if n not in by_name]
+    if unknown:
+        raise SystemExit(f"unknown faults {unknown}; choose from {list(by_name)}")
+    env = {k: os.environ[k] for k in (*FLEET_ENV, "AI_SERVICE_URL") if k in os.environ}
+    if len(env) < len(FLEET_ENV) + 1 or int(os.environ.get("KAFKA_BROKERS", "1")) < 3:
+        raise SystemExit("needs a three-broker stack's addresses: `make faults` starts one "
+                         "(STACK=faults python -m infra.stack up --brokers 3; source its stack.env)")
+    layout, s = current(), Settings()
+    run_id = new_run_id("faults")
+    out = run_dir(run_id)
+    paths = supervisor.stack_paths(layout)
+    started_supervisord = not supervisor.Client(paths).alive()
+    client = supervisor.start(paths)
+    for name in remove_leftovers(client):
+        console.print(f"[yellow]removed {name}, left running by an earlier fault run")
+    phases = []
+    console.print(f"fault run {run_id}: load {s.load_rps} rps against an AI capacity of "
+                  f"{s.capacity_rps:.1f} rps (time scale {s.time_scale}, {s.concurrency} calls per endpoint)")
+    try:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      console=console) as progress:
+            overall = progress.add_task("faults", total=len(args.faults.split(",")))
+            for name in args.faults.split(","):
+                fault = by_name[name]
+                total = s.pre_s + fault.planned_s + s.post_s
+                task = progress.add_task(name, total=total)
+
+                def say(text: str, elapsed: float | None, task: Any = task, total: float = total) -> None:
+                    progress.update(task, description=text,
+                                    completed=min(elapsed, total) if elapsed is not None else 0)
+
+                phases.append(Phase(fault, s, env, layout, client, f"{run_id}-{name}", out, say).run())
+                progress.update(task, completed=total,
+                                description=f"{name}: {'pass' if not phases[-1]['failures'] else 'FAIL'}")
+                progress.advance(overall)
+    finally:
+        if started_supervisord:
+            supervisor.shutdown(paths)
+    summary = {"run_id": run_id, "time_scale": s.time_scale, "capacity_rps": round(s.capacity_rps, 2),
+               "load_rps": s.load_rps, "settings": asdict(s), "config": asdict(s.config()),
+               "passed": all(not p["failures"] for p in phases), "phases": phases}
+    folder = fault_report.write(summary)
+    fault_report.print_table(summary, console)
+    for phase in phases:
+        if phase["fault"] == "fleet-kill":
+            console.print(f"fleet kill: in-flight window {phase['allowed_service_duplicates']} generate "
+                          "calls (the most the service may serve twice); served twice: "
+                          f"{phase.get('service_duplicates', '-')}")
+    console.print(f"results in {folder} (faults.json, faults.png)")
+    return 0 if summary["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""A run's standard figures from its records in PostgreSQL: the SQL side of measure.figures
+(which defines each figure; spark/pipeline_analysis.py is the Spark side, and a test checks that
+both agree on the same run). The runtime's own reading of what it recorded, so the benchmark,
+the capacity search and anything else that drives the pipeline compute figures alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import replace
+from typing import Any
+
+import psycopg2
+
+from consumers.pipeline import Pipeline
+from measure import figures
+
+
+def rows(database_url: str, sql: str, params: tuple | dict = ()) -> list[tuple]:
+    """The rows of one query."""
+    with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall()
+
+
+# First produce and last terminal state (measure.figures.span_s); a dead letter is joined by
+# request, since the fleet that wrote it may record it under its deployment's run id.
+SPAN_SQL = """
+SELECT extract(epoch FROM min(r.produced_at)),
+       extract(epoch FROM greatest(
+         max(r.generated_at) FILTER (WHERE r.status = 'completed'),
+         max(r.checked_at) FILTER (WHERE r.status = 'rejected'),
+         (SELECT max(d.at) FROM dead_letters d JOIN requests dr ON dr.request_id = d.request_id
+          WHERE dr.run_id = %(run)s AND dr.status = 'dead_lettered')))
+FROM requests r WHERE r.run_id = %(run)s
+"""
+
+COMPLETIONS_SQL = """
+SELECT extract(epoch FROM completed_at) FROM stage_results
+WHERE run_id = %(run)s AND stage = 'generate' ORDER BY completed_at
+"""
+
+OK_CALLS_SQL = """
+SELECT stage, kafka_partition, extract(epoch FROM ended_at - started_at) FROM ai_attempts
+WHERE run_id = %(run)s AND outcome = 'ok'
+"""
+
+REPEATED_CALLS_SQL = """
+SELECT count(*) FROM ai_attempts WHERE run_id = %(run)s AND outcome = ANY(%(outcomes)s)
+GROUP BY request_id, stage HAVING count(*) > 1
+"""
+
+LATENCY_SQL = """
+SELECT extract(epoch FROM r.notified_at - r.produced_at), ai.ai_s
+FROM requests r LEFT JOIN (
+  SELECT request_id, sum(extract(epoch FROM ended_at - started_at)) AS ai_s FROM ai_attempts
+  WHERE run_id = %(run)s AND outcome = 'ok' GROUP BY request_id) ai USING (request_id)
+WHERE r.run_id = %(run)s AND r.status = 'completed' AND r.produced_at IS NOT NULL
+  AND r.notified_at IS NOT NULL
+"""
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def completion_times(database_url: str, run_id: str) -> list[float]:
+    return [float(r[0]) for r in rows(database_url, COMPLETIONS_SQL, {"run": run_id})]
+
+
+def standard_figures(database_url: str, run_id: str, produced: int, ai_limit: int,
+                     per_partition: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """measure.figures.run_figures of a run from its rows, and the rows' extras the benchmark
+    adds (completion times, 'ok' calls, latencies, the span's ends)."""
+    run = {"run": run_id}
+    status = dict(rows(database_url, "SELECT status, count(*) FROM requests WHERE run_id = %s "
+                        "GROUP BY status", (run_id,)))
+    first, last = (_float(v) for v in rows(database_url, SPAN_SQL, run)[0])
+    times = completion_times(database_url, run_id)
+    calls = [(stage, partition, float(s)) for stage, partition, s in rows(database_url, OK_CALLS_SQL, run)]
+    per_stage: dict[str, list[float]] = defaultdict(list)
+    for stage, _, seconds in calls:
+        per_stage[stage].append(seconds)
+    repeated = [n for (n,) in rows(database_url, REPEATED_CALLS_SQL,
+                                    {**run, "outcomes": list(figures.CALL_OUTCOMES)})]
+    latency = [(float(e2e), _float(ai)) for e2e, ai in rows(database_url, LATENCY_SQL, run)]
+    e2e = [e for e, _ in latency]
+    max_over_mean, cv = figures.skew(per_partition)
+    standard = figures.run_figures(
+        produced=produced, status=status, span=figures.span_s(first, last),
+        steady_throughput_rps=figures.steady_rate(times),
+        service_s={stage: statistics.fmean(s) for stage, s in per_stage.items()}, ai_limit=ai_limit,
+        duplicate_ai_calls=figures.duplicate_calls(repeated), skew_max_over_mean=max_over_mean,
+        skew_cv=cv, latency_s={q: figures.percentile(e2e, q) for q in figures.QUANTILES})
+    extras = {"first_produced_s": first, "last_terminal_s": last, "completion_times": times,
+              "calls": calls, "per_stage": per_stage, "latency": latency}
+    return standard, extras
+
+
+def burst_figures(pipeline: Pipeline, run_id: str, count: int, ai_limit: int,
+                  timeout_s: float) -> dict[str, Any]:
+    """Send a burst through a running deployment under a run id of its own (same topics and
+    fleets), wait until each request settled, and return its standard figures (skew from the
+    partitions the source's style events landed on)."""
+    run = replace(pipeline, run_id=run_id)
+    sent = run.send(count)
+    run.wait_terminal(count, timeout_s)
+    per_partition = sent.per_partition(pipeline.config.partitions)
+    return standard_figures(pipeline.database_url, run_id, len(sent.request_ids), ai_limit, per_partition)[0]

@@ -1,0 +1,39 @@
+"""Re-activate an earlier configuration version, with a reason kept in the promotion history."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import Param, dag
+
+from pipeline_ops import dag_support as s
+from pipeline_ops.operators import RollbackOperator
+
+
+@dag(
+    dag_id="pipeline_rollback",
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    tags=[*s.TAGS_PIPELINE, "gate"],
+    default_args={**s.DEFAULT_ARGS, "retries": 0},
+    params={
+        "version": Param(0, type="integer", minimum=0,
+                         description="configuration version to re-activate; 0: the version that was "
+                                     "active before the current one"),
+        "reason": Param(type="string", minLength=1, maxLength=500,
+                        description="why: kept with the rollback in the promotion history"),
+    },
+    doc_md="""
+### Rollback
+Makes the chosen version (or the one active before the current version) the active configuration
+and records the rollback with its reason (`promotions`, the gate page's history). The gate page's
+*Roll back* button triggers this DAG through the REST API. It changes what the next nightly run
+measures; it does not redeploy running fleets.
+""",
+)
+def pipeline_rollback() -> None:
+    RollbackOperator(task_id="rollback", version="{{ params.version }}", reason="{{ params.reason }}")
+
+
+pipeline_rollback()

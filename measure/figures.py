@@ -1,0 +1,176 @@
+"""Every figure of a pipeline run, defined once.
+
+The gate (from the Spark analysis), the benchmark (from SQL and Kafka offsets), the report and
+the UI all take their figures from here: each side fetches the raw aggregates its own way
+(`spark/pipeline_analysis.py` with DataFrames, `bench/figures.py` with SQL) and this module
+turns them into figures, so a figure cannot mean two things.
+
+- settled: a request whose status is one of TERMINAL.
+- span_s: first request produced (`requests.produced_at`) -> last terminal state (the latest of
+  a completed request's `generated_at`, a rejected one's `checked_at` and a dead-lettered
+  one's dead letter).
+- throughput_rps: completed requests / span_s.
+- steady_throughput_rps: completions per second on the plateau: the least-squares slope of the
+  completion count against time over the completions between the 20th and 80th percentile
+  (final-stage results, `stage_results.completed_at`); no ramp-up, no tail.
+- service_s: per AI stage, the mean seconds of its successful calls ('ok' attempts, started ->
+  ended): what one call occupies of the endpoint's concurrency.
+- capacity_rps: the endpoints' concurrency limit / service_s of the bottleneck stage (the one
+  with the longest mean call, which has the lowest capacity under one limit per endpoint).
+- utilization: steady_throughput_rps / capacity_rps.
+- latency p50/p95/p99 (ms): completed requests, `produced_at` -> `notified_at` (the result
+  reached the user), linear interpolation between the two closest ranks (PostgreSQL's
+  `percentile_cont`, Spark's `percentile`).
+- lost: requests produced (per the source) that never settled.
+- duplicate_ai_calls: AI calls that may have produced a result or been charged: attempts with
+  an outcome in CALL_OUTCOMES ('ok', or 'started' and never ended: cut short by a crash),
+  beyond the first per (request, stage).
+- skew over the style topic's partitions (requests per partition): max/mean and coefficient of
+  variation (population standard deviation / mean); None for a topic without records.
+- consumer lag of a group on a partition: records past its committed offset (past the low
+  watermark when it committed nothing); a pipeline's lag sums its stages' groups.
+- lag trend: the least-squares slope of lag samples against time (records/s): a pipeline keeps
+  up with a steady rate when the trend stays near 0, and falls behind by the trend otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+TERMINAL = ("completed", "rejected", "dead_lettered")
+CALL_OUTCOMES = ("ok", "started")
+QUANTILES = (0.5, 0.95, 0.99)
+STEADY_BAND = (0.2, 0.8)  # completion percentiles bounding the plateau
+MIN_STEADY_POINTS = 10
+
+
+def settled(statuses: Mapping[str, int]) -> int:
+    """Requests in a terminal status."""
+    return sum(statuses.get(s, 0) for s in TERMINAL)
+
+
+def lost(produced: int, statuses: Mapping[str, int]) -> int:
+    return produced - settled(statuses)
+
+
+def span_s(first_produced_s: float | None, last_terminal_s: float | None) -> float | None:
+    if first_produced_s is None or last_terminal_s is None:
+        return None
+    return last_terminal_s - first_produced_s
+
+
+def throughput_rps(completed: int, span: float | None) -> float:
+    return completed / span if span and span > 0 else 0.0
+
+
+def steady_rate(times: Sequence[float]) -> float:
+    """Completions per second on the plateau (see the module docstring).
+
+    A slope rather than count / span: completions come in waves (slots that started together
+    finish together), and a span whose ends fall inside waves is off by up to a wave.
+    """
+    if len(times) < MIN_STEADY_POINTS:
+        return 0.0
+    lo, hi = (round(share * (len(times) - 1)) for share in STEADY_BAND)
+    window = sorted(times)[lo:hi + 1]
+    if window[-1] <= window[0]:
+        return 0.0
+    return statistics.linear_regression(window, range(lo, hi + 1)).slope
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile with linear interpolation between the closest ranks (percentile_cont)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q
+    below = math.floor(rank)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (rank - below)
+
+
+def duplicate_calls(calls_per_pair: Iterable[int]) -> int:
+    """Calls beyond the first, from the number of CALL_OUTCOMES attempts per (request, stage)."""
+    return sum(n - 1 for n in calls_per_pair if n > 1)
+
+
+def skew(counts: Sequence[int]) -> tuple[float | None, float | None]:
+    """(max/mean, coefficient of variation) of per-partition counts; None without records."""
+    mean = statistics.fmean(counts) if counts else 0.0
+    if mean == 0:
+        return None, None
+    return max(counts) / mean, statistics.pstdev(counts) / mean
+
+
+def consumer_lag(low: int, high: int, committed: int) -> int:
+    """Records of one partition past the group's committed offset (negative: nothing committed)."""
+    return high - (committed if committed >= 0 else low)
+
+
+def lag_trend(samples: Sequence[tuple[float, float]]) -> float:
+    """Slope of (time s, lag) samples, records per second; 0 with fewer than 2 instants."""
+    if len({t for t, _ in samples}) < 2:
+        return 0.0
+    return statistics.linear_regression([t for t, _ in samples], [lag for _, lag in samples]).slope
+
+
+def capacity(ai_limit: int, service_s: Mapping[str, float]) -> tuple[str, float] | None:
+    """(bottleneck stage, requests/s it can serve): limit / its mean service time."""
+    if not service_s:
+        return None
+    stage = max(service_s, key=lambda s: service_s[s])
+    return (stage, ai_limit / service_s[stage]) if service_s[stage] > 0 else None
+
+
+def utilization(rps: float, capacity_rps: float | None) -> float | None:
+    return rps / capacity_rps if capacity_rps else None
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def run_figures(*, produced: int, status: Mapping[str, int], span: float | None,
+                steady_throughput_rps: float, service_s: Mapping[str, float], ai_limit: int,
+                duplicate_ai_calls: int, skew_max_over_mean: float | None, skew_cv: float | None,
+                latency_s: Mapping[float, float | None]) -> dict[str, Any]:
+    """The standard figures of one run from its aggregates (span from `span_s`, steady
+    throughput from `steady_rate`, latency_s: quantile -> seconds)."""
+    completed = status.get("completed", 0)
+    cap = capacity(ai_limit, service_s)
+    capacity_rps = cap[1] if cap else None
+    return {
+        "produced": produced,
+        "completed": completed,
+        "status": dict(status),
+        "lost": lost(produced, status),
+        "span_s": _round(span, 3),
+        "throughput_rps": round(throughput_rps(completed, span), 3),
+        "steady_throughput_rps": round(steady_throughput_rps, 3),
+        "service_s": {stage: round(s, 5) for stage, s in sorted(service_s.items())},
+        "ai_limit": ai_limit,
+        "bottleneck_stage": cap[0] if cap else None,
+        "capacity_rps": _round(capacity_rps, 3),
+        "utilization": _round(utilization(steady_throughput_rps, capacity_rps), 4),
+        "duplicate_ai_calls": duplicate_ai_calls,
+        "skew_max_over_mean": _round(skew_max_over_mean, 3),
+        "skew_cv": _round(skew_cv, 3),
+        **{f"p{round(q * 100)}_ms": _round(None if latency_s.get(q) is None else latency_s[q] * 1000, 1)
+           for q in QUANTILES},
+    }
+
+
+def from_analysis(document: Mapping[str, Any], *, produced: int, ai_limit: int,
+                  skew_max_over_mean: float | None, skew_cv: float | None) -> dict[str, Any]:
+    """run_figures of a run from the Spark analysis' document (spark/pipeline_analysis.py) and
+    its style topic's skew (spark/partition_load.py): what the gate decides on."""
+    latency = document["latency_s"]["end_to_end"].get("notified", {})
+    return run_figures(
+        produced=produced, status=document["status"], span=document["span_s"],
+        steady_throughput_rps=document["steady_throughput_rps"], service_s=document["service_s"],
+        ai_limit=ai_limit, duplicate_ai_calls=document["duplicates"]["total"],
+        skew_max_over_mean=skew_max_over_mean, skew_cv=skew_cv,
+        latency_s={q: latency.get(f"p{round(q * 100)}") for q in QUANTILES})

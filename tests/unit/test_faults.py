@@ -1,0 +1,159 @@
+"""The fault-injection harness's own logic, on hand-built inputs (no services)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.fault_figures import (
+    longest_stall_s,
+    notification_outcomes,
+    rate_between,
+    reason_code,
+    reasons_by_code,
+    recovery_s,
+    uncommitted,
+    unexpected_dead_letters,
+    verdict,
+)
+from bench.fault_fleets import holdings
+from bench.fault_injection import OVERSIZE_BYTES, busiest_leader, in_flight_window, oversize_records
+from bench.fault_report import plot
+from bench.faults import Settings
+from consumers import events
+from consumers.pipeline_config import PipelineConfig, StageConfig
+
+
+def completions() -> list[float]:
+    """10/s for 20 s, nothing during a fault from 20 to 30 s, 4/s from 30 to 33 s, 10/s to 50 s."""
+    before = [i / 10 for i in range(200)]
+    slow = [30 + i * 0.25 for i in range(12)]
+    after = [33 + i / 10 for i in range(170)]
+    return before + slow + after
+
+
+def test_rate_between_counts_the_half_open_window() -> None:
+    assert rate_between([0.0, 0.5, 1.0, 1.5, 2.0], 0.0, 2.0) == 2.0  # 4 completions in 2 s
+    assert rate_between([1.0], 2.0, 2.0) == 0.0
+
+
+def test_recovery_is_the_first_second_whose_window_reaches_90_percent() -> None:
+    # pre-fault: 100 completions in [10, 20) = 10/s, threshold 9/s over 5 s windows.
+    # [30, 35): 12 + 20 = 32 -> 6.4/s; [31, 36): 8 + 30 -> 7.6/s; [32, 37): 4 + 40 -> 8.8/s;
+    # [33, 38): 50 -> 10/s: recovered 3 s after the fault's end.
+    assert recovery_s(completions(), 20.0, 30.0, 50.0, baseline_s=10.0, window_s=5.0) == (10.0, 3)
+
+
+def test_recovery_not_reached_before_the_load_ends() -> None:
+    # Only windows ending by 36 s fit: [30, 35) and [31, 36), both below 9/s.
+    assert recovery_s(completions(), 20.0, 30.0, 36.0, baseline_s=10.0, window_s=5.0) == (10.0, None)
+
+
+def test_recovery_without_a_pre_fault_rate_is_unknown() -> None:
+    assert recovery_s([25.0, 26.0], 20.0, 21.0, 40.0, baseline_s=10.0, window_s=5.0) == (0.0, None)
+
+
+def test_longest_stall_counts_from_the_fault_start_to_the_load_end() -> None:
+    assert longest_stall_s([1.0, 2.0, 5.0, 6.0], 0.0, 7.0) == 3.0  # 2 -> 5
+    assert longest_stall_s([-4.0, 0.5, 9.0], 0.0, 4.0) == 3.5  # 0.5 -> the load's end at 4
+    assert longest_stall_s([], 10.0, 12.5) == 2.5
+
+
+def test_a_resent_final_message_is_not_a_duplicate_result_but_a_different_one_is() -> None:
+    notes = [
+        {"request_id": "r1", "run_id": "x", "kind": "result", "url": "A", "at": 1.0},
+        {"request_id": "r1", "run_id": "x", "kind": "result", "url": "A", "at": 2.0},  # resent
+        {"request_id": "r2", "run_id": "x", "kind": "result", "url": "B", "at": 1.0},
+        {"request_id": "r2", "run_id": "x", "kind": "failed", "reason": "ai_unavailable", "at": 3.0},
+        {"request_id": "r3", "run_id": "x", "kind": "choose_style", "user_id": "u", "at": 1.0},
+        {"request_id": "r3", "run_id": "x", "kind": "rejected", "verdict": "rejected", "at": 2.0},
+    ]
+    assert notification_outcomes(notes) == ({"r2"}, 1)
+
+
+def test_reason_code_is_the_text_before_the_colon() -> None:
+    assert reason_code("oversize: 1010000 bytes > 65536") == "oversize"
+    assert reason_code("ai_unavailable: timeout from http://x after 6 attempt(s)") == "ai_unavailable"
+    rows = [("ai_unavailable: http_5xx from /v1/check", 2), ("ai_unavailable: timeout", 1),
+            ("oversize: 1010000 bytes", 1)]
+    assert reasons_by_code(rows) == {"ai_unavailable": 3, "oversize": 1}
+
+
+def test_unexpected_dead_letters_take_the_larger_of_table_and_topic() -> None:
+    rows = {"oversize": 2}
+    topic = {"oversize": 3, "database_unavailable": 1}
+    assert unexpected_dead_letters(rows, topic, {"oversize": 3}) == 1  # the database one
+    assert unexpected_dead_letters({"oversize": 5}, {}, {"oversize": 3}) == 2
+    assert unexpected_dead_letters({"ai_unavailable": 7}, {}, {"ai_unavailable": None}) == 0
+
+
+def test_uncommitted_counts_from_the_low_watermark_when_nothing_was_committed() -> None:
+    assert uncommitted(0, 10, 7) == 3
+    assert uncommitted(2, 10, -1001) == 8
+
+
+def test_verdict_lists_every_breach() -> None:
+    clean = {"lost": 0, "duplicate_results": 0, "service_duplicates": 16, "unexpected_dead_letters": 0}
+    assert verdict(clean, 16) == []
+    assert verdict(clean, 0) == ["16 AI calls served twice (allowed 0)"]
+    broken = {"lost": 2, "duplicate_results": 1, "service_duplicates": 0, "unexpected_dead_letters": 4,
+              "error": "TimeoutError: x"}
+    assert verdict(broken, 0) == ["not measured: TimeoutError: x", "2 lost", "1 duplicate results",
+                                  "4 dead letters for a reason not injected"]
+
+
+def test_busiest_leader_prefers_the_lowest_id_among_equals() -> None:
+    assert busiest_leader({("a", 0): 1, ("a", 1): 2, ("a", 2): 2, ("b", 0): 1}) == (1, 2)
+    assert busiest_leader({("a", 0): 3, ("a", 1): 3, ("a", 2): 2}) == (3, 2)
+
+
+def test_holdings_follow_assign_revoke_and_lost_in_order() -> None:
+    group_events = [
+        ("g-0", "assign", ["t:0", "t:1", "t:2", "t:3"]),
+        ("g-1", "assign", []),  # joined, nothing yet (cooperative rebalance, first round)
+        ("g-0", "revoke", ["t:2", "t:3"]),
+        ("g-1", "assign", ["t:2", "t:3"]),
+        ("g-1", "lost", ["t:3"]),
+        ("g-2", "revoke", ["t:0"]),  # a member with no assignment on record holds nothing
+    ]
+    assert holdings(group_events) == {"g-0": {"t:0", "t:1"}, "g-1": {"t:2"}}
+
+
+def test_in_flight_window_is_members_times_window_in_flow_mode() -> None:
+    flow = PipelineConfig(generate=StageConfig("flow", members=4, window=4))
+    assert in_flight_window(flow) == 16
+    bounded = PipelineConfig(generate=StageConfig("bounded", members=3, window=4))
+    assert in_flight_window(bounded) == 3
+
+
+def test_oversize_records_exceed_the_producer_limit_and_are_refused_as_oversize() -> None:
+    topics = events.Topics("run-x")
+    records = oversize_records("run-x", topics)
+    assert [topic for topic, _ in records] == [topics.intake, topics.style, topics.generate]
+    stages = {topics.intake: "intake", topics.style: "check", topics.generate: "generate"}
+    for topic, value in records:
+        assert len(value) == OVERSIZE_BYTES
+        assert 1_000_000 < len(value) < 1_048_588
+        assert json.loads(value)["run_id"] == "run-x"
+        with pytest.raises(events.InvalidEvent) as refused:
+            events.parse(stages[topic], value)
+        assert refused.value.reason == "oversize"
+
+
+def test_settings_put_the_load_at_88_percent_of_a_21_rps_capacity() -> None:
+    s = Settings()
+    assert s.capacity_rps == pytest.approx(21.333, abs=0.001)  # 16 slots / (3 s x 0.25)
+    assert s.load_rps == 18.77  # 0.88 x 21.333
+    config = s.config()
+    assert (config.profile, config.replication_factor, config.partitions) == ("durability", 3, 16)
+    assert (config.generate.mode, config.generate.members, config.generate.window) == ("flow", 4, 4)
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    phase = {"fault": "broker-kill", "failures": [], "lost": 0, "load_started": 100.0,
+             "fault_start": 120.0, "fault_end": 150.0, "recovery_s": 3, "pre_fault_rps": 18.0,
+             "completions_per_second": [18] * 20 + [0] * 30 + [21] * 25}
+    plot([phase, {**phase, "fault": "oversize", "failures": ["1 lost"], "lost": 1}], 18.8, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 10_000

@@ -1,0 +1,136 @@
+"""The promotion gate's decision (pipeline_ops.gate.evaluate): every check, at its boundaries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipeline_ops.gate import Thresholds, evaluate, summarise
+
+
+def trial(utilization: float | None = 0.95, steady: float | None = 100.0, lost: int = 0,
+          duplicates: int = 0, skew: float | None = 1.2) -> dict[str, Any]:
+    return {"utilization": utilization, "steady_throughput_rps": steady, "throughput_rps": steady,
+            "capacity_rps": 105.0, "lost": lost, "duplicate_ai_calls": duplicates,
+            "skew_max_over_mean": skew}
+
+
+def checks(decision) -> dict[str, Any]:
+    return {c.name: c for c in decision.checks}
+
+
+def test_good_trials_pass_every_check() -> None:
+    decision = evaluate([trial(), trial(), trial()], Thresholds(), None)
+    assert decision.passed
+    assert [c.name for c in decision.checks] == ["utilization", "regression", "lost_requests",
+                                                 "duplicate_ai_calls", "partition_skew"]
+    assert decision.summary().startswith("PASSED: utilization 0.95 (>= 0.9 of the AI capacity")
+
+
+def test_utilization_decides_on_the_lower_bound_not_the_mean() -> None:
+    # mean 0.95, lower bound 0.95 - 2.919986 x 0.02 / sqrt(3) = 0.916283
+    trials = [trial(0.93), trial(0.95), trial(0.97)]
+    passing = checks(evaluate(trials, Thresholds(target_utilization=0.9162), None))["utilization"]
+    assert (passing.passed, passing.measured) == (True, 0.9163)
+    assert passing.interval["estimate"] == 0.95 and passing.interval["low"] == 0.9163
+    failing = evaluate(trials, Thresholds(target_utilization=0.9163), None)
+    assert not failing.passed and checks(failing)["utilization"].measured == 0.9163
+    # a mean well above the target with a wide spread fails: 0.98 +- 0.08 -> bound 0.845
+    assert not checks(evaluate([trial(0.9), trial(0.98), trial(1.06)], Thresholds(), None))[
+        "utilization"].passed
+
+
+def test_utilization_at_exactly_the_target_passes() -> None:
+    decision = evaluate([trial(0.9)] * 3, Thresholds(target_utilization=0.9), None)
+    assert checks(decision)["utilization"].passed
+    assert not checks(evaluate([trial(0.9)] * 3, Thresholds(target_utilization=0.9001), None))[
+        "utilization"].passed
+
+
+def test_a_trial_without_a_capacity_fails_utilization() -> None:
+    check = checks(evaluate([trial(), trial(None)], Thresholds(), None))["utilization"]
+    assert (check.passed, check.measured) == (False, None)
+    assert "not measured" in check.required
+
+
+def test_throughput_floor_is_checked_only_when_set() -> None:
+    assert "throughput_floor" not in checks(evaluate([trial()] * 2, Thresholds(), None))
+    at_floor = checks(evaluate([trial(steady=100.0)] * 2, Thresholds(min_throughput_rps=100.0), None))
+    assert at_floor["throughput_floor"].passed
+    above = checks(evaluate([trial(steady=100.0)] * 2, Thresholds(min_throughput_rps=100.01), None))
+    assert not above["throughput_floor"].passed
+
+
+def test_regression_without_a_reference_passes_and_says_why() -> None:
+    check = checks(evaluate([trial()] * 2, Thresholds(), None))["regression"]
+    assert (check.passed, check.measured, check.interval) == (True, None, None)
+    assert check.required == "no earlier measurement under the same conditions"
+
+
+def test_regression_uses_the_lower_bound_of_the_difference() -> None:
+    # candidate 10, 11, 12 against 12, 13, 14: difference -2, Welch df 4, bound -3.740646
+    trials = [trial(steady=s) for s in (10.0, 11.0, 12.0)]
+    strict = checks(evaluate(trials, Thresholds(tolerance=0.1), [12.0, 13.0, 14.0]))["regression"]
+    assert (strict.passed, strict.measured) == (False, -3.741)  # floor -0.1 x 13 = -1.3
+    assert strict.required.startswith(">= -1.30 rps difference: within 10% of the reference's 13.00 rps")
+    assert strict.interval["estimate"] == -2.0 and strict.interval["df"] == 4.0
+    loose = checks(evaluate(trials, Thresholds(tolerance=0.3), [12.0, 13.0, 14.0]))["regression"]
+    assert loose.passed  # floor -3.9
+
+
+def test_regression_at_exactly_the_tolerance_passes() -> None:
+    reference = [100.0, 100.0, 100.0]
+    at = evaluate([trial(steady=75.0)] * 3, Thresholds(tolerance=0.25), reference)
+    assert checks(at)["regression"].passed and at.passed
+    below = evaluate([trial(steady=74.99)] * 3, Thresholds(tolerance=0.25), reference)
+    assert not checks(below)["regression"].passed and not below.passed
+
+
+def test_regression_fails_when_a_trial_has_no_throughput() -> None:
+    check = checks(evaluate([trial(), trial(steady=None)], Thresholds(), [100.0, 100.0]))["regression"]
+    assert (check.passed, check.measured) == (False, None)
+
+
+def test_lost_and_duplicates_are_summed_over_trials() -> None:
+    decision = evaluate([trial(lost=1), trial(duplicates=2), trial(duplicates=1)], Thresholds(), None)
+    got = checks(decision)
+    assert (got["lost_requests"].passed, got["lost_requests"].measured) == (False, 1)
+    assert (got["duplicate_ai_calls"].passed, got["duplicate_ai_calls"].measured) == (False, 3)
+    assert decision.summary() == ("REJECTED: lost_requests 1 (== 0 over all trials); "
+                                  "duplicate_ai_calls 3 (== 0 over all trials)")
+
+
+def test_skew_takes_the_worst_trial_and_its_bound_is_inclusive() -> None:
+    at_bound = checks(evaluate([trial(skew=1.1), trial(skew=2.0)], Thresholds(max_skew=2.0), None))
+    assert (at_bound["partition_skew"].passed, at_bound["partition_skew"].measured) == (True, 2.0)
+    over = checks(evaluate([trial(skew=1.1), trial(skew=2.001)], Thresholds(max_skew=2.0), None))
+    assert not over["partition_skew"].passed
+    unmeasured = checks(evaluate([trial(), trial(skew=None)], Thresholds(), None))
+    assert not unmeasured["partition_skew"].passed  # a topic without records is no evidence
+
+
+def test_the_gate_needs_two_trials_on_each_side() -> None:
+    with pytest.raises(ValueError, match="at least 2 trials"):
+        evaluate([trial()], Thresholds(), None)
+    with pytest.raises(ValueError, match="reference needs at least 2"):
+        evaluate([trial(), trial()], Thresholds(), [100.0])
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("target_utilization", 1.2, "share of the AI capacity"), ("target_utilization", -0.1, "share"),
+    ("min_throughput_rps", -1.0, "negative"), ("tolerance", 1.0, r"\[0, 1\)"),
+    ("max_skew", 0.9, "at least 1"), ("confidence", 0.4, "confidence"), ("confidence", 1.0, "confidence"),
+])
+def test_thresholds_refuse_values_that_mean_nothing(field: str, value: float, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Thresholds(**{field: value})
+
+
+def test_summarise_gives_intervals_totals_and_the_worst_skew() -> None:
+    got = summarise([trial(0.93, lost=1, skew=1.5), trial(0.95, duplicates=2), trial(0.97)])
+    assert got["trials"] == 3 and got["lost"] == 1 and got["duplicate_ai_calls"] == 2
+    assert got["skew_max_over_mean"] == 1.5
+    assert (got["utilization"]["estimate"], got["utilization"]["low"]) == (0.95, 0.9163)
+    assert got["capacity_rps"]["low"] == got["capacity_rps"]["high"] == 105.0
+    assert summarise([trial(None), trial()])["utilization"] is None

@@ -1,0 +1,125 @@
+"""The figure definitions (measure.figures) on hand-built inputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from measure import figures
+
+
+def waves(slots: int, period_s: float, count: int, spread_s: float = 0.05) -> list[float]:
+    """`count` waves: `slots` calls that started together finishing within `spread_s`."""
+    return [k * period_s + spread_s * j / slots for k in range(count) for j in range(slots)]
+
+
+@pytest.mark.parametrize("offset", [0.0, 0.7, 1.9])
+def test_steady_rate_of_waves_is_slots_over_period(offset: float) -> None:
+    times = [t + offset for t in waves(64, 3.0, 20)]
+    assert figures.steady_rate(times) == pytest.approx(64 / 3.0, rel=0.02)
+
+
+def test_steady_rate_ignores_ramp_and_tail() -> None:
+    ramp = [i * 1.0 for i in range(10)]  # 1/s
+    plateau = [10 + i * 0.05 for i in range(400)]  # 20/s
+    tail = [30 + i * 2.0 for i in range(10)]  # 0.5/s
+    assert figures.steady_rate(ramp + plateau + tail) == pytest.approx(20.0, rel=0.01)
+
+
+def test_steady_rate_is_the_slope_between_the_20th_and_80th_percentile_completion() -> None:
+    # 11 completions: ranks 2..8 are the band, at 1 s steps from t = 2: exactly 1/s whatever the ends
+    times = [0.0, 0.1, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 50.0, 90.0]
+    assert figures.steady_rate(times) == pytest.approx(1.0)
+    assert figures.steady_rate(times[:9]) == 0.0  # fewer than 10 points
+    assert figures.steady_rate([5.0] * 12) == 0.0  # no time passed on the plateau
+
+
+def test_percentile_interpolates_linearly_between_closest_ranks() -> None:
+    # rank (n - 1) * q: 1.5 -> 2.5, 2.85 -> 3.85, 2.97 -> 3.97 (PostgreSQL percentile_cont)
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert [figures.percentile(values, q) for q in figures.QUANTILES] == [
+        pytest.approx(2.5), pytest.approx(3.85), pytest.approx(3.97)]
+    assert figures.percentile([7.0], 0.99) == 7.0
+    assert figures.percentile([], 0.5) is None
+
+
+def test_settled_and_lost_count_the_terminal_statuses_only() -> None:
+    statuses = {"completed": 6, "rejected": 1, "dead_lettered": 1, "checking": 1, "generating": 1}
+    assert figures.settled(statuses) == 8
+    assert figures.lost(10, statuses) == 2  # the two still in flight count as lost
+    assert figures.lost(8, {}) == 8
+
+
+def test_span_and_throughput() -> None:
+    assert figures.span_s(100.0, 120.0) == 20.0
+    assert figures.throughput_rps(50, 20.0) == 2.5
+    assert figures.span_s(None, 120.0) is None
+    assert figures.throughput_rps(50, None) == 0.0
+    assert figures.throughput_rps(50, 0.0) == 0.0
+
+
+def test_duplicate_calls_are_calls_beyond_the_first_per_pair() -> None:
+    assert figures.duplicate_calls([1, 3, 2, 1]) == 3
+    assert figures.duplicate_calls([]) == 0
+
+
+def test_skew_of_even_hot_and_empty_partitions() -> None:
+    assert figures.skew([5, 5, 5, 5]) == (1.0, 0.0)
+    max_over_mean, cv = figures.skew([20, 0, 0, 0])  # mean 5, population variance 75
+    assert (max_over_mean, cv) == (4.0, pytest.approx(math.sqrt(75) / 5))
+    assert figures.skew([0, 0]) == (None, None)
+    assert figures.skew([]) == (None, None)
+
+
+def test_capacity_is_the_limit_over_the_bottleneck_stages_mean_call() -> None:
+    assert figures.capacity(16, {"check": 0.025, "generate": 0.16}) == ("generate", pytest.approx(100.0))
+    assert figures.capacity(64, {"check": 0.5}) == ("check", 128.0)
+    assert figures.capacity(16, {}) is None
+    assert figures.capacity(16, {"generate": 0.0}) is None
+
+
+def test_consumer_lag_counts_from_the_low_watermark_when_nothing_was_committed() -> None:
+    assert figures.consumer_lag(low=10, high=50, committed=45) == 5
+    assert figures.consumer_lag(low=10, high=50, committed=-1001) == 40  # OFFSET_INVALID
+
+
+def test_lag_trend_is_the_least_squares_slope() -> None:
+    assert figures.lag_trend([(0.0, 10), (1.0, 12), (2.0, 14), (3.0, 16)]) == pytest.approx(2.0)
+    # lag 0, 4, 0, 4: slope of (0,0) (1,4) (2,0) (3,4) = sum((t - 1.5)(y - 2)) / sum((t - 1.5)^2) = 4 / 5
+    assert figures.lag_trend([(0.0, 0), (1.0, 4), (2.0, 0), (3.0, 4)]) == pytest.approx(0.8)
+    assert figures.lag_trend([(5.0, 3)]) == 0.0
+    assert figures.lag_trend([]) == 0.0
+
+
+def test_utilization() -> None:
+    assert figures.utilization(90.0, 100.0) == 0.9
+    assert figures.utilization(90.0, None) is None
+
+
+def test_run_figures_assembles_every_figure() -> None:
+    got = figures.run_figures(
+        produced=15, status={"completed": 12, "rejected": 1, "checking": 1}, span=2.0,
+        steady_throughput_rps=10.0, service_s={"generate": 0.2, "check": 0.02}, ai_limit=4,
+        duplicate_ai_calls=1, skew_max_over_mean=1.25, skew_cv=0.2,
+        latency_s={0.5: 0.5, 0.95: 0.95, 0.99: None})
+    assert got == {
+        "produced": 15, "completed": 12, "status": {"completed": 12, "rejected": 1, "checking": 1},
+        "lost": 2,  # 15 produced, 13 settled
+        "span_s": 2.0, "throughput_rps": 6.0,  # 12 / 2 s
+        "steady_throughput_rps": 10.0,
+        "service_s": {"check": 0.02, "generate": 0.2}, "ai_limit": 4,
+        "bottleneck_stage": "generate", "capacity_rps": 20.0,  # 4 / 0.2 s
+        "utilization": 0.5,  # 10 / 20
+        "duplicate_ai_calls": 1, "skew_max_over_mean": 1.25, "skew_cv": 0.2,
+        "p50_ms": 500.0, "p95_ms": 950.0, "p99_ms": None,
+    }
+
+
+def test_run_figures_without_successful_calls_has_no_capacity() -> None:
+    got = figures.run_figures(produced=3, status={}, span=None, steady_throughput_rps=0.0, service_s={},
+                              ai_limit=4, duplicate_ai_calls=0, skew_max_over_mean=None, skew_cv=None,
+                              latency_s={})
+    assert (got["lost"], got["throughput_rps"]) == (3, 0.0)
+    assert (got["capacity_rps"], got["utilization"]) == (None, None)
+    assert got["p99_ms"] is None and got["bottleneck_stage"] is None
