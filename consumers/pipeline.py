@@ -23,8 +23,7 @@ from consumers.pipeline_config import Endpoints, PipelineConfig
 from consumers.provisioning import provision
 from consumers.source import SourceReport, send_in_process
 from consumers.storage import Storage
-
-TERMINAL = ("completed", "rejected", "dead_lettered")
+from measure.figures import TERMINAL
 
 
 @dataclass

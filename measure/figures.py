@@ -14,7 +14,8 @@ turns them into figures, so a figure cannot mean two things.
   completion count against time over the completions between the 20th and 80th percentile
   (final-stage results, `stage_results.completed_at`); no ramp-up, no tail.
 - service_s: per AI stage, the mean seconds of its successful calls ('ok' attempts, started ->
-  ended): what one call occupies of the endpoint's concurrency.
+  ended): what one call occupies of a consumer's slot, which includes writing the attempt row
+  ahead of the request (consumers/ai_client.py), a few ms against the call.
 - capacity_rps: the endpoints' concurrency limit / service_s of the bottleneck stage (the one
   with the longest mean call, which has the lowest capacity under one limit per endpoint).
 - utilization: steady_throughput_rps / capacity_rps.

@@ -100,12 +100,15 @@ def test_tuning_measures_trials_promotes_a_good_candidate_and_rejects_a_poor_one
     # candidate gets a target and tolerance the loaded test machine meets; the poor one is held
     # to the defaults, and to the good one measured here.
     before = active_version(stack)
-    good = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", target_utilization=0.3, tolerance=0.9))
+    # Three trials: the 95% t-interval of two (df = 1, t = 12.7) is too wide to clear any target
+    # on a machine whose load moves the throughput from one trial to the next.
+    good = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", trials=3, target_utilization=0.05,
+                                                             tolerance=0.9))
     assert good.state == "success", good.output[-6000:]
     _, version, name, passed, reasons, figures = decision_of(stack, good)
     assert (name, passed) == ("flow", True), reasons
-    assert len(figures["trials"]) == 2 and figures["summary"]["trials"] == 2
-    assert [t["run_id"].rsplit("-", 1)[-1] for t in figures["trials"]] == ["t1", "t2"]
+    assert len(figures["trials"]) == 3 and figures["summary"]["trials"] == 3
+    assert [t["run_id"].rsplit("-", 1)[-1] for t in figures["trials"]] == ["t1", "t2", "t3"]
     for trial in figures["trials"]:
         assert trial["produced"] == trial["completed"] == 160
         assert trial["utilization"] == pytest.approx(trial["steady_throughput_rps"] / trial["capacity_rps"],
@@ -141,7 +144,7 @@ def test_re_measuring_the_active_version_compares_with_its_history_and_raises_an
     decision_id, candidate, _, passed, reasons, figures = decision_of(stack, run)
     assert (candidate, passed) == (version, False)
     regression = checks(reasons)["regression"]
-    assert regression["measured"] is not None and regression["interval"]["n"] == [2, 2], regression
+    assert regression["measured"] is not None and regression["interval"]["n"] == [2, 3], regression
     assert figures["reference"]["version"] == version
     alarms = query(stack.database_url, "SELECT version, failed FROM regression_alarms WHERE decision_id = %s",
                    decision_id)
