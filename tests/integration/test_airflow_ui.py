@@ -193,6 +193,8 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
 
         # Roll back from the gate page to another version, then back with "the previous one".
         other = another_version(stack)
+        page.reload()  # the form lists the versions registered when the page was rendered
+        gate = page.frame_locator("iframe").first
         for target, reason in ((other, "ui test: away"), (0, "ui test: back")):
             with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith(
                     f"/api/v2/dags/{ROLLBACK_DAG_ID}/dagRuns")) as posted:
