@@ -39,6 +39,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from bench import figures
 from bench.report import per_second
+from consumers.capacity import group_lag
 from consumers.events import STAGES, Topics
 
 RECOVERY_SHARE = 0.9
@@ -123,11 +124,6 @@ def unexpected_dead_letters(rows: Mapping[str, int], topic: Mapping[str, int],
     return total
 
 
-def uncommitted(low: int, high: int, committed: int) -> int:
-    """Records of one partition past its committed offset (negative: nothing committed)."""
-    return high - (committed if committed >= 0 else low)
-
-
 def verdict(figures: Mapping[str, Any], allowed_service_duplicates: int) -> list[str]:
     """Why a phase failed (empty: it passed): lost requests, duplicate results, AI calls the
     service served twice beyond what the fault allows, dead letters for a reason the phase did
@@ -180,13 +176,7 @@ def group_uncommitted(bootstrap: str, group: str, topic: str) -> int:
     """Records of `topic` past `group`'s committed offsets (from the brokers, not the database)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
-        total = 0
-        for tp in committed:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
-            total += uncommitted(low, high, tp.offset)
-        return total
+        return group_lag(consumer, topic)
     finally:
         consumer.close()
 
@@ -268,7 +258,7 @@ def collect(database_url: str, bootstrap: str, phase: PhaseRun, service_stats: M
         "duplicate_ai_calls": shared["duplicate_ai_calls"],
         "service": service,
         "service_duplicates": sum(s["duplicate_served"] for s in service.values()),
-        "uncommitted": {stage: group_uncommitted(bootstrap, f"{topics.prefix}.{stage}",
+        "uncommitted": {stage: group_uncommitted(bootstrap, topics.group_of(stage),
                                                  topics.source_of(stage)) for stage in STAGES},
         "pre_fault_rps": round(pre, 2),
         "fault_rps": (round(rate_between(times, phase.fault_start, phase.fault_end), 2)

@@ -100,7 +100,7 @@ class SupervisedFleets:
             with psycopg2.connect(self.env["DATABASE_URL"]) as conn, conn.cursor() as cur:
                 cur.execute("SELECT member, event, partitions, extract(epoch FROM at) FROM rebalance_events "
                             "WHERE run_id = %s AND group_id = %s AND at >= to_timestamp(%s) ORDER BY id",
-                            (self.run_id, f"{self.run_id}.{stage}", since))
+                            (self.run_id, events.Topics(self.run_id).group_of(stage), since))
                 rows = cur.fetchall()
         except psycopg2.Error as exc:
             return f"unknown ({exc.__class__.__name__})"

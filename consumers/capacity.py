@@ -97,6 +97,16 @@ def search(measure: Callable[[float], Step], start: float,
     return held, steps
 
 
+def group_lag(consumer: Consumer, topic: str) -> int:
+    """Records of `topic` past the committed offsets of `consumer`'s group, read from the brokers."""
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    total = 0
+    for tp in consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
+        total += figures.consumer_lag(low, high, tp.offset)
+    return total
+
+
 class LagSampler:
     """Samples the pipeline's consumer lag (every stage's group) in a thread while it is open."""
 
@@ -109,14 +119,8 @@ class LagSampler:
         self._thread = threading.Thread(target=self._run, name="lag-sampler", daemon=True)
 
     def lag(self) -> int:
-        total = 0
-        for stage, consumer in self.consumers.items():
-            topic = self.topics.source_of(stage)
-            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-            for tp in consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10):
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
-                total += figures.consumer_lag(low, high, tp.offset)
-        return total
+        return sum(group_lag(consumer, self.topics.source_of(stage))
+                   for stage, consumer in self.consumers.items())
 
     def _run(self) -> None:
         while not self._stop.is_set():

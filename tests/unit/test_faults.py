@@ -14,7 +14,6 @@ from bench.fault_figures import (
     reason_code,
     reasons_by_code,
     recovery_s,
-    uncommitted,
     unexpected_dead_letters,
     verdict,
 )
@@ -89,9 +88,6 @@ def test_unexpected_dead_letters_take_the_larger_of_table_and_topic() -> None:
     assert unexpected_dead_letters({"ai_unavailable": 7}, {}, {"ai_unavailable": None}) == 0
 
 
-def test_uncommitted_counts_from_the_low_watermark_when_nothing_was_committed() -> None:
-    assert uncommitted(0, 10, 7) == 3
-    assert uncommitted(2, 10, -1001) == 8
 
 
 def test_verdict_lists_every_breach() -> None:
