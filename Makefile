@@ -6,6 +6,7 @@
 SHELL := /bin/bash
 PY := .venv/bin/python
 BROKERS ?= 1
+SECURITY ?= plaintext
 MVN := mvn -q -B -s infra/maven-settings.xml
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
@@ -42,8 +43,9 @@ browser:
 	@test -x /usr/bin/chromium || \
 	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
+# SECURITY=sasl_ssl: Kafka over SASL_SSL with SCRAM users and ACLs (see infra/kafka_cluster.py).
 up: deps
-	$(PY) -m infra.stack up --brokers $(BROKERS)
+	SECURITY=$(SECURITY) $(PY) -m infra.stack up --brokers $(BROKERS)
 
 down:
 	@test -x $(PY) && $(PY) -m infra.stack down || true
@@ -89,9 +91,11 @@ lint: venv
 test-unit: venv
 	.venv/bin/pytest tests/unit -q
 
-# The whole suite against a three-broker test stack (ports +10000), stopped afterwards
-# whatever the outcome.
+# The whole suite against a three-broker test stack (ports +10000) and a secured three-broker
+# stack beside it (SASL_SSL, ports +30000; the secured tests read .local/secure/stack.env),
+# both stopped afterwards whatever the outcome.
 test: deps
-	@STACK=test $(PY) -m infra.stack up --brokers 3; rc=$$?; \
+	@STACK=test SECURITY=plaintext $(PY) -m infra.stack up --brokers 3 && \
+	  STACK=secure SECURITY=sasl_ssl $(PY) -m infra.stack up --brokers 3; rc=$$?; \
 	if [ $$rc -eq 0 ]; then $(TEST_ENV) && .venv/bin/ruff check . && .venv/bin/pytest -q -rs; rc=$$?; fi; \
-	STACK=test $(PY) -m infra.stack down; exit $$rc
+	STACK=secure $(PY) -m infra.stack down; STACK=test $(PY) -m infra.stack down; exit $$rc

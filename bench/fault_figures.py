@@ -41,6 +41,7 @@ from bench import figures
 from bench.report import per_second
 from consumers.capacity import group_lag
 from consumers.events import STAGES, Topics
+from consumers.kafka_connection import KafkaConnection
 
 RECOVERY_SHARE = 0.9
 FINAL_KINDS = ("result", "rejected", "failed")  # notifications that end a request for the user
@@ -147,10 +148,9 @@ def verdict(figures: Mapping[str, Any], allowed_service_duplicates: int) -> list
 Record = tuple[bytes | None, dict[str, bytes]]
 
 
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Record]:
+def read_topic(kafka: KafkaConnection, topic: str, timeout_s: float = 30.0) -> list[Record]:
     """Every record of a topic as (value, headers), read up to the high watermarks."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "faults-reader",
-                         "enable.auto.commit": False})
+    consumer = Consumer(kafka.client(**{"group.id": "faults-reader", "enable.auto.commit": False}))
     try:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
         ends = {}
@@ -172,26 +172,26 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Reco
         consumer.close()
 
 
-def group_uncommitted(bootstrap: str, group: str, topic: str) -> int:
+def group_uncommitted(kafka: KafkaConnection, group: str, topic: str) -> int:
     """Records of `topic` past `group`'s committed offsets (from the brokers, not the database)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    consumer = Consumer(kafka.client(**{"group.id": group, "enable.auto.commit": False}))
     try:
         return group_lag(consumer, topic)
     finally:
         consumer.close()
 
 
-def notifications(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+def notifications(kafka: KafkaConnection, topic: str) -> list[dict[str, Any]]:
     """The notify topic's messages, decoded."""
-    return [json.loads(value) for value, _ in read_topic(bootstrap, topic) if value]
+    return [json.loads(value) for value, _ in read_topic(kafka, topic) if value]
 
 
-def dead_letter_topic(bootstrap: str, topic: str) -> tuple[Counter[str], set[tuple[str, int, int]]]:
+def dead_letter_topic(kafka: KafkaConnection, topic: str) -> tuple[Counter[str], set[tuple[str, int, int]]]:
     """Dead letters on the topic per reason header, and the (topic, partition, offset) each
     names as its source."""
     reasons: Counter[str] = Counter()
     sources = set()
-    for _, headers in read_topic(bootstrap, topic):
+    for _, headers in read_topic(kafka, topic):
         reasons[headers.get("reason", b"?").decode(errors="replace")] += 1
         if "source_topic" in headers:
             sources.add((headers["source_topic"].decode(), int(headers["source_partition"]),
@@ -221,11 +221,11 @@ class PhaseRun:
     allowed_dead_letters: Mapping[str, int | None]
 
 
-def collect(database_url: str, bootstrap: str, phase: PhaseRun, service_stats: Mapping[str, Any],
+def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_stats: Mapping[str, Any],
             baseline_s: float, window_s: float) -> dict[str, Any]:
     """Every figure of one phase (see the module docstring and bench/figures.py)."""
     topics = Topics(phase.run_id)
-    shared = figures.scenario_figures(database_url, bootstrap, phase.run_id, topics, phase.produced,
+    shared = figures.scenario_figures(database_url, kafka, phase.run_id, topics, phase.produced,
                                       phase.ai_limit)
     times = shared["completion_times"]
     pre, recovery = recovery_s(times, phase.fault_start, phase.fault_end, phase.load_ended,
@@ -234,12 +234,12 @@ def collect(database_url: str, bootstrap: str, phase: PhaseRun, service_stats: M
                                   "WHERE run_id = %s GROUP BY 1", (phase.run_id,)))
     table_sources = set(_rows(database_url, "SELECT source_topic, kafka_partition, kafka_offset "
                               "FROM dead_letters WHERE run_id = %s", (phase.run_id,)))
-    topic_reasons, topic_sources = dead_letter_topic(bootstrap, topics.dead_letter)
+    topic_reasons, topic_sources = dead_letter_topic(kafka, topics.dead_letter)
     injected_lost = [r for r in map(tuple, phase.injected) if r not in table_sources | topic_sources]
     recorded_twice = {row[0] for row in _rows(
         database_url, "SELECT DISTINCT d.request_id FROM dead_letters d JOIN stage_results s "
         "USING (request_id, stage) WHERE d.run_id = %s", (phase.run_id,))}
-    told_twice, resent = notification_outcomes(notifications(bootstrap, topics.notify))
+    told_twice, resent = notification_outcomes(notifications(kafka, topics.notify))
     unrecorded = _rows(database_url, "SELECT count(*) FROM requests WHERE run_id = %s "
                        "AND received_at IS NULL", (phase.run_id,))[0][0]
     service = {name: {k: service_stats[name][k] for k in SERVICE_COUNTERS}
@@ -258,7 +258,7 @@ def collect(database_url: str, bootstrap: str, phase: PhaseRun, service_stats: M
         "duplicate_ai_calls": shared["duplicate_ai_calls"],
         "service": service,
         "service_duplicates": sum(s["duplicate_served"] for s in service.values()),
-        "uncommitted": {stage: group_uncommitted(bootstrap, topics.group_of(stage),
+        "uncommitted": {stage: group_uncommitted(kafka, topics.group_of(stage),
                                                  topics.source_of(stage)) for stage in STAGES},
         "pre_fault_rps": round(pre, 2),
         "fault_rps": (round(rate_between(times, phase.fault_start, phase.fault_end), 2)

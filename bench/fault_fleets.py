@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import psycopg2
 
 from consumers import events
+from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline_config import PipelineConfig
 from infra import supervisor
 from infra.fleet_program import fleet_program
@@ -45,19 +46,21 @@ def remove_leftovers(client: supervisor.Client) -> list[str]:
 
 @dataclass
 class SupervisedFleets:
-    """One supervisord program per stage of a run."""
+    """One supervisord program per stage of a run, each running as its stage's principal."""
 
     client: supervisor.Client
     run_id: str
     config: PipelineConfig
-    env: dict[str, str]  # KAFKA_BOOTSTRAP_SERVERS, DATABASE_URL, AI_CHECK_URL, AI_GENERATE_URL
+    kafka: KafkaAccess
+    env: dict[str, str]  # DATABASE_URL, AI_CHECK_URL, AI_GENERATE_URL
 
     def program(self, stage: str) -> str:
         return supervisor.program_name(self.run_id, stage)  # run ids start with "faults-"
 
     def start(self) -> None:
         for stage in events.STAGES:
-            self.client.add(fleet_program(self.program(stage), self.run_id, stage, self.config, self.env,
+            env = {**self.kafka.of(stage).environment(), **self.env}
+            self.client.add(fleet_program(self.program(stage), self.run_id, stage, self.config, env,
                                           startsecs=3))
 
     def pid(self, stage: str) -> int:

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import requests
-from confluent_kafka.admin import AdminClient
 
 from bench.fault_fleets import SupervisedFleets
 from consumers import events
+from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline_config import PipelineConfig
 from consumers.producer import KeyedProducer
 from infra import kafka_cluster, postgres_server
@@ -56,7 +56,7 @@ class Target:
     """What a fault acts on: the stack, the phase's run, its fleets and the AI service."""
 
     layout: Layout
-    bootstrap: str
+    kafka: KafkaConnection  # the admin's: no role may write every input topic, as the oversize fault does
     ai_url: str
     run_id: str
     config: PipelineConfig
@@ -76,9 +76,9 @@ class Target:
             time.sleep(min(1.0, left))
 
 
-def partition_leaders(bootstrap: str, topics: list[str]) -> dict[tuple[str, int], int]:
+def partition_leaders(kafka: KafkaConnection, topics: list[str]) -> dict[tuple[str, int], int]:
     """The leader broker of every partition of `topics`."""
-    meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    meta = kafka.admin().list_topics(timeout=10)
     return {(topic, pid): partition.leader for topic in topics
             for pid, partition in meta.topics[topic].partitions.items()}
 
@@ -91,7 +91,7 @@ def busiest_leader(leaders: Mapping[Any, int]) -> tuple[int, int]:
 
 
 def _busiest_broker(t: Target) -> tuple[int, int, int]:
-    node, led = busiest_leader(partition_leaders(t.bootstrap, t.topics.all()))
+    node, led = busiest_leader(partition_leaders(t.kafka, t.topics.all()))
     return node, led, load_state(t.layout)["kafka"][str(node)]
 
 
@@ -216,7 +216,7 @@ def oversize_records(run_id: str, topics: events.Topics) -> list[tuple[str, byte
 
 def send_oversize(t: Target) -> Window:
     """One record over the producer's size limit (under the broker's) on each input topic."""
-    producer = KeyedProducer(t.bootstrap, profile=t.config.profile, **{
+    producer = KeyedProducer(t.kafka, profile=t.config.profile, **{
         "message.max.bytes": OVERSIZE_PRODUCER_MAX_BYTES, "compression.type": "none"})
     start = time.time()
     sent = []

@@ -60,16 +60,16 @@ from bench.fault_injection import FAULTS, Fault, Target, Window, configure_ai
 from bench.figures import partition_counts
 from bench.report import run_dir
 from consumers import events, presets
-from consumers.pipeline import Pipeline, new_run_id, provision_pipeline
+from consumers.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.pipeline import Pipeline, new_run_id, provision_pipeline, remove_pipeline
 from consumers.pipeline_config import PipelineConfig
-from consumers.provisioning import delete
 from consumers.storage import Storage
 from infra import kafka_cluster, supervisor
 from infra.layout import Layout, current
 from infra.stack import load_state
 
 console = Console()
-FLEET_ENV = ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "AI_CHECK_URL", "AI_GENERATE_URL")
+FLEET_ENV = ("DATABASE_URL", "AI_CHECK_URL", "AI_GENERATE_URL")  # beside each fleet's Kafka connection
 SOURCE_EXIT_S = 60.0  # a source still running this long after its last scheduled send is stopped
 
 
@@ -118,29 +118,30 @@ def heal_ai(ai_url: str, s: Settings) -> None:
                           "generate": {**healthy, "latency_s": s.params.generate_latency_s}})
 
 
-def start_source(env: dict[str, str], run_id: str, rate: float, duration_s: float,
+def start_source(kafka: KafkaConnection, run_id: str, rate: float, duration_s: float,
                  log: Path) -> subprocess.Popen[str]:
-    """The load: consumers.source in a process of its own, at a steady rate, UUID keys."""
+    """The load: consumers.source in a process of its own, at a steady rate, UUID keys, running
+    as `kafka`'s principal (given in its environment, never on its command line)."""
     cmd = [sys.executable, "-m", "consumers.source", "--prefix", run_id, "--run-id", run_id,
            "--rate", str(rate), "--duration", str(duration_s), "--keys", "uuid", "--profile",
-           "durability", "--bootstrap-servers", env["KAFKA_BOOTSTRAP_SERVERS"], "--json", "--quiet"]
+           "durability", "--json", "--quiet"]
     with open(log, "a") as err:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=kafka.child_environment())
 
 
 class Phase:
     """One fault on a fresh run: set up, load, inject, drain, measure, tear down."""
 
-    def __init__(self, fault: Fault, s: Settings, env: dict[str, str], layout: Layout,
+    def __init__(self, fault: Fault, s: Settings, kafka: KafkaAccess, env: dict[str, str], layout: Layout,
                  client: supervisor.Client, run_id: str, out: Path,
                  say: Callable[[str, float | None], None]) -> None:
-        self.fault, self.s, self.env, self.layout, self.out = fault, s, env, layout, out
+        self.fault, self.s, self.kafka, self.env, self.layout, self.out = fault, s, kafka, env, layout, out
         self.run_id = run_id
         self.config = s.config()
         self.topics = events.Topics(run_id)
-        self.fleets = SupervisedFleets(client, run_id, self.config, {k: env[k] for k in FLEET_ENV})
-        self.pipeline = Pipeline(run_id, self.topics, self.config, env["KAFKA_BOOTSTRAP_SERVERS"],
-                                 env["DATABASE_URL"])
+        self.fleets = SupervisedFleets(client, run_id, self.config, kafka, {k: env[k] for k in FLEET_ENV})
+        self.pipeline = Pipeline(run_id, self.topics, self.config, kafka, env["DATABASE_URL"])
         self._say = say
         self.load_started = 0.0
 
@@ -182,7 +183,7 @@ class Phase:
         kafka_cluster.wait_registered(self.layout, {int(n): p for n, p in state["kafka"].items()},
                                       state["brokers"])
         self.say("provisioning topics")
-        provision_pipeline(self.config, self.topics, self.env["KAFKA_BOOTSTRAP_SERVERS"])
+        provision_pipeline(self.config, self.topics, self.kafka)
         storage = Storage(self.env["DATABASE_URL"], pool_size=1)
         try:
             storage.start_run(self.run_id, f"faults:{self.fault.name}", asdict(self.config))
@@ -197,7 +198,7 @@ class Phase:
     def load(self) -> subprocess.Popen[str]:
         """Start the steady load and let it run up to the fault."""
         duration = self.s.pre_s + self.fault.planned_s + self.s.post_s
-        source = start_source(self.env, self.run_id, self.s.load_rps, duration,
+        source = start_source(self.kafka.of("source"), self.run_id, self.s.load_rps, duration,
                               self.out / f"source-{self.fault.name}.log")
         self.load_started = time.time()
         while (left := self.load_started + self.s.pre_s - time.time()) > 0:
@@ -207,7 +208,7 @@ class Phase:
 
     def inject(self) -> Window:
         """The fault, in force for as long as it lasts (the load goes on in its own process)."""
-        target = Target(self.layout, self.env["KAFKA_BOOTSTRAP_SERVERS"], self.env["AI_SERVICE_URL"],
+        target = Target(self.layout, self.kafka.default, self.env["AI_SERVICE_URL"],
                         self.run_id, self.config, self.fleets, self.s.load_rps, self.say)
         return self.fault.inject(target)
 
@@ -232,7 +233,7 @@ class Phase:
         if "source_error" in result:
             console.print(f"[yellow]{self.fault.name}: load source: {result['source_error']}")
         injected_on_style = 1 if self.fault.name == "oversize" else 0
-        style = partition_counts(self.env["KAFKA_BOOTSTRAP_SERVERS"], self.topics.style)
+        style = partition_counts(self.kafka.default, self.topics.style)
         result["produced"] = sum(style) - injected_on_style
         return result
 
@@ -256,14 +257,13 @@ class Phase:
         phase = PhaseRun(self.run_id, produced, self.load_started, load_ended, fault_start, fault_end,
                          self.s.concurrency, [tuple(r) for r in injected], self.fault.allowed_dead_letters)
         stats = requests.get(f"{self.env['AI_SERVICE_URL']}/v1/stats", timeout=10).json()
-        return collect(self.env["DATABASE_URL"], self.env["KAFKA_BOOTSTRAP_SERVERS"], phase, stats,
+        return collect(self.env["DATABASE_URL"], self.kafka.default, phase, stats,
                        self.s.baseline_s, self.s.window_s)
 
     def teardown(self) -> None:
-        """Fleets stopped (again, harmlessly) and the topics deleted; the rows stay."""
+        """Fleets stopped (again, harmlessly), the topics and their grants deleted; the rows stay."""
         self.say("tearing down")
-        bootstrap = self.env["KAFKA_BOOTSTRAP_SERVERS"]
-        for step in (self.fleets.stop, lambda: delete(bootstrap, self.topics.all())):
+        for step in (self.fleets.stop, lambda: remove_pipeline(self.topics, self.kafka)):
             try:
                 step()
             except Exception as exc:  # noqa: BLE001 - reported; the next phase starts clean anyway
@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown faults {unknown}; choose from {list(by_name)}")
     env = {k: os.environ[k] for k in (*FLEET_ENV, "AI_SERVICE_URL") if k in os.environ}
-    if len(env) < len(FLEET_ENV) + 1 or int(os.environ.get("KAFKA_BROKERS", "1")) < 3:
+    kafka = KafkaAccess.from_environment()
+    if kafka is None or len(env) < len(FLEET_ENV) + 1 or int(os.environ.get("KAFKA_BROKERS", "1")) < 3:
         raise SystemExit("needs a three-broker stack's addresses: `make faults` starts one "
                          "(STACK=faults python -m infra.stack up --brokers 3; source its stack.env)")
     layout, s = current(), Settings()
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                     progress.update(task, description=text,
                                     completed=min(elapsed, total) if elapsed is not None else 0)
 
-                phases.append(Phase(fault, s, env, layout, client, f"{run_id}-{name}", out, say).run())
+                phases.append(Phase(fault, s, kafka, env, layout, client, f"{run_id}-{name}", out, say).run())
                 progress.update(task, completed=total,
                                 description=f"{name}: {'pass' if not phases[-1]['failures'] else 'FAIL'}")
                 progress.advance(overall)

@@ -27,13 +27,14 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.events import Topics
+from consumers.kafka_connection import KafkaConnection
 from consumers.run_figures import rows, standard_figures
 from measure import figures
 
 
-def partition_counts(bootstrap: str, topic: str) -> list[int]:
+def partition_counts(kafka: KafkaConnection, topic: str) -> list[int]:
     """Records per partition of a topic, from its low and high watermarks."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "figures"})
+    consumer = Consumer(kafka.client(**{"group.id": "figures"}))
     try:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
         counts = []
@@ -61,20 +62,20 @@ def busiest_partitions(calls: list[tuple[str, int, float]]) -> dict[str, dict[st
     return {stage: {**b, "ai_s": round(b["ai_s"], 3)} for stage, b in busiest.items()}
 
 
-def refetch_amplification(database_url: str, bootstrap: str, run_id: str, topics: Topics) -> float | None:
+def refetch_amplification(database_url: str, kafka: KafkaConnection, run_id: str,
+                          topics: Topics) -> float | None:
     """Fetched bytes (last statistics of each member) / bytes of the AI topics' records."""
     stats = rows(database_url, "SELECT DISTINCT ON (member) stats FROM client_stats WHERE run_id = %s "
                  "AND member NOT LIKE 'intake%%' ORDER BY member, at DESC", (run_id,))
     fetched = sum(r[0]["rxbytes"] for r in stats)
-    unique = sum(topic_bytes(bootstrap, t) for t in (topics.style, topics.generate))
+    unique = sum(topic_bytes(kafka, t) for t in (topics.style, topics.generate))
     return round(fetched / unique, 4) if unique and fetched else None
 
 
-def topic_bytes(bootstrap: str, topic: str) -> int:
+def topic_bytes(kafka: KafkaConnection, topic: str) -> int:
     """Key + value bytes of every record of a topic (read once, from the beginning)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "figures-bytes",
-                         "enable.auto.commit": False})
-    counts = partition_counts(bootstrap, topic)
+    consumer = Consumer(kafka.client(**{"group.id": "figures-bytes", "enable.auto.commit": False}))
+    counts = partition_counts(kafka, topic)
     consumer.assign([TopicPartition(topic, p, 0) for p in range(len(counts))])
     total, seen, want = 0, 0, sum(counts)
     try:
@@ -91,10 +92,10 @@ def topic_bytes(bootstrap: str, topic: str) -> int:
     return total
 
 
-def scenario_figures(database_url: str, bootstrap: str, run_id: str, topics: Topics, produced: int,
+def scenario_figures(database_url: str, kafka: KafkaConnection, run_id: str, topics: Topics, produced: int,
                      ai_limit: int) -> dict[str, Any]:
     """Every figure of one scenario run: the standard ones and the benchmark's own."""
-    per_partition = partition_counts(bootstrap, topics.style)
+    per_partition = partition_counts(kafka, topics.style)
     standard, extras = standard_figures(database_url, run_id, produced, ai_limit, per_partition)
     first, last = extras["first_produced_s"], extras["last_terminal_s"]
     rebalances = rows(database_url, "SELECT count(*) FROM rebalance_events WHERE run_id = %s AND "
@@ -111,6 +112,6 @@ def scenario_figures(database_url: str, bootstrap: str, run_id: str, topics: Top
                                   "p99_ms": _ms(figures.percentile(s, 0.99))}
                           for stage, s in sorted(extras["per_stage"].items())},
         "busiest_partition": busiest_partitions(extras["calls"]),
-        "refetch_amplification": refetch_amplification(database_url, bootstrap, run_id, topics),
+        "refetch_amplification": refetch_amplification(database_url, kafka, run_id, topics),
         "completion_times": extras["completion_times"],
     }

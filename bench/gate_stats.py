@@ -36,9 +36,9 @@ from rich.table import Table
 
 from bench.report import run_dir
 from consumers import presets
-from consumers.pipeline import new_run_id, running_pipeline
+from consumers.kafka_connection import KafkaAccess
+from consumers.pipeline import new_run_id, remove_pipeline, running_pipeline
 from consumers.pipeline_config import Endpoints
-from consumers.provisioning import delete
 from consumers.run_figures import burst_figures
 from measure.confidence import mean_bounds
 from pipeline_ops.gate import Thresholds, evaluate
@@ -89,9 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    env = {k: os.environ[k] for k in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "AI_SERVICE_URL")
-           if k in os.environ}
-    if len(env) < 3:
+    env = {k: os.environ[k] for k in ("DATABASE_URL", "AI_SERVICE_URL") if k in os.environ}
+    kafka = KafkaAccess.from_environment()
+    if kafka is None or len(env) < 2:
         raise SystemExit("the stack's addresses are not set: run `make up` and source .local/stack.env")
     params = presets.PresetParams(partitions=args.partitions, concurrency=args.concurrency,
                                   time_scale=args.scale, burst=args.burst, flow_members=args.flow_members,
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     configure_ai(base, params, 1.0)
     endpoints = Endpoints(f"{base}/v1/check", f"{base}/v1/generate")
-    with running_pipeline(config, env["KAFKA_BOOTSTRAP_SERVERS"], env["DATABASE_URL"], endpoints,
+    with running_pipeline(config, kafka, env["DATABASE_URL"], endpoints,
                           run_id=run_id, scenario="gate-stats", fleet_processes=True) as pipeline:
         def trials(label: str) -> list[dict[str, Any]]:
             return [burst_figures(pipeline, f"{run_id}-{label}-t{n}", args.burst, args.concurrency,
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           f"({time.monotonic() - started:.0f}s)")
             if kind == "identical" and decision.passed:  # the registry's reference: last passed
                 reference = candidate
-    delete(env["KAFKA_BOOTSTRAP_SERVERS"], pipeline.topics.all())
+    remove_pipeline(pipeline.topics, kafka)
     utilization = [u for d in decisions for u in d["candidate_utilization"] if d["kind"] == "identical"]
     summary = {"run_id": run_id, "args": vars(args), "thresholds": Thresholds().__dict__,
                "ai_capacity_rps_nominal": params.ai_capacity_rps,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer
 
 from consumers import profiles
+from consumers.kafka_connection import KafkaConnection
 from consumers.producer import KeyedProducer
 from consumers.provisioning import delete, provision
 from infra import kafka_tools
@@ -28,9 +29,9 @@ class ProduceFigure:
     mb_per_s: float
 
 
-def _topic(bootstrap: str, partitions: int, rf: int) -> str:
+def _topic(kafka: KafkaConnection, partitions: int, rf: int) -> str:
     name = f"bench-produce-{uuid.uuid4().hex[:8]}"
-    provision(bootstrap, [name], partitions, "throughput", rf)
+    provision(kafka, [name], partitions, "throughput", rf)
     return name
 
 
@@ -41,8 +42,9 @@ def client_settings(profile: str) -> dict[str, object]:
                                      "enable.idempotence") if k in settings}
 
 
-def project_producer(bootstrap: str, topic: str, records: int, size: int, profile: str) -> ProduceFigure:
-    producer = KeyedProducer(bootstrap, profile=profile, key_strategy="none")
+def project_producer(kafka: KafkaConnection, topic: str, records: int, size: int,
+                     profile: str) -> ProduceFigure:
+    producer = KeyedProducer(kafka, profile=profile, key_strategy="none")
     producer.send(topic, value=b"warm-up").result(30)  # connection and producer id, not timed
     # The same payload ProducerPerformance sends: random upper-case letters.
     value = bytes(random.choice(string.ascii_uppercase.encode()) for _ in range(size))
@@ -55,12 +57,14 @@ def project_producer(bootstrap: str, topic: str, records: int, size: int, profil
     return ProduceFigure(records / elapsed, records * size / elapsed / 1e6)
 
 
-def producer_perftest(bootstrap: str, topic: str, records: int, size: int, profile: str) -> ProduceFigure:
+def producer_perftest(kafka: KafkaConnection, topic: str, records: int, size: int,
+                      profile: str) -> ProduceFigure:
+    """Kafka's ProducerPerformance, given the bootstrap list alone: it runs on the open dev stack."""
     props = [f"{k}={str(v).lower() if isinstance(v, bool) else v}"
              for k, v in client_settings(profile).items()]
     result = kafka_tools.run("producer-perf", "--topic", topic, "--num-records", str(records),
                              "--record-size", str(size), "--throughput", "-1",
-                             "--producer-props", f"bootstrap.servers={bootstrap}", *props, capture=True)
+                             "--producer-props", f"bootstrap.servers={kafka.bootstrap}", *props, capture=True)
     match = PERF_LINE.findall(result.stdout)
     if result.returncode != 0 or not match:
         raise RuntimeError(f"ProducerPerformance failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
@@ -68,10 +72,10 @@ def producer_perftest(bootstrap: str, topic: str, records: int, size: int, profi
     return ProduceFigure(float(rps), float(mbps))
 
 
-def consume_per_partition(bootstrap: str, topic: str, records: int) -> float:
+def consume_per_partition(kafka: KafkaConnection, topic: str, records: int) -> float:
     """Records/s one consumer reads from a single partition, end to end through the client."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(kafka.client(**{"group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                                        "auto.offset.reset": "earliest", "enable.auto.commit": False}))
     consumer.subscribe([topic])
     seen, started = -1, None  # the warm-up record
     deadline = time.monotonic() + 120
@@ -86,23 +90,23 @@ def consume_per_partition(bootstrap: str, topic: str, records: int) -> float:
     return seen / (time.perf_counter() - started) if started else 0.0
 
 
-def compare(bootstrap: str, records: int, size: int, partitions: tuple[int, ...], rf: int,
+def compare(kafka: KafkaConnection, records: int, size: int, partitions: tuple[int, ...], rf: int,
             profile: str = "throughput") -> dict[str, object]:
     """Both producers on fresh topics of each partition count, alternating to share drift."""
     rows, topics = [], []
     for count in partitions:
-        topics += [_topic(bootstrap, count, rf), _topic(bootstrap, count, rf)]
-        project = project_producer(bootstrap, topics[-2], records, size, profile)
-        perftest = producer_perftest(bootstrap, topics[-1], records, size, profile)
+        topics += [_topic(kafka, count, rf), _topic(kafka, count, rf)]
+        project = project_producer(kafka, topics[-2], records, size, profile)
+        perftest = producer_perftest(kafka, topics[-1], records, size, profile)
         rows.append({"partitions": count, "project_records_per_s": round(project.records_per_s),
                      "perftest_records_per_s": round(perftest.records_per_s),
                      "project_mb_per_s": round(project.mb_per_s, 2),
                      "perftest_mb_per_s": round(perftest.mb_per_s, 2),
                      "ratio": round(project.records_per_s / perftest.records_per_s, 3)})
-    single = _topic(bootstrap, 1, rf)
-    one = project_producer(bootstrap, single, records, size, profile)
-    consume_rps = consume_per_partition(bootstrap, single, records)
-    delete(bootstrap, [*topics, single])
+    single = _topic(kafka, 1, rf)
+    one = project_producer(kafka, single, records, size, profile)
+    consume_rps = consume_per_partition(kafka, single, records)
+    delete(kafka, [*topics, single])
     best = rows[-1]
     return {"record_size": size, "records": records, "profile": profile,
             "settings": client_settings(profile), "by_partitions": rows,

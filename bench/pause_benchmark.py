@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from consumers import profiles
 from consumers.fetch_buffer import FetchBuffer
+from consumers.kafka_connection import KafkaConnection
 from consumers.producer import KeyedProducer
 from consumers.provisioning import delete, provision
 
@@ -65,10 +66,10 @@ class _Stats:
         return PauseFigures(records, self.rxbytes, self.rxmsgs, sum(self.positions.values()))
 
 
-def fill_topic(bootstrap: str, records_per_partition: int, size: int) -> str:
+def fill_topic(kafka: KafkaConnection, records_per_partition: int, size: int) -> str:
     topic = f"bench-pause-{uuid.uuid4().hex[:8]}"
-    provision(bootstrap, [topic], PARTITIONS, "throughput", 1)
-    producer = KeyedProducer(bootstrap, profile="throughput", key_strategy="none")
+    provision(kafka, [topic], PARTITIONS, "throughput", 1)
+    producer = KeyedProducer(kafka, profile="throughput", key_strategy="none")
     value = b"x" * size
     for partition in range(PARTITIONS):
         for _ in range(records_per_partition):
@@ -77,18 +78,18 @@ def fill_topic(bootstrap: str, records_per_partition: int, size: int) -> str:
     return topic
 
 
-def _consumer(bootstrap: str, topic: str, stats: _Stats) -> Consumer:
+def _consumer(kafka: KafkaConnection, topic: str, stats: _Stats) -> Consumer:
     """Both strategies use the flow consumer's client settings (small prefetch)."""
-    config = profiles.consumer_config("durability", bootstrap, f"pause-{uuid.uuid4().hex[:6]}",
+    config = profiles.consumer_config("durability", kafka, f"pause-{uuid.uuid4().hex[:6]}",
                                       mode="flow")
     consumer = Consumer({**config, "statistics.interval.ms": 200, "stats_cb": stats})
     consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
     return consumer
 
 
-def naive(bootstrap: str, topic: str, seconds: float, seed: int = 1) -> PauseFigures:
+def naive(kafka: KafkaConnection, topic: str, seconds: float, seed: int = 1) -> PauseFigures:
     stats, rng = _Stats(), random.Random(seed)
-    consumer = _consumer(bootstrap, topic, stats)
+    consumer = _consumer(kafka, topic, stats)
     parts = [TopicPartition(topic, p) for p in range(PARTITIONS)]
     records = 0
     deadline = time.monotonic() + seconds
@@ -103,9 +104,10 @@ def naive(bootstrap: str, topic: str, seconds: float, seed: int = 1) -> PauseFig
     return stats.figures(records)
 
 
-def flow(bootstrap: str, topic: str, seconds: float, seed: int = 1, buffer: int = 2000) -> PauseFigures:
+def flow(kafka: KafkaConnection, topic: str, seconds: float, seed: int = 1,
+         buffer: int = 2000) -> PauseFigures:
     stats, rng = _Stats(), random.Random(seed)
-    consumer = _consumer(bootstrap, topic, stats)
+    consumer = _consumer(kafka, topic, stats)
     fetched = FetchBuffer(consumer, high=buffer)
     records = 0
     deadline = time.monotonic() + seconds
@@ -117,12 +119,12 @@ def flow(bootstrap: str, topic: str, seconds: float, seed: int = 1, buffer: int 
     return stats.figures(records)
 
 
-def run(bootstrap: str, seconds: float = 10.0, records_per_partition: int = 50_000,
+def run(kafka: KafkaConnection, seconds: float = 10.0, records_per_partition: int = 50_000,
         size: int = 100) -> dict[str, float]:
     """Both strategies on one pre-filled topic, one after the other."""
-    topic = fill_topic(bootstrap, records_per_partition, size)
-    n, f = naive(bootstrap, topic, seconds), flow(bootstrap, topic, seconds)
-    delete(bootstrap, [topic])
+    topic = fill_topic(kafka, records_per_partition, size)
+    n, f = naive(kafka, topic, seconds), flow(kafka, topic, seconds)
+    delete(kafka, [topic])
     return {"seconds": seconds, "record_size": size, "naive_records": n.records,
             "flow_records": f.records, "naive_fetched_bytes": n.fetched_bytes,
             "flow_fetched_bytes": f.fetched_bytes,

@@ -26,9 +26,9 @@ from rich.console import Console
 
 from bench import figures, kafka_throughput, pause_benchmark, report
 from consumers import presets
-from consumers.pipeline import new_run_id, running_pipeline
+from consumers.kafka_connection import KafkaAccess
+from consumers.pipeline import new_run_id, remove_pipeline, running_pipeline
 from consumers.pipeline_config import Endpoints
-from consumers.provisioning import delete
 
 console = Console()
 STATS_INTERVAL_MS = 2000
@@ -44,7 +44,7 @@ def configure_ai(base_url: str, p: presets.PresetParams) -> None:
     requests.post(f"{base_url}/v1/stats/reset", timeout=10).raise_for_status()
 
 
-def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[str, str],
+def run_scenario(name: str, p: presets.PresetParams, bench_id: str, kafka: KafkaAccess, env: dict[str, str],
                  keep_topics: bool = False) -> dict[str, Any]:
     config = replace(presets.build(name, p), stats_interval_ms=STATS_INTERVAL_MS)
     base = env["AI_SERVICE_URL"]
@@ -53,7 +53,7 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[st
     # Worst case: every request on one partition, processed one at a time.
     timeout_s = 60 + 1.5 * p.burst * (p.generate_latency_s + p.check_latency_s) * p.time_scale
     console.rule(f"[bold]{name}")
-    with running_pipeline(config, env["KAFKA_BOOTSTRAP_SERVERS"], env["DATABASE_URL"], endpoints,
+    with running_pipeline(config, kafka, env["DATABASE_URL"], endpoints,
                           run_id=f"{bench_id}-{name}", scenario=name, fleet_processes=True) as pipeline:
         started = time.time()
         sent = pipeline.send(p.burst, progress=True)
@@ -61,12 +61,12 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, env: dict[st
         # One more statistics emission from every member: its last snapshot is written at close.
         time.sleep(1.5 * STATS_INTERVAL_MS / 1000)
     console.print(f"{name}: {counts} in {time.time() - started:.1f}s")
-    result = figures.scenario_figures(env["DATABASE_URL"], env["KAFKA_BOOTSTRAP_SERVERS"], pipeline.run_id,
-                                      pipeline.topics, len(sent.request_ids), p.concurrency)
+    result = figures.scenario_figures(env["DATABASE_URL"], kafka.default, pipeline.run_id, pipeline.topics,
+                                      len(sent.request_ids), p.concurrency)
     result["ai_service"] = {k: v for k, v in requests.get(f"{base}/v1/stats", timeout=10).json().items()
                             if k in ("check", "generate")}
     if not keep_topics:  # the rows stay in PostgreSQL; the next scenario gets an unburdened broker
-        delete(env["KAFKA_BOOTSTRAP_SERVERS"], pipeline.topics.all())
+        remove_pipeline(pipeline.topics, kafka)
     result["load_started"] = started
     return result
 
@@ -116,23 +116,22 @@ def main(argv: list[str] | None = None) -> Path:
         args.partitions, args.concurrency, args.flow_members = 8, 8, 2
         args.burst, args.perf_records, args.pause_seconds = 80, 50_000, 2.0
         args.scale = min(args.scale, 0.05)
-    env = {k: os.environ[k] for k in ("KAFKA_BOOTSTRAP_SERVERS", "DATABASE_URL", "AI_SERVICE_URL")
-           if k in os.environ}
-    if len(env) < 3:
+    env = {k: os.environ[k] for k in ("DATABASE_URL", "AI_SERVICE_URL") if k in os.environ}
+    kafka = KafkaAccess.from_environment()
+    if kafka is None or len(env) < 2:
         raise SystemExit("the stack's addresses are not set: run `make up` and source .local/stack.env")
     brokers = int(os.environ.get("KAFKA_BROKERS", "1"))
     params = presets.PresetParams(partitions=args.partitions, concurrency=args.concurrency,
                                    time_scale=args.scale, burst=args.burst or 20 * args.concurrency,
                                    flow_members=args.flow_members, replication_factor=min(3, brokers))
     bench_id = new_run_id("bench")
-    results = {name: run_scenario(name, params, bench_id, env, args.keep_topics)
+    results = {name: run_scenario(name, params, bench_id, kafka, env, args.keep_topics)
                for name in args.scenarios.split(",")}
-    bootstrap = env["KAFKA_BOOTSTRAP_SERVERS"]
     console.rule("[bold]Kafka-level throughput")
-    producer = kafka_throughput.compare(bootstrap, args.perf_records, 512, (1, params.partitions),
+    producer = kafka_throughput.compare(kafka.default, args.perf_records, 512, (1, params.partitions),
                                         params.replication_factor)
     console.rule("[bold]pause benchmark")
-    pause = pause_benchmark.run(bootstrap, seconds=args.pause_seconds,
+    pause = pause_benchmark.run(kafka.default, seconds=args.pause_seconds,
                                 records_per_partition=5_000 if args.smoke else 50_000)
     summary = {
         "run_id": bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,

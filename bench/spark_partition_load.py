@@ -22,7 +22,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from consumers import datagen
+from consumers import datagen, kafka_connection
+from consumers.kafka_connection import KafkaConnection
 from consumers.provisioning import delete
 from spark import partition_load
 from spark.session import build
@@ -30,25 +31,26 @@ from spark.session import build
 REPO = Path(__file__).resolve().parent.parent
 
 
-def bench_size(spark: Any, bootstrap: str, size: int, args: argparse.Namespace, stamp: str) -> dict[str, Any]:
+def bench_size(spark: Any, kafka: KafkaConnection, size: int, args: argparse.Namespace,
+               stamp: str) -> dict[str, Any]:
     """Generate one topic, time the bare scan and the job, check the job's counts."""
     topic = f"bench-spark-load-{size}-{stamp.lower()}"
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
-    counts = datagen.generate(bootstrap, topic, size, skew=args.skew, keys=args.keys,
+    counts = datagen.generate(kafka, topic, size, skew=args.skew, keys=args.keys,
                               record_size=args.record_size, partitions=args.partitions,
                               replication=args.replication)
     generate_s = time.perf_counter() - started
     read = {"min_partitions": args.min_partitions}
 
     started = time.perf_counter()
-    scanned = partition_load.read_records(spark, bootstrap, [topic], **read).count()
+    scanned = partition_load.read_records(spark, kafka, [topic], **read).count()
     scan_s = time.perf_counter() - started
 
     job_times = []
     for _ in range(args.repeat):
         started = time.perf_counter()
-        result = partition_load.analyse(partition_load.read_records(spark, bootstrap, [topic], **read),
+        result = partition_load.analyse(partition_load.read_records(spark, kafka, [topic], **read),
                                         {topic: args.partitions}, hot_threshold=args.hot_threshold,
                                         bucket_seconds=args.bucket_seconds)
         job_times.append(time.perf_counter() - started)
@@ -56,7 +58,7 @@ def bench_size(spark: Any, bootstrap: str, size: int, args: argparse.Namespace, 
     if got != counts or scanned != size:
         raise SystemExit(f"{topic}: job counted {sum(got.values())} / scan {scanned}, generated {size}")
     if not args.keep_topics:
-        delete(bootstrap, [topic])
+        delete(kafka, [topic])
     (skew,) = result.skew
     return {"records": size, "topic": topic, "partitions": args.partitions, "record_size": args.record_size,
             "load_average_before": load_before, "generate_s": round(generate_s, 2),
@@ -79,7 +81,7 @@ def table(rows: list[dict[str, Any]]) -> Table:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    kafka_connection.add_argument(parser)
     parser.add_argument("--sizes", default="1000000,10000000", help="comma-separated record counts")
     parser.add_argument("--partitions", type=int, default=64)
     parser.add_argument("--replication", type=int, default=1)
@@ -94,8 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results-dir", type=Path, default=REPO / "results")
     parser.add_argument("--keep-topics", action="store_true", help="do not delete the generated topics")
     args = parser.parse_args(argv)
-    if not args.bootstrap_servers:
-        parser.error("no Kafka: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
+    kafka = kafka_connection.from_args(args, parser).default
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     console = Console()
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     session_s = time.perf_counter() - session_started
     rows = []
     for size in (int(s) for s in args.sizes.split(",")):
-        rows.append(bench_size(spark, args.bootstrap_servers, size, args, stamp))
+        rows.append(bench_size(spark, kafka, size, args, stamp))
         console.print(table(rows))
     out_dir = args.results_dir / f"spark-bench-{stamp}"
     out_dir.mkdir(parents=True, exist_ok=True)

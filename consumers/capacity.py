@@ -24,6 +24,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.events import STAGES, Topics
+from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import Pipeline
 from consumers.run_figures import standard_figures
 from measure import figures
@@ -110,10 +111,11 @@ def group_lag(consumer: Consumer, topic: str) -> int:
 class LagSampler:
     """Samples the pipeline's consumer lag (every stage's group) in a thread while it is open."""
 
-    def __init__(self, bootstrap: str, topics: Topics, every_s: float = 0.5) -> None:
+    def __init__(self, kafka: KafkaConnection, topics: Topics, every_s: float = 0.5) -> None:
         self.topics, self.every_s = topics, every_s
-        self.consumers = {stage: Consumer({"bootstrap.servers": bootstrap, "enable.auto.commit": False,
-                                           "group.id": topics.group_of(stage)}) for stage in STAGES}
+        self.consumers = {stage: Consumer(kafka.client(**{"enable.auto.commit": False,
+                                                          "group.id": topics.group_of(stage)}))
+                          for stage in STAGES}
         self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lag-sampler", daemon=True)
@@ -144,7 +146,7 @@ def run_step(pipeline: Pipeline, run_id: str, rate: float, objective: Objective,
     """One steady-rate step through the deployment (see the module docstring)."""
     run = replace(pipeline, run_id=run_id)
     count = max(1, round(rate * objective.step_s))
-    with LagSampler(pipeline.bootstrap, pipeline.topics) as sampler:
+    with LagSampler(pipeline.kafka.default, pipeline.topics) as sampler:
         started = time.time()
         run.send(count, rate=rate)
     run.wait_terminal(count, timeout_s)

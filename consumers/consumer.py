@@ -37,6 +37,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from consumers import dead_letter, events, failures, metrics, profiles
 from consumers.ai_client import AIUnavailable
 from consumers.fetch_buffer import FetchBuffer
+from consumers.kafka_connection import KafkaConnection
 from consumers.offsets import OffsetTracker
 from consumers.stages import RecordState, StageContext, handle
 from consumers.storage import Origin
@@ -62,7 +63,7 @@ class MemberSettings:
     stage: str
     mode: str
     group_id: str
-    bootstrap: str
+    kafka: KafkaConnection
     profile: str = "durability"
     time_scale: float = 1.0
     group_protocol: str = "classic"
@@ -80,7 +81,7 @@ class MemberSettings:
         return min(TRANSIENT_BACKOFF_MAX_S, self.kafka_config()["max.poll.interval.ms"] / 1000 / 5)
 
     def kafka_config(self) -> dict[str, Any]:
-        config = profiles.consumer_config(self.profile, self.bootstrap, self.group_id, mode=self.mode,
+        config = profiles.consumer_config(self.profile, self.kafka, self.group_id, mode=self.mode,
                                           time_scale=self.time_scale,
                                           group_protocol=self.group_protocol,
                                           **dict(self.consumer_overrides))

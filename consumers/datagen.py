@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -37,7 +37,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from consumers import profiles
+from consumers import kafka_connection, profiles
+from consumers.kafka_connection import KafkaConnection
 
 BULK_CONFIG: dict[str, Any] = {
     "acks": 1,
@@ -120,7 +121,7 @@ class Keys:
         return [self.cycle[(start + i) % size] for i in range(n)]
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int | None, replication: int,
+def ensure_topic(kafka: KafkaConnection, topic: str, partitions: int | None, replication: int,
                  timeout_s: float = 60) -> int:
     """The topic's partition count, creating the topic when it does not exist yet.
 
@@ -128,7 +129,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int | None, replication
     to a partition the client does not know yet wait in a side queue, and the brokers are
     still busy creating the logs.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = kafka.admin()
     existing = admin.list_topics(topic=topic, timeout=30).topics.get(topic)
     if existing is not None and existing.error is None:
         if partitions is not None and partitions != len(existing.partitions):
@@ -147,14 +148,14 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int | None, replication
     raise TimeoutError(f"{topic}: partitions without a leader after {timeout_s}s")
 
 
-def generate(bootstrap: str, topic: str, records: int, *, skew: str = "uniform", keys: str = "uuid",
+def generate(kafka: KafkaConnection, topic: str, records: int, *, skew: str = "uniform", keys: str = "uuid",
              record_size: int = 100, partitions: int | None = None, replication: int = 1,
              progress: bool = True, **overrides: Any) -> dict[int, int]:
     """Produce `records` records and return the records acknowledged per partition.
 
     Raises RuntimeError when any record was not acknowledged (the counts would be wrong).
     """
-    count = ensure_topic(bootstrap, topic, partitions, replication)
+    count = ensure_topic(kafka, topic, partitions, replication)
     planned = apportion(records, skew_weights(skew, count))
     failed = [0] * count
     errors: list[str] = []
@@ -166,7 +167,7 @@ def generate(bootstrap: str, topic: str, records: int, *, skew: str = "uniform",
                 errors.append(str(err))
 
     producer = Producer(profiles.producer_config(
-        "availability", bootstrap, **{**BULK_CONFIG, "on_delivery": on_error, **overrides}))
+        "availability", kafka, **{**BULK_CONFIG, "on_delivery": on_error, **overrides}))
     values = itertools.cycle([os.urandom(record_size) for _ in range(VALUE_POOL)])
     key_maker = Keys(keys)
     with _progress(progress) as bar:
@@ -209,8 +210,7 @@ def _progress(enabled: bool) -> Progress:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
-                        help="default $KAFKA_BOOTSTRAP_SERVERS")
+    kafka_connection.add_argument(parser)
     parser.add_argument("--topic", required=True)
     parser.add_argument("--records", type=int, required=True)
     parser.add_argument("--partitions", type=int,
@@ -222,11 +222,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record-size", type=int, default=100, help="value bytes per record")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    if not args.bootstrap_servers:
-        parser.error("no Kafka: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
-    ensure_topic(args.bootstrap_servers, args.topic, args.partitions, args.replication)
+    kafka = kafka_connection.from_args(args, parser).default
+    ensure_topic(kafka, args.topic, args.partitions, args.replication)
     started = time.perf_counter()
-    counts = generate(args.bootstrap_servers, args.topic, args.records, skew=args.skew, keys=args.keys,
+    counts = generate(kafka, args.topic, args.records, skew=args.skew, keys=args.keys,
                       record_size=args.record_size, partitions=args.partitions,
                       replication=args.replication, progress=not args.quiet)
     elapsed = time.perf_counter() - started

@@ -84,6 +84,12 @@ class Topics:
         """The topic a stage consumes."""
         return {"intake": self.intake, "check": self.style, "generate": self.generate}[stage]
 
+    def outputs_of(self, stage: str) -> list[str]:
+        """The topics a stage writes: its downstream events and the dead-letter topic."""
+        downstream = {"intake": [self.notify], "check": [self.generate, self.notify],
+                      "generate": [self.notify]}[stage]
+        return [*downstream, self.dead_letter]
+
     def group_of(self, stage: str) -> str:
         """The consumer group of a stage's fleet."""
         return f"{self.prefix}.{stage}"

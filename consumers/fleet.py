@@ -22,9 +22,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from consumers import events, metrics, profiles
+from consumers import events, kafka_connection, metrics, profiles
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
 from consumers.consumer import Member, MemberSettings
+from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline_config import Endpoints, PipelineConfig
 from consumers.producer import KeyedProducer
 from consumers.stages import StageContext
@@ -69,7 +70,7 @@ class Fleet:
         concurrency = per_member * s.members
         # Transactions take about a millisecond: 16 connections serve 64 workers without a queue.
         self.storage = Storage(s.database_url, pool_size=min(16, concurrency + 2))
-        self.producer = KeyedProducer(s.member.bootstrap, profile=s.member.profile,
+        self.producer = KeyedProducer(s.member.kafka, profile=s.member.profile,
                                       key_strategy=s.key_strategy)
         self.ctx = StageContext(
             stage=s.member.stage, topics=events.Topics(s.prefix), storage=self.storage,
@@ -151,12 +152,12 @@ class Fleet:
 
 
 def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events.Topics,
-                 bootstrap: str, database_url: str, endpoints: Endpoints) -> FleetSettings:
-    """The fleet of one stage of a pipeline configuration."""
+                 kafka: KafkaAccess, database_url: str, endpoints: Endpoints) -> FleetSettings:
+    """The fleet of one stage of a pipeline configuration, running as the stage's principal."""
     stage_cfg = config.stage(stage)
     member = MemberSettings(
         run_id=run_id, stage=stage, mode=stage_cfg.mode, group_id=topics.group_of(stage),
-        bootstrap=bootstrap, profile=config.profile, time_scale=config.time_scale,
+        kafka=kafka.of(stage), profile=config.profile, time_scale=config.time_scale,
         group_protocol=config.group_protocol, batch_size=stage_cfg.batch_size,
         window=stage_cfg.window, buffer=4 * stage_cfg.window,
         revoke_deadline_s=config.shutdown_deadline_s, stats_interval_ms=config.stats_interval_ms)
@@ -204,7 +205,7 @@ def parser() -> argparse.ArgumentParser:
                    help="shrinks max.poll.interval.ms and the session timeout with the AI latency")
     p.add_argument("--keys", help="downstream event keys: uuid | none | field:<name>")
     p.add_argument("--stats-interval-ms", type=int)
-    p.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    kafka_connection.add_argument(p)
     p.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     p.add_argument("--check-url", default=os.environ.get("AI_CHECK_URL"))
     p.add_argument("--generate-url", default=os.environ.get("AI_GENERATE_URL"))
@@ -216,16 +217,18 @@ def parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    args = parser().parse_args()
-    if not args.bootstrap_servers or not args.database_url:
-        parser().error("set --bootstrap-servers and --database-url (or source .local/stack.env)")
+    p = parser()
+    args = p.parse_args()
+    kafka = kafka_connection.from_args(args, p)
+    if not args.database_url:
+        p.error("set --database-url or DATABASE_URL (or source .local/stack.env)")
     token = os.environ.get(args.ai_token_env) if args.ai_token_env else None
     endpoints = Endpoints(args.check_url or "", args.generate_url or "",
                           f"Bearer {token}" if token else None)
     config = config_from_args(args)
     metrics.serve(args.metrics_port)
     fleet = Fleet(settings_for(config, args.stage, args.run_id, events.Topics(args.prefix or args.run_id),
-                               args.bootstrap_servers, args.database_url, endpoints))
+                               kafka, args.database_url, endpoints))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -16,11 +16,12 @@ from dataclasses import asdict, dataclass, field
 import psycopg2
 from rich.progress import Progress
 
-from consumers import events
+from consumers import acls, events
 from consumers.fleet import Fleet, settings_for
 from consumers.fleet_process import FleetProcess
+from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline_config import Endpoints, PipelineConfig
-from consumers.provisioning import provision
+from consumers.provisioning import delete, provision
 from consumers.source import SourceReport, send_in_process
 from consumers.storage import Storage
 from measure.figures import TERMINAL
@@ -33,13 +34,13 @@ class Pipeline:
     run_id: str
     topics: events.Topics
     config: PipelineConfig
-    bootstrap: str
+    kafka: KafkaAccess
     database_url: str
     fleets: dict[str, Fleet | FleetProcess] = field(default_factory=dict)
 
     def send(self, count: int, rate: float | None = None, reject_share: float = 0.0,
              key_strategy: str | None = None, progress: bool = False) -> SourceReport:
-        return send_in_process(self.bootstrap, self.config.producer_profile or self.config.profile,
+        return send_in_process(self.kafka.of("source"), self.config.producer_profile or self.config.profile,
                                key_strategy or self.config.key_strategy, self.topics, self.run_id,
                                count, rate=rate, reject_share=reject_share, progress=progress)
 
@@ -74,13 +75,23 @@ def new_run_id(prefix: str = "run") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def provision_pipeline(config: PipelineConfig, topics: events.Topics, bootstrap: str) -> None:
-    """Create the run's topics: stage inputs get the configured partitions."""
-    provision(bootstrap, topics.all(), config.partitions, config.profile, config.replication_factor)
+def provision_pipeline(config: PipelineConfig, topics: events.Topics, kafka: KafkaAccess) -> None:
+    """Create the run's topics (stage inputs get the configured partitions) and, on a secured
+    cluster, let each role's principal use its own topics and group."""
+    admin = kafka.default.admin()
+    provision(admin, topics.all(), config.partitions, config.profile, config.replication_factor)
+    acls.grant(admin, topics, kafka)
+
+
+def remove_pipeline(topics: events.Topics, kafka: KafkaAccess) -> list[str]:
+    """Delete a finished run's topics and the grants on them; return the topics deleted."""
+    admin = kafka.default.admin()
+    acls.revoke(admin, topics, kafka)
+    return delete(admin, topics.all())
 
 
 @contextmanager
-def running_pipeline(config: PipelineConfig, bootstrap: str, database_url: str, endpoints: Endpoints,
+def running_pipeline(config: PipelineConfig, kafka: KafkaAccess, database_url: str, endpoints: Endpoints,
                      run_id: str | None = None, stages: tuple[str, ...] = events.STAGES,
                      scenario: str = "", fleet_processes: bool = False) -> Iterator[Pipeline]:
     """Provision fresh topics, start the stage fleets, yield, and stop the fleets gracefully.
@@ -90,16 +101,16 @@ def running_pipeline(config: PipelineConfig, bootstrap: str, database_url: str, 
     """
     run_id = run_id or new_run_id()
     topics = events.Topics(run_id)
-    provision_pipeline(config, topics, bootstrap)
+    provision_pipeline(config, topics, kafka)
     storage = Storage(database_url, pool_size=1)
     try:
         storage.start_run(run_id, scenario, asdict(config))
     finally:
         storage.close()
-    pipeline = Pipeline(run_id, topics, config, bootstrap, database_url)
+    pipeline = Pipeline(run_id, topics, config, kafka, database_url)
     with ExitStack() as stack:
         for stage in stages:
-            settings = settings_for(config, stage, run_id, topics, bootstrap, database_url, endpoints)
+            settings = settings_for(config, stage, run_id, topics, kafka, database_url, endpoints)
             fleet = FleetProcess(settings) if fleet_processes else Fleet(settings)
             # A classic group settles one join round at a time: allow more for large fleets.
             stack.enter_context(fleet.running(wait_assigned_s=60.0 + 2.0 * settings.members))

@@ -18,6 +18,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from consumers import profiles
+from consumers.kafka_connection import KafkaConnection
 
 
 class DeliveryError(RuntimeError):
@@ -73,10 +74,10 @@ class KeyedProducer:
     A background thread serves delivery callbacks so senders never have to poll.
     """
 
-    def __init__(self, bootstrap: str, profile: str = "durability", key_strategy: str = "uuid",
+    def __init__(self, kafka: KafkaConnection, profile: str = "durability", key_strategy: str = "uuid",
                  partitioner: str = "murmur2_random", **overrides: Any) -> None:
         self.key_strategy = check_key_strategy(key_strategy)
-        self._producer = Producer(profiles.producer_config(profile, bootstrap,
+        self._producer = Producer(profiles.producer_config(profile, kafka,
                                                            partitioner=partitioner, **overrides))
         self._closing = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="producer-poll", daemon=True)

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumers.kafka_connection import KafkaConnection
+
 CONSUMER_MODES = ("baseline", "bounded", "flow")
 GROUP_PROTOCOLS = ("classic", "consumer")
 
@@ -106,14 +108,13 @@ def scaled(ms: int, time_scale: float, floor_ms: int) -> int:
     return max(floor_ms, round(ms * time_scale))
 
 
-def producer_config(profile: str, bootstrap: str, *, partitioner: str = "murmur2_random",
+def producer_config(profile: str, kafka: KafkaConnection, *, partitioner: str = "murmur2_random",
                     **overrides: Any) -> dict[str, Any]:
     """librdkafka producer settings for a profile; `murmur2_random` places keys as Java does."""
-    return {"bootstrap.servers": bootstrap, "partitioner": partitioner,
-            **get(profile).producer, **overrides}
+    return kafka.client(partitioner=partitioner, **{**get(profile).producer, **overrides})
 
 
-def consumer_config(profile: str, bootstrap: str, group_id: str, *, mode: str,
+def consumer_config(profile: str, kafka: KafkaConnection, group_id: str, *, mode: str,
                     time_scale: float = 1.0, group_protocol: str = "classic",
                     **overrides: Any) -> dict[str, Any]:
     """librdkafka consumer settings for a profile and consumer mode.
@@ -126,14 +127,13 @@ def consumer_config(profile: str, bootstrap: str, group_id: str, *, mode: str,
         raise ValueError(f"unknown consumer mode {mode!r}; choose one of {', '.join(CONSUMER_MODES)}")
     if group_protocol not in GROUP_PROTOCOLS:
         raise ValueError(f"unknown group protocol {group_protocol!r}; choose one of {GROUP_PROTOCOLS}")
-    config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
+    config: dict[str, Any] = kafka.client(**{
         "group.id": group_id,
         "group.protocol": group_protocol,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         "max.poll.interval.ms": scaled(MAX_POLL_INTERVAL_MS, time_scale, 1000),
-    }
+    })
     if group_protocol == "classic":
         config["session.timeout.ms"] = scaled(SESSION_TIMEOUT_MS, time_scale, 1000)
         config["heartbeat.interval.ms"] = scaled(HEARTBEAT_INTERVAL_MS, time_scale, 100)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from dataclasses import dataclass, field
 
 from confluent_kafka.admin import (
@@ -29,7 +28,8 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from consumers import events, profiles
+from consumers import acls, events, kafka_connection, profiles
+from consumers.kafka_connection import KafkaConnection
 from spark.partition_sizing import SizingInput, size
 
 log = logging.getLogger(__name__)
@@ -50,15 +50,20 @@ class TopicReport:
     warnings: list[str] = field(default_factory=list)
 
 
-def provision(cluster: str | AdminClient, topics: list[str], partitions: int, profile: str = "durability",
-              replication_factor: int | None = None, timeout_s: float = 30.0) -> list[TopicReport]:
+def _admin(cluster: KafkaConnection | AdminClient) -> AdminClient:
+    return cluster.admin() if isinstance(cluster, KafkaConnection) else cluster
+
+
+def provision(cluster: KafkaConnection | AdminClient, topics: list[str], partitions: int,
+              profile: str = "durability", replication_factor: int | None = None,
+              timeout_s: float = 30.0) -> list[TopicReport]:
     """Create or grow `topics` to `partitions` with the profile's topic settings.
 
-    `cluster` is a bootstrap list or an AdminClient (Airflow passes the one its Kafka hook built).
+    `cluster` is a connection or an AdminClient (Airflow passes the one its Kafka hook built).
     """
     settings = profiles.get(profile).topic
     rf = settings.replication_factor if replication_factor is None else replication_factor
-    admin = AdminClient({"bootstrap.servers": cluster}) if isinstance(cluster, str) else cluster
+    admin = _admin(cluster)
     brokers = len(admin.list_topics(timeout=timeout_s).brokers)
     _check_request(partitions, rf, settings.min_insync_replicas, brokers)
     min_isr = min(settings.min_insync_replicas, rf)
@@ -77,13 +82,13 @@ def provision(cluster: str | AdminClient, topics: list[str], partitions: int, pr
     return reports
 
 
-def delete(cluster: str | AdminClient, topics: list[str], timeout_s: float = 60.0) -> list[str]:
+def delete(cluster: KafkaConnection | AdminClient, topics: list[str], timeout_s: float = 60.0) -> list[str]:
     """Delete the topics of a finished run (those that exist); return the ones deleted.
 
     A broker carrying the partitions of every past run gets slower for the current one, so
     benchmarks remove what they created once their figures are computed.
     """
-    admin = AdminClient({"bootstrap.servers": cluster}) if isinstance(cluster, str) else cluster
+    admin = _admin(cluster)
     existing = admin.list_topics(timeout=timeout_s).topics
     doomed = [t for t in topics if t in existing]
     if doomed:
@@ -135,7 +140,7 @@ def main() -> None:
     p.add_argument("--target-rps", type=float)
     p.add_argument("--produce-rps-per-partition", type=float)
     p.add_argument("--consume-rps-per-partition", type=float)
-    p.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    kafka_connection.add_argument(p)
     args = p.parse_args()
     partitions = args.partitions
     if partitions is None:
@@ -146,8 +151,11 @@ def main() -> None:
         partitions = sizing["partitions"]
         print("\n".join(sizing["reasoning"]))
     try:
-        reports = provision(args.bootstrap_servers, events.Topics(args.prefix).all(), partitions,
-                            args.profile, args.replication_factor)
+        access = kafka_connection.from_args(args, p)
+        topics = events.Topics(args.prefix)
+        admin = access.default.admin()
+        reports = provision(admin, topics.all(), partitions, args.profile, args.replication_factor)
+        acls.grant(admin, topics, access)
     except ProvisioningError as exc:
         raise SystemExit(f"error: {exc}") from None
     for r in reports:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
@@ -23,7 +22,8 @@ from dataclasses import asdict, dataclass
 from rich.console import Console
 from rich.progress import Progress
 
-from consumers import events
+from consumers import events, kafka_connection
+from consumers.kafka_connection import KafkaConnection
 from consumers.producer import KeyedProducer
 
 
@@ -92,10 +92,10 @@ def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, c
                         time.monotonic() - started)
 
 
-def _send_with_own_producer(bootstrap: str, profile: str, key_strategy: str, topics: events.Topics,
+def _send_with_own_producer(kafka: KafkaConnection, profile: str, key_strategy: str, topics: events.Topics,
                             run_id: str, count: int, rate: float | None, reject_share: float,
                             progress: bool) -> SourceReport:
-    producer = KeyedProducer(bootstrap, profile=profile, key_strategy=key_strategy)
+    producer = KeyedProducer(kafka, profile=profile, key_strategy=key_strategy)
     try:
         producer.prepare([topics.intake, topics.style])
         return send_requests(producer, topics, run_id, count, rate=rate, reject_share=reject_share,
@@ -104,8 +104,8 @@ def _send_with_own_producer(bootstrap: str, profile: str, key_strategy: str, top
         producer.close()
 
 
-def send_in_process(bootstrap: str, profile: str, key_strategy: str, topics: events.Topics, run_id: str,
-                    count: int, rate: float | None = None, reject_share: float = 0.0,
+def send_in_process(kafka: KafkaConnection, profile: str, key_strategy: str, topics: events.Topics,
+                    run_id: str, count: int, rate: float | None = None, reject_share: float = 0.0,
                     progress: bool = False) -> SourceReport:
     """`send_requests` from a process of its own (this module's command), as the backend it
     stands for would send.
@@ -118,8 +118,9 @@ def send_in_process(bootstrap: str, profile: str, key_strategy: str, topics: eve
     load = ["--rate", str(rate), "--duration", str(count / rate)] if rate else ["--burst", str(count)]
     cmd = [sys.executable, "-m", "consumers.source", "--prefix", topics.prefix, "--run-id", run_id,
            *load, "--keys", key_strategy, "--profile", profile, "--reject-share", str(reject_share),
-           "--bootstrap-servers", bootstrap, "--json", *([] if progress else ["--quiet"])]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+           "--json", *([] if progress else ["--quiet"])]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False,
+                          env=kafka.child_environment())
     if done.returncode != 0:
         raise RuntimeError(f"the load source failed with exit code {done.returncode} (its error is above)")
     return SourceReport(**json.loads(done.stdout))
@@ -136,14 +137,15 @@ def main() -> None:
     p.add_argument("--keys", default="uuid", help="uuid | none | field:<name>")
     p.add_argument("--profile", default="durability")
     p.add_argument("--reject-share", type=float, default=0.0, help="share of requests the check rejects")
-    p.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    kafka_connection.add_argument(p)
     p.add_argument("--json", action="store_true", help="print the report (request ids, partitions) as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args()
     count = args.burst if args.burst else round(args.rate * args.duration)
-    report = _send_with_own_producer(args.bootstrap_servers, args.profile, args.keys,
-                                     events.Topics(args.prefix), args.run_id, count, args.rate,
-                                     args.reject_share, progress=not args.quiet)
+    kafka = kafka_connection.from_args(args, p).of("source")
+    report = _send_with_own_producer(kafka, args.profile, args.keys, events.Topics(args.prefix),
+                                     args.run_id, count, args.rate, args.reject_share,
+                                     progress=not args.quiet)
     if args.json:
         print(json.dumps(asdict(report)))
         return

@@ -4,30 +4,62 @@ Every node is a combined broker+controller on loopback with a static controller 
 one node or three come up the same way. Settings here speed up tests on the local stack only
 (no initial rebalance delay, short minimum session timeouts, replication factors capped at the
 node count); production settings live in the configuration profiles.
+
+A secured (`sasl_ssl`) cluster serves clients and the other brokers on a SASL_SSL listener with
+SCRAM-SHA-512 users, created when the storage is formatted, and authorizes every request with
+ACLs (none until someone grants them; `admin` is the super user and the brokers' own
+identity). The controller listener stays on loopback without TLS but authenticates with
+SASL/PLAIN as `admin`, so no unauthenticated connection is accepted anywhere and the anonymous
+user needs no rights. Files holding passwords are owner-only, and passwords never appear on a
+command line.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import tempfile
 import time
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from infra.layout import KAFKA_JARS, REPO, Layout, port_in_use
+from consumers.kafka_connection import KafkaConnection
+from infra.layout import KAFKA_JARS, REPO, Layout, port_in_use, write_private
 from infra.processes import alive, spawn, tail, terminate
+from infra.tls import TlsFiles
 
 LOG4J_CONFIG = REPO / "infra" / "kafka" / "log4j2.properties"
 HEAP = "-Xmx768m"
+ADMIN = "admin"  # the super user: provisions topics and ACLs, and is the brokers' own identity
+SCRAM = "SCRAM-SHA-512"
+_LOGIN_MODULES = {"SCRAM": "org.apache.kafka.common.security.scram.ScramLoginModule",
+                  "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule"}
+
+
+@dataclass(frozen=True, repr=False)
+class Secured:
+    """What a SASL_SSL cluster needs: its SCRAM users (name -> password, `admin` among them)
+    and its TLS files."""
+
+    users: Mapping[str, str]
+    tls: TlsFiles
+
+    @property
+    def admin_password(self) -> str:
+        return self.users[ADMIN]
 
 
 def node_dir(layout: Layout, node_id: int) -> Path:
     return layout.root / f"kafka-{node_id}"
 
 
-def server_properties(layout: Layout, node_id: int, nodes: int) -> str:
-    """The broker's server.properties for a cluster of `nodes` on loopback."""
+def server_properties(layout: Layout, node_id: int, nodes: int, secured: Secured | None = None) -> str:
+    """The broker's server.properties for a cluster of `nodes` on loopback, SASL_SSL when
+    `secured`."""
     voters = ",".join(f"{i}@127.0.0.1:{layout.controller_port(i)}" for i in range(1, nodes + 1))
     replicas = min(3, nodes)
     min_isr = min(2, nodes)
@@ -60,11 +92,60 @@ def server_properties(layout: Layout, node_id: int, nodes: int) -> str:
         "log.retention.hours": 24,
         "log.segment.bytes": 64 * 1024 * 1024,
     }
-    return "".join(f"{key}={value}\n" for key, value in settings.items())
+    if secured is not None:
+        settings.update(_secured_settings(layout, node_id, secured))
+    return properties(settings)
+
+
+def _secured_settings(layout: Layout, node_id: int, secured: Secured) -> dict[str, object]:
+    """The listeners, SASL, TLS and authorizer settings of a SASL_SSL node."""
+    port, controller_port = layout.kafka_port(node_id), layout.controller_port(node_id)
+    password = secured.admin_password
+    return {
+        "listeners": f"SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"SASL_SSL://127.0.0.1:{port}",
+        "inter.broker.listener.name": "SASL_SSL",
+        "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SASL_PLAINTEXT",
+        "sasl.enabled.mechanisms": SCRAM,
+        "sasl.mechanism.inter.broker.protocol": SCRAM,
+        f"listener.name.sasl_ssl.{SCRAM.lower()}.sasl.jaas.config":
+            _jaas("SCRAM", username=ADMIN, password=password),
+        # The controller listener checks PLAIN logins against the `user_<name>` options; every
+        # node logs in to the others (and its broker to the controllers) as admin.
+        "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config":
+            _jaas("PLAIN", username=ADMIN, password=password, **{f"user_{ADMIN}": password}),
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": secured.tls.keystore,
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": secured.tls.ca,
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": f"User:{ADMIN}",
+        "allow.everyone.if.no.acl.found": "false",
+    }
+
+
+def _jaas(mechanism: str, **options: str) -> str:
+    """A broker-side JAAS line: the login module and its options."""
+    quoted = " ".join(f"{name}={_quote(value)}" for name, value in options.items())
+    return f"{_LOGIN_MODULES[mechanism]} required {quoted};"
+
+
+def _quote(value: str) -> str:
+    """A double-quoted string with backslash escapes, as JAAS and Java argument files read it."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def properties(settings: Mapping[str, object]) -> str:
+    """A Java properties file (backslash is its escape character)."""
+    lines = (f"{key}={value}" for key, value in settings.items())
+    return "".join(line.replace("\\", "\\\\") + "\n" for line in lines)
 
 
 def java_command(main_class: str, *args: str, logs_dir: Path | None = None) -> list[str]:
-    """A `java` command line running `main_class` from the Kafka jar cache."""
+    """A `java` command line running `main_class` from the Kafka jar cache (or `@file`: a Java
+    argument file holding the main class and its arguments)."""
     if not any(KAFKA_JARS.glob("kafka_2.13-*.jar")):
         raise RuntimeError(f"Kafka jars missing in {KAFKA_JARS}: run `make jars`")
     props = [f"-Dlog4j2.configurationFile={LOG4J_CONFIG}"]
@@ -73,20 +154,33 @@ def java_command(main_class: str, *args: str, logs_dir: Path | None = None) -> l
     return ["java", HEAP, "-XX:+UseG1GC", *props, "-cp", f"{KAFKA_JARS}/*", main_class, *args]
 
 
-def format_storage(layout: Layout, node_id: int, nodes: int, cluster_id: str) -> Path:
-    """Write server.properties and format the node's KRaft log directory (once)."""
+def format_storage(layout: Layout, node_id: int, nodes: int, cluster_id: str,
+                   secured: Secured | None = None) -> Path:
+    """Write server.properties (owner-only: it holds the admin's password on a secured cluster)
+    and format the node's KRaft log directory (once), with the SCRAM users when `secured`."""
     directory = node_dir(layout, node_id)
     directory.mkdir(parents=True, exist_ok=True)
     config = directory / "server.properties"
-    config.write_text(server_properties(layout, node_id, nodes))
+    write_private(config, server_properties(layout, node_id, nodes, secured))
     if not (directory / "data" / "meta.properties").exists():
-        subprocess.run(
-            java_command("kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
-                         "--config", str(config), "--ignore-formatted",
-                         logs_dir=directory / "logs"),
-            check=True, capture_output=True, text=True,
-        )
+        args = ["format", "--cluster-id", cluster_id, "--config", str(config), "--ignore-formatted"]
+        for user, password in (secured.users.items() if secured else ()):
+            args += ["--add-scram", f"{SCRAM}=[name={user},password={password}]"]
+        _run_privately("kafka.tools.StorageTool", args, logs_dir=directory / "logs")
     return config
+
+
+def _run_privately(main_class: str, args: list[str], logs_dir: Path) -> None:
+    """Run a Kafka tool with its main class and arguments in a Java argument file (owner-only,
+    removed afterwards), so that passwords among them never show in the process list."""
+    fd, path = tempfile.mkstemp(prefix="kafka-args-", dir=logs_dir.parent)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.writelines(f"{_quote(arg)}\n" for arg in (main_class, *args))
+        subprocess.run(java_command(f"@{path}", logs_dir=logs_dir),
+                       check=True, capture_output=True, text=True)
+    finally:
+        os.unlink(path)
 
 
 def start_node(layout: Layout, node_id: int) -> int:
@@ -119,8 +213,7 @@ def wait_registered(layout: Layout, pids: dict[int, int], expected: int,
                 raise RuntimeError(f"Kafka node {node_id} exited during start-up:\n{tail(log)}")
         listening = [n for n in pids if port_in_use(layout.kafka_port(n))]
         if listening and admin is None:
-            admin = AdminClient({"bootstrap.servers": layout.bootstrap_servers(max(pids)),
-                                 "log_level": 0})
+            admin = AdminClient(admin_connection(layout, max(pids)).client(log_level=0))
         if admin is not None:
             try:
                 seen = len(admin.describe_cluster(request_timeout=5).result().nodes)
@@ -130,6 +223,13 @@ def wait_registered(layout: Layout, pids: dict[int, int], expected: int,
             return
         time.sleep(0.5)
     raise RuntimeError(f"only {seen} of {expected} Kafka brokers registered in {timeout_s:.0f}s")
+
+
+def admin_connection(layout: Layout, nodes: int) -> KafkaConnection:
+    """The admin's connection as the stack's stack.env holds it (which `up` writes before it
+    starts anything), or the plain bootstrap list before there is one."""
+    return (KafkaConnection.from_environment(layout.saved_env())
+            or KafkaConnection.plain(layout.bootstrap_servers(nodes)))
 
 
 def stop_node(pid: int | None) -> None:

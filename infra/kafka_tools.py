@@ -7,15 +7,23 @@
     python -m infra.kafka_tools consumer-perf --bootstrap-server ... --topic t --messages 100000
 
 Arguments after the tool name go to the tool unchanged; `--help` after it shows the tool's own.
+With the stack's environment set (`source .local/<stack>/stack.env`) the tools connect as its
+default principal: `--bootstrap-server` is added unless the arguments name the servers, and on
+a secured cluster `--command-config` with the connection's Java client settings, in an
+owner-only file that exists only while the tool runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 
-from infra.kafka_cluster import java_command
+from consumers.kafka_connection import KafkaConnection
+from infra.kafka_cluster import java_command, properties
 from infra.layout import LOCAL
 
 TOOLS = {
@@ -35,9 +43,29 @@ def command(tool: str, *args: str) -> list[str]:
 
 
 def run(tool: str, *args: str, capture: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run a tool to completion; with `capture`, return its output instead of printing it."""
-    return subprocess.run(command(tool, *args), capture_output=capture, text=True,
-                          env={**os.environ}, check=False)
+    """Run a tool to completion as the environment's Kafka connection; with `capture`, return its
+    output instead of printing it."""
+    with connection_args(KafkaConnection.from_environment(), args) as extra:
+        return subprocess.run(command(tool, *args, *extra), capture_output=capture, text=True,
+                              env={**os.environ}, check=False)
+
+
+@contextlib.contextmanager
+def connection_args(connection: KafkaConnection | None, args: tuple[str, ...]) -> Iterator[list[str]]:
+    """The arguments that make a tool connect as `connection`, beside what `args` already say."""
+    extra: list[str] = []
+    if connection is not None and not any("bootstrap" in arg for arg in args):
+        extra += ["--bootstrap-server", connection.bootstrap]
+    secured = connection is not None and set(connection.settings) != {"bootstrap.servers"}
+    if not secured or "--command-config" in args:
+        yield extra
+        return
+    # The Java client's names for the connection: Spark's Kafka options without their prefix.
+    java = {name.removeprefix("kafka."): value for name, value in connection.spark_options().items()}
+    with tempfile.NamedTemporaryFile("w", prefix="kafka-client-", suffix=".properties") as file:
+        file.write(properties(java))
+        file.flush()
+        yield [*extra, "--command-config", file.name]
 
 
 def main() -> None:

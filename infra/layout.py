@@ -1,23 +1,33 @@
 """Where a local stack lives on disk and which loopback ports it uses.
 
 Stacks run side by side: `dev` (what `make up` starts), `test` (what `make test` starts and
-stops) and `faults` (what `make faults` starts, kills parts of and stops), so running the suite
-or injecting faults never disturbs a stack someone is using. They differ only in their folder
-and a port offset.
+stops), `secure` (the secured stack `make test` starts beside it) and `faults` (what
+`make faults` starts, kills parts of and stops), so running the suite or injecting faults never
+disturbs a stack someone is using. They differ only in their folder and a port offset.
+
+A stack is started `plaintext` or `sasl_ssl` (SECURITY). Either way its passwords live in its
+`stack.env` only (owner-only), which is also where everything reads them back from.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL = REPO / ".local"
 KAFKA_JARS = LOCAL / "jars" / "kafka"
 
-PORT_OFFSETS = {"dev": 0, "test": 10000, "faults": 20000}
+# Every port of every stack stays below 32768, where Linux's ephemeral range begins: a listening
+# port inside it can already be the source port of some outgoing connection (at offset 30000 the
+# secure stack's third controller port, 39194, was, and that broker could not start).
+PORT_OFFSETS = {"dev": 0, "test": 10000, "faults": 20000, "secure": 22000}
+PLAINTEXT, SASL_SSL = "plaintext", "sasl_ssl"
+SECURITIES = (PLAINTEXT, SASL_SSL)
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,22 @@ class Layout:
     def state_file(self) -> Path:
         return self.root / "state.json"
 
+    @property
+    def tls_dir(self) -> Path:
+        return self.root / "tls"
+
+    def saved_env(self) -> dict[str, str]:
+        """The variables the last `up` wrote to stack.env (empty before the first)."""
+        if not self.env_file.exists():
+            return {}
+        return dict(line.split("=", 1) for line in shlex.split(self.env_file.read_text()))
+
+    def postgres_password(self) -> str | None:
+        """The password PostgreSQL's superuser was given, as stack.env keeps it."""
+        url = self.saved_env().get("DATABASE_URL")
+        password = urlsplit(url).password if url else None
+        return unquote(password) if password else None
+
     def kafka_port(self, node_id: int) -> int:
         return 9091 + node_id + self.offset
 
@@ -65,13 +91,37 @@ class Layout:
     def bootstrap_servers(self, brokers: int) -> str:
         return ",".join(f"127.0.0.1:{self.kafka_port(i)}" for i in range(1, brokers + 1))
 
-    def database_url(self, database: str = "pipeline") -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.postgres_port}/{database}"
+    def database_url(self, database: str = "pipeline", password: str | None = None) -> str:
+        """The libpq URL of one of the stack's databases as the superuser, with the stack's
+        password (the one in stack.env) unless one is given."""
+        password = password or self.postgres_password()
+        user = f"postgres:{quote(password, safe='')}" if password else "postgres"
+        return f"postgresql://{user}@127.0.0.1:{self.postgres_port}/{database}"
 
 
 def current() -> Layout:
     """The stack named by STACK (default `dev`)."""
     return Layout(os.environ.get("STACK", "dev"))
+
+
+def security() -> str:
+    """How `up` secures the stack: SECURITY, `plaintext` (default) or `sasl_ssl`."""
+    value = os.environ.get("SECURITY") or PLAINTEXT
+    if value not in SECURITIES:
+        raise SystemExit(f"unknown SECURITY={value!r}; known: {', '.join(SECURITIES)}")
+    return value
+
+
+def write_private(path: Path, text: str) -> None:
+    """An owner-only file (it holds a password or a private key), renamed into place so no
+    reader sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(tmp, 0o600)  # the file may have been left from before with wider permissions
+    os.replace(tmp, path)
 
 
 def port_in_use(port: int) -> bool:

@@ -3,7 +3,12 @@
 Debian's server is on every machine this project targets and installs with `apt-get` where it
 is missing, so no binary is downloaded from outside a package registry. The server refuses to
 run as root; when the stack is started as root it runs as the `postgres` system user that the
-package creates. Authentication is `trust` on 127.0.0.1 only: a local development stack.
+package creates.
+
+It listens on 127.0.0.1 only and every connection, over TCP or the socket, authenticates with
+the superuser's password (SCRAM-SHA-256); the stack generates the password and keeps it in its
+stack.env. A data directory from before, created with `trust` authentication, is given the
+password and the same rules in place.
 """
 
 from __future__ import annotations
@@ -13,12 +18,16 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
-from infra.layout import Layout
+from infra.layout import Layout, write_private
 from infra.processes import tail
 
 DATABASES = ("pipeline", "airflow")
+PG_HBA = ("# Written by infra/postgres_server.py: password (SCRAM) authentication only.\n"
+          "local all all scram-sha-256\n"
+          "host all all 127.0.0.1/32 scram-sha-256\n")
 
 
 def bin_dir() -> Path:
@@ -46,19 +55,56 @@ def _owned_by_server_user(path: Path) -> None:
         shutil.chown(path, user.pw_uid, user.pw_gid)
 
 
-def init(layout: Layout) -> None:
-    """Create the cluster once."""
+def init(layout: Layout, password: str) -> None:
+    """Create the cluster once, its superuser `postgres` with `password`."""
     directory = data_dir(layout)
     if (directory / "PG_VERSION").exists():
         return
     directory.mkdir(parents=True, exist_ok=True)
     _owned_by_server_user(directory)
     os.chmod(directory, 0o700)
-    subprocess.run(
-        _as_server_user([str(bin_dir() / "initdb"), "-D", str(directory), "-U", "postgres",
-                         "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"]),
-        check=True, capture_output=True, text=True,
-    )
+    # initdb reads the password from a file: owner-only, the server user's, removed after.
+    fd, pwfile = tempfile.mkstemp(prefix="pwfile-", dir=layout.root)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(password + "\n")
+        _owned_by_server_user(Path(pwfile))
+        subprocess.run(
+            _as_server_user([str(bin_dir() / "initdb"), "-D", str(directory), "-U", "postgres",
+                             "--auth-host=scram-sha-256", "--auth-local=scram-sha-256",
+                             f"--pwfile={pwfile}", "-E", "UTF8", "--locale=C.UTF-8"]),
+            check=True, capture_output=True, text=True,
+        )
+    finally:
+        os.unlink(pwfile)
+    _write_pg_hba(directory)
+
+
+def require_password(layout: Layout, password: str) -> None:
+    """Upgrade a running cluster created with `trust` authentication: give the superuser
+    `password` (sent as a SCRAM verifier, never in clear), then allow password logins only."""
+    directory = data_dir(layout)
+    hba = directory / "pg_hba.conf"
+    if hba.read_text() == PG_HBA:
+        return
+    import psycopg2
+    from psycopg2.extensions import encrypt_password
+
+    conn = psycopg2.connect(layout.database_url("postgres", password))  # trust: let in as is
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            verifier = encrypt_password(password, "postgres", conn, "scram-sha-256")
+            cur.execute("ALTER ROLE postgres PASSWORD %s", (verifier,))
+            _write_pg_hba(directory)
+            cur.execute("SELECT pg_reload_conf()")
+    finally:
+        conn.close()
+
+
+def _write_pg_hba(directory: Path) -> None:
+    write_private(directory / "pg_hba.conf", PG_HBA)
+    _owned_by_server_user(directory / "pg_hba.conf")
 
 
 def running(layout: Layout) -> bool:

@@ -7,9 +7,15 @@ the Airflow metadata database and supervisord (which runs the deployed consumer 
     python -m infra.stack stop-broker 3      # for failure tests on the cluster
     python -m infra.stack start-broker 3
 
-STACK=test selects the test stack (own folder, ports +10000). The addresses of the running
-services are written as shell assignments to the stack's `stack.env` and copied to
-`.local/stack.env` for the dev stack, so any shell can `source` them.
+STACK=test selects the test stack (own folder, ports +10000). SECURITY=sasl_ssl starts the stack
+secured: Kafka only over SASL_SSL with a SCRAM user per role and ACLs enforced (see
+infra/kafka_cluster.py). Every stack's PostgreSQL requires its superuser's password.
+
+The addresses of the running services, and the credentials to reach them, are written as shell
+assignments to the stack's `stack.env` (owner-only) and copied to `.local/stack.env` for the dev
+stack, so any shell can `source` them. The passwords are generated at the stack's first start and
+live there only: each `up` reads them back, since the SCRAM users and the PostgreSQL cluster keep
+the passwords they were created with.
 """
 
 from __future__ import annotations
@@ -17,16 +23,60 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shlex
 import subprocess
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from infra import kafka_cluster, postgres_server, supervisor
-from infra.layout import LOCAL, REPO, Layout, current, port_in_use, wait_for_port
+from consumers.kafka_connection import ROLES, KafkaAccess, KafkaConnection
+from infra import kafka_cluster, postgres_server, supervisor, tls
+from infra.layout import (
+    LOCAL,
+    PLAINTEXT,
+    REPO,
+    SASL_SSL,
+    Layout,
+    current,
+    port_in_use,
+    security,
+    wait_for_port,
+    write_private,
+)
 from infra.migrate import migrate
 from infra.processes import alive, spawn, terminate
 from spark.jars import resolved_jars
+
+
+@dataclass(frozen=True, repr=False)
+class Credentials:
+    """The stack's passwords: PostgreSQL's superuser's, and on a secured stack each Kafka
+    principal's (`admin` and one per role, named like the role)."""
+
+    postgres: str | None
+    kafka: Mapping[str, str]
+
+    @classmethod
+    def saved(cls, layout: Layout) -> Credentials:
+        """The passwords the stack's stack.env holds (none before the first start)."""
+        access = KafkaAccess.from_environment(layout.saved_env())
+        connections = [access.default, *access.roles.values()] if access else []
+        return cls(layout.postgres_password(),
+                   {c.settings["sasl.username"]: c.settings["sasl.password"]
+                    for c in connections if "sasl.username" in c.settings})
+
+    def completed(self, security: str) -> Credentials:
+        """These passwords, with new ones for what `security` needs and they lack."""
+        users = (kafka_cluster.ADMIN, *ROLES) if security == SASL_SSL else ()
+        return Credentials(self.postgres or new_password(),
+                           {user: self.kafka.get(user) or new_password() for user in users})
+
+
+def new_password() -> str:
+    """A random password of URL-safe characters (none needs escaping in a URL, JAAS or shell)."""
+    return secrets.token_urlsafe(24)
 
 
 def load_state(layout: Layout) -> dict:
@@ -72,18 +122,45 @@ def check_ports_free(layout: Layout, brokers: int) -> None:
                          + ", ".join(taken) + " (stop what listens there or use STACK=test)")
 
 
-def environment(layout: Layout, brokers: int) -> dict[str, str]:
-    """The stack's addresses and the Airflow settings that point at them."""
+def kafka_access(layout: Layout, brokers: int, security: str, credentials: Credentials) -> KafkaAccess:
+    """Who reaches the stack's Kafka as whom: on a secured stack the admin by default and each
+    role as its own SCRAM user, over TLS checked against the stack's CA."""
     bootstrap = layout.bootstrap_servers(brokers)
-    airflow_db = layout.database_url("airflow").replace("postgresql://", "postgresql+psycopg2://")
-    kafka_conn = {"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap,
-                                                   "group.id": "airflow",
-                                                   "auto.offset.reset": "earliest"}}
+    if security == PLAINTEXT:
+        return KafkaAccess.plain(bootstrap)
+    ca = tls.TlsFiles(layout.tls_dir).ca
+
+    def connection(user: str) -> KafkaConnection:
+        return KafkaConnection({"bootstrap.servers": bootstrap, "security.protocol": "SASL_SSL",
+                                "sasl.mechanism": kafka_cluster.SCRAM, "sasl.username": user,
+                                "sasl.password": credentials.kafka[user], "ssl.ca.location": str(ca)})
+
+    return KafkaAccess(connection(kafka_cluster.ADMIN), {role: connection(role) for role in ROLES})
+
+
+def airflow_kafka_connections(access: KafkaAccess) -> dict[str, str]:
+    """`kafka_default` as the default principal, and `kafka_default_<role>` for each role that
+    has its own."""
+    default = {**access.default.settings, "group.id": "airflow", "auto.offset.reset": "earliest"}
+    conns = {"AIRFLOW_CONN_KAFKA_DEFAULT": {"conn_type": "kafka", "extra": default}}
+    for role, conn in access.roles.items():
+        conns[f"AIRFLOW_CONN_KAFKA_DEFAULT_{role.upper()}"] = {"conn_type": "kafka",
+                                                               "extra": dict(conn.settings)}
+    return {name: json.dumps(conn) for name, conn in conns.items()}
+
+
+def environment(layout: Layout, brokers: int, security: str, credentials: Credentials) -> dict[str, str]:
+    """The stack's addresses and credentials, and the Airflow settings that point at them."""
+    access = kafka_access(layout, brokers, security, credentials)
+    database_url = layout.database_url(password=credentials.postgres)
+    airflow_db = layout.database_url("airflow", credentials.postgres).replace(
+        "postgresql://", "postgresql+psycopg2://")
     return {
         "STACK": layout.name,
+        "SECURITY": security,
         "KAFKA_BROKERS": str(brokers),
-        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "DATABASE_URL": layout.database_url(),
+        **access.environment(),  # KAFKA_CLIENT_CONFIG, KAFKA_BOOTSTRAP_SERVERS, ..._<ROLE>
+        "DATABASE_URL": database_url,
         "AI_SERVICE_URL": f"http://127.0.0.1:{layout.ai_service_port}",
         "AI_CHECK_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/check",
         "AI_GENERATE_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/generate",
@@ -102,8 +179,8 @@ def environment(layout: Layout, brokers: int) -> dict[str, str]:
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{layout.airflow_port}",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL":
             f"http://127.0.0.1:{layout.airflow_port}/execution/",
-        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(kafka_conn),
-        "AIRFLOW_CONN_POSTGRES_DEFAULT": layout.database_url().replace("postgresql://", "postgres://"),
+        **airflow_kafka_connections(access),
+        "AIRFLOW_CONN_POSTGRES_DEFAULT": database_url.replace("postgresql://", "postgres://"),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
         "AIRFLOW_CONN_AI_SERVICE": f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true",
         "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
@@ -114,10 +191,11 @@ def environment(layout: Layout, brokers: int) -> dict[str, str]:
 
 
 def write_env(layout: Layout, env: dict[str, str]) -> None:
+    """stack.env, owner-only: it holds the stack's passwords."""
     text = "".join(f"{key}={shlex.quote(value)}\n" for key, value in env.items())
-    layout.env_file.write_text(text)
+    write_private(layout.env_file, text)
     if layout.name == "dev":
-        (LOCAL / "stack.env").write_text(text)
+        write_private(LOCAL / "stack.env", text)
 
 
 def airflow_db_migrate(layout: Layout, env: dict[str, str]) -> None:
@@ -130,12 +208,19 @@ def airflow_db_migrate(layout: Layout, env: dict[str, str]) -> None:
         raise RuntimeError(f"airflow db migrate failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
 
 
-def up(layout: Layout, brokers: int) -> None:
+def up(layout: Layout, brokers: int, security: str) -> None:
     state = load_state(layout)
+    saved = Credentials.saved(layout)
+    credentials = saved.completed(security)
     if running(state):
         if state["brokers"] != brokers:
             raise SystemExit(f"the {layout.name} stack already runs {state['brokers']} broker(s); "
                              "`make down` first to change the broker count")
+        if state.get("security", PLAINTEXT) != security:
+            raise SystemExit(f"the {layout.name} stack already runs {state.get('security', PLAINTEXT)}; "
+                             f"`make down` first to start it {security}")
+        write_env(layout, environment(layout, brokers, security, credentials))
+        postgres_server.require_password(layout, credentials.postgres)
         for node in map(int, state["kafka"]):
             if not alive(state["kafka"][str(node)]):
                 state["kafka"][str(node)] = kafka_cluster.start_node(layout, node)
@@ -145,28 +230,34 @@ def up(layout: Layout, brokers: int) -> None:
         migrate(layout.database_url())  # migrations added since the stack started
         supervisor.start(supervisor.stack_paths(layout))
         print(f"{layout.name} stack already running")
-        write_env(layout, environment(layout, brokers))
         return
     check_ports_free(layout, brokers)
     layout.root.mkdir(parents=True, exist_ok=True)
-    if state.get("brokers") not in (None, brokers):
-        # A different cluster shape needs fresh KRaft storage.
+    changed = bool(state) and (state["brokers"], state.get("security", PLAINTEXT)) != (brokers, security)
+    if changed or credentials.kafka != saved.kafka:
+        # A different cluster shape or security, or new SCRAM passwords, need fresh KRaft storage.
         for node in range(1, 4):
             subprocess.run(["rm", "-rf", str(kafka_cluster.node_dir(layout, node))], check=True)
         state = {}
+    # The passwords are kept before any server is given them.
+    env = environment(layout, brokers, security, credentials)
+    write_env(layout, env)
 
     print(f"starting PostgreSQL on 127.0.0.1:{layout.postgres_port}")
-    postgres_server.init(layout)
+    postgres_server.init(layout, credentials.postgres)
     postgres_server.start(layout)
+    postgres_server.require_password(layout, credentials.postgres)
     migrate(layout.database_url())
 
-    print(f"starting {brokers} Kafka broker(s) on {layout.bootstrap_servers(brokers)}")
+    print(f"starting {brokers} Kafka broker(s) on {layout.bootstrap_servers(brokers)} ({security})")
+    secured = (kafka_cluster.Secured(credentials.kafka, tls.ensure(layout.tls_dir))
+               if security == SASL_SSL else None)
     cluster_id = state.get("cluster_id") or kafka_cluster.new_cluster_id()
     pids = {}
     for node in range(1, brokers + 1):
-        kafka_cluster.format_storage(layout, node, brokers, cluster_id)
+        kafka_cluster.format_storage(layout, node, brokers, cluster_id, secured)
         pids[node] = kafka_cluster.start_node(layout, node)
-    state = {"brokers": brokers, "cluster_id": cluster_id, "kafka": pids}
+    state = {"brokers": brokers, "security": security, "cluster_id": cluster_id, "kafka": pids}
     save_state(layout, state)
     kafka_cluster.wait_registered(layout, pids, brokers)
 
@@ -178,11 +269,9 @@ def up(layout: Layout, brokers: int) -> None:
     print(f"starting supervisord ({paths.socket}); deployed fleets start again")
     supervisor.start(paths)
 
-    env = environment(layout, brokers)
     print("preparing the Airflow metadata database")
     airflow_db_migrate(layout, env)
-    write_env(layout, env)
-    print(f"stack {layout.name} up; addresses in {layout.env_file}")
+    print(f"stack {layout.name} up; addresses and credentials in {layout.env_file}")
 
 
 def down(layout: Layout) -> None:
@@ -249,7 +338,7 @@ def main() -> None:
     args = parser.parse_args()
     layout = current()
     if args.command == "up":
-        up(layout, args.brokers)
+        up(layout, args.brokers, security())
     elif args.command == "down":
         down(layout)
     elif args.command == "status":

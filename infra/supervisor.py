@@ -32,7 +32,7 @@ from typing import Any
 from supervisor import supervisorctl
 from supervisor.xmlrpc import Faults, SupervisorTransport
 
-from infra.layout import Layout, current
+from infra.layout import Layout, current, write_private
 from infra.processes import alive, tail, terminate
 
 # States in which supervisord holds no process and will not start one by itself.
@@ -206,17 +206,6 @@ def render_supervisord(paths: Paths) -> str:
         "[include]",
         "files=programs/*.conf",
     ]) + "\n"
-
-
-def write_private(path: Path, text: str) -> None:
-    """Owner-only file, renamed into place so supervisord never reads half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
 
 
 @dataclass(frozen=True)

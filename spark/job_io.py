@@ -21,6 +21,8 @@ import psycopg2
 from psycopg2.extras import Json, execute_values
 from pyspark.sql import DataFrame, SparkSession
 
+from consumers import kafka_connection
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -37,8 +39,7 @@ def add_common_args(parser: argparse.ArgumentParser, *, kafka: bool = False, jdb
     if spark:
         parser.add_argument("--master", help="Spark master (default $SPARK_MASTER or local[*])")
     if kafka:
-        parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"),
-                            help="Kafka bootstrap servers (default $KAFKA_BOOTSTRAP_SERVERS)")
+        kafka_connection.add_argument(parser)
         parser.add_argument("--topics", type=lambda s: [t for t in s.split(",") if t], required=True,
                             help="comma-separated topic names")
 

@@ -27,11 +27,12 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: import the project from the repo root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from confluent_kafka.admin import AdminClient
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from consumers import kafka_connection
+from consumers.kafka_connection import KafkaConnection
 from measure import figures
 from spark import job_io
 from spark.session import build
@@ -40,8 +41,9 @@ RECORD_COLUMNS = ("topic", "partition", "bytes", "key", "ts_ms")
 KEY_SLICES = 64  # 10M uuid keys / 64: ~160k keys per slice, counted without spilling
 
 
-def read_records(spark: SparkSession, bootstrap: str, topics: list[str], *, start_ms: int | None = None,
-                 end_ms: int | None = None, min_partitions: int | None = None) -> DataFrame:
+def read_records(spark: SparkSession, kafka: KafkaConnection, topics: list[str], *,
+                 start_ms: int | None = None, end_ms: int | None = None,
+                 min_partitions: int | None = None) -> DataFrame:
     """The topics' records in batch: earliest to latest offsets, or a [start, end) time window.
 
     A time window is resolved to offsets by the broker (first offset at or after a timestamp);
@@ -50,10 +52,11 @@ def read_records(spark: SparkSession, bootstrap: str, topics: list[str], *, star
 
     `fetch.max.wait.ms` drops from 500 to 10: each task's consumer otherwise ends on a fetch
     the broker holds for the full wait at the log end, which cost 0.5 s per partition
-    (64-partition topic: 2-3x the scan time, measured here).
+    (64-partition topic: 2-3x the scan time, measured here). The connection's settings (security
+    included) become the source's `kafka.` options.
     """
     reader = (spark.read.format("kafka")
-              .option("kafka.bootstrap.servers", bootstrap)
+              .options(**kafka.spark_options())
               .option("kafka.fetch.max.wait.ms", "10")
               .option("subscribe", ",".join(topics)))
     if start_ms is None:
@@ -191,10 +194,9 @@ def _collect(frame: DataFrame, *order: str) -> list[dict[str, Any]]:
     return [row.asDict() for row in frame.orderBy(*order).collect()]
 
 
-def topic_partitions(bootstrap: str, topics: list[str], timeout_s: float = 30) -> dict[str, int]:
+def topic_partitions(kafka: KafkaConnection, topics: list[str], timeout_s: float = 30) -> dict[str, int]:
     """Partition counts from the cluster metadata, so partitions nobody wrote to still count."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    metadata = admin.list_topics(timeout=timeout_s)
+    metadata = kafka.admin().list_topics(timeout=timeout_s)
     missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
     if missing:
         raise SystemExit(f"unknown topics: {', '.join(missing)}")
@@ -236,8 +238,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="partition count of every topic (default: from the cluster metadata)")
     parser.add_argument("--min-partitions", type=int, help="Kafka connector minPartitions (Spark tasks)")
     args = parser.parse_args(argv)
-    if not args.bootstrap_servers:
-        parser.error("no Kafka: pass --bootstrap-servers or set KAFKA_BOOTSTRAP_SERVERS")
+    args.kafka = kafka_connection.from_args(args, parser).default
     return args
 
 
@@ -245,9 +246,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     run_id = args.run_id or job_io.default_run_id("load")
     partitions = ({t: args.partitions for t in args.topics} if args.partitions
-                  else topic_partitions(args.bootstrap_servers, args.topics))
+                  else topic_partitions(args.kafka, args.topics))
     spark = build("partition-load", args.master)
-    records = read_records(spark, args.bootstrap_servers, args.topics, start_ms=args.start_ms,
+    records = read_records(spark, args.kafka, args.topics, start_ms=args.start_ms,
                            end_ms=args.end_ms, min_partitions=args.min_partitions)
     result = analyse(records, partitions, hot_threshold=args.hot_threshold,
                      bucket_seconds=args.bucket_seconds)

@@ -7,13 +7,13 @@ import os
 import pytest
 
 from infra.layout import Layout
-from tests.stack import Stack, load_env
+from tests.stack import Stack
 
 
 @pytest.fixture(scope="session")
 def stack() -> Stack:
     layout = Layout(os.environ.get("STACK", "test"))
-    env = load_env(layout)
+    env = layout.saved_env()
     if not env:
         pytest.fail(f"no running {layout.name} stack: start it with `STACK={layout.name} "
                     "python -m infra.stack up --brokers 3` or run `make test`")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 import uuid
@@ -13,20 +12,10 @@ from pathlib import Path
 
 import psycopg2
 
+from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from infra.layout import Layout
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def load_env(layout: Layout) -> dict[str, str]:
-    """The stack's shell assignments as a dict (empty when the stack never ran)."""
-    if not layout.env_file.exists():
-        return {}
-    env: dict[str, str] = {}
-    for line in layout.env_file.read_text().splitlines():
-        key, _, value = line.partition("=")
-        env[key] = shlex.split(value)[0] if value else ""
-    return env
 
 
 @dataclass(frozen=True)
@@ -48,8 +37,16 @@ class Stack:
     env: dict[str, str]
 
     @property
-    def bootstrap(self) -> str:
-        return self.env["KAFKA_BOOTSTRAP_SERVERS"]
+    def kafka(self) -> KafkaAccess:
+        """The stack's principals (on an open stack, just its bootstrap list)."""
+        access = KafkaAccess.from_environment(self.env)
+        assert access is not None, f"no Kafka connection in {self.layout.env_file}"
+        return access
+
+    @property
+    def connection(self) -> KafkaConnection:
+        """The admin's connection."""
+        return self.kafka.default
 
     @property
     def brokers(self) -> int:

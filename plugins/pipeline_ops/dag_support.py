@@ -7,18 +7,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import Param
 
 from consumers import presets, profiles
+from pipeline_ops.operators import AnalysisSubmitOperator
 from spark.jars import connector_jars
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ARGS: dict[str, Any] = {"owner": "platform", "retries": 1, "retry_delay": timedelta(seconds=30)}
 TAGS_PIPELINE = ["pipeline", "kafka", "genai"]
-
-BOOTSTRAP = "{{ conn.kafka_default.extra_dejson['bootstrap.servers'] }}"
-DATABASE_URL = "{{ conn.postgres_default.get_uri() }}"
 
 
 def spark_application(job: str) -> str:
@@ -30,21 +27,20 @@ def spark_env() -> dict[str, str]:
     return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
-def spark_analysis(run_ids: str, key: str) -> tuple[SparkSubmitOperator, SparkSubmitOperator]:
+def spark_analysis(run_ids: str, key: str) -> tuple[AnalysisSubmitOperator, AnalysisSubmitOperator]:
     """The two Spark jobs, on `spark_default`, each one submit over every run: partition load and
     skew of the runs' style topics (stored under `key`, a template), then each run's pipeline
     figures. `run_ids` is a Jinja expression giving the list of runs (e.g. `[params.run_id]`):
-    one JVM start for all the trials of a tuning run instead of one per trial."""
+    one JVM start for all the trials of a tuning run instead of one per trial. The Kafka
+    connection and the database URL reach the jobs in their environment."""
     common = {"conn_id": "spark_default", "jars": connector_jars(), "env_vars": spark_env()}
     topics = "{% for r in " + run_ids + " %}{{ r }}.style{{ '' if loop.last else ',' }}{% endfor %}"
-    partition_load = SparkSubmitOperator(
+    partition_load = AnalysisSubmitOperator(
         task_id="partition_load", application=spark_application("partition_load"), name="partition_load",
-        application_args=["--bootstrap-servers", BOOTSTRAP, "--topics", topics, "--run-id", key,
-                          "--database-url", DATABASE_URL], **common)
-    analysis = SparkSubmitOperator(
+        application_args=["--topics", topics, "--run-id", key], **common)
+    analysis = AnalysisSubmitOperator(
         task_id="pipeline_analysis", application=spark_application("pipeline_analysis"),
-        name="pipeline_analysis",
-        application_args=["--run-id", "{{ " + run_ids + " | join(',') }}", "--database-url", DATABASE_URL],
+        name="pipeline_analysis", application_args=["--run-id", "{{ " + run_ids + " | join(',') }}"],
         **common)
     partition_load >> analysis
     return partition_load, analysis

@@ -21,6 +21,7 @@ from pathlib import Path
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 
 from consumers.events import STAGES
+from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline_config import PipelineConfig
 from infra import supervisor
 from infra.fleet_program import fleet_program
@@ -37,15 +38,16 @@ HEALTH = {"STARTING": "starting", "BACKOFF": "restarting", "EXITED": "restarting
 class FleetEnvironment:
     """Addresses the fleet processes need, taken from the Airflow connections."""
 
-    bootstrap: str
+    kafka: KafkaAccess
     database_url: str
     check_url: str
     generate_url: str
 
-    def variables(self) -> dict[str, str]:
-        """The fleet's environment: the addresses, and the AI token when this process has one.
-        Secrets travel here (an owner-only program file), never on the command line."""
-        env = {"KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "DATABASE_URL": self.database_url,
+    def variables(self, stage: str) -> dict[str, str]:
+        """A stage fleet's environment: its own Kafka principal, the addresses, and the AI token
+        when this process has one. Secrets travel here (an owner-only program file), never on
+        the command line."""
+        env = {**self.kafka.of(stage).environment(), "DATABASE_URL": self.database_url,
                "AI_CHECK_URL": self.check_url, "AI_GENERATE_URL": self.generate_url}
         if os.environ.get(TOKEN_ENV):
             env[TOKEN_ENV] = os.environ[TOKEN_ENV]
@@ -144,7 +146,7 @@ class FleetSupervisor:
         """Write and load the stage's program; record it (and close the row it replaces)."""
         members = config.stage(stage).members
         name = supervisor.program_name("fleet", run_id, stage)
-        replaced = client.add(fleet_program(name, run_id, stage, config, env.variables(), port))
+        replaced = client.add(fleet_program(name, run_id, stage, config, env.variables(stage), port))
         if replaces is not None:
             self.hook.run("UPDATE deployments SET state = 'scaled', exit_code = %s, stopped_at = now(), "
                           "health = 'stopped', process_state = %s WHERE id = %s",

@@ -5,24 +5,26 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import time
 from dataclasses import asdict, replace
 from typing import Any
 
 import requests
 from airflow.providers.apache.kafka.hooks.client import KafkaAdminClientHook
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.sdk import BaseHook, BaseOperator
 
-from consumers import capacity, events, presets
+from consumers import acls, capacity, events, presets
+from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline import Pipeline
 from consumers.pipeline_config import PipelineConfig
 from consumers.provisioning import TopicReport, provision
 from consumers.run_figures import burst_figures
 from measure import figures as measure
 from pipeline_ops import gate, report
+from pipeline_ops.connections import database_url, kafka_access
 from pipeline_ops.deploy import FleetEnvironment, FleetSupervisor
 from pipeline_ops.registry import ConfigRegistry
 from spark.partition_sizing import SizingInput, size
@@ -48,28 +50,21 @@ def configure_stand_in(ai_conn_id: str, time_scale: float, limit: int) -> bool:
 
 
 def fleet_environment(kafka_config_id: str, postgres_conn_id: str, ai_conn_id: str) -> FleetEnvironment:
-    """Addresses for fleet processes, from the three Airflow connections."""
+    """Addresses and principals for fleet processes, from the Airflow connections."""
     base = ai_base_url(ai_conn_id)
-    return FleetEnvironment(bootstrap=bootstrap_servers(kafka_config_id),
-                            database_url=database_url(postgres_conn_id),
+    return FleetEnvironment(kafka=kafka_access(kafka_config_id), database_url=database_url(postgres_conn_id),
                             check_url=f"{base}/v1/check", generate_url=f"{base}/v1/generate")
-
-
-def database_url(postgres_conn_id: str) -> str:
-    """A libpq URL for the connection (the hook's URI names a SQLAlchemy driver)."""
-    return re.sub(r"^postgres(ql)?(\+\w+)?://", "postgresql://",
-                  PostgresHook(postgres_conn_id=postgres_conn_id).get_uri())
-
-
-def bootstrap_servers(kafka_config_id: str) -> str:
-    return BaseHook.get_connection(kafka_config_id).extra_dejson["bootstrap.servers"]
 
 
 def provision_topics(kafka_config_id: str, prefix: str, partitions: int, profile: str,
                      replication_factor: int | None) -> list[TopicReport]:
-    """Create or grow a run's topics through the `kafka_default` admin client."""
+    """Create or grow a run's topics through the `kafka_default` admin client, and grant each
+    role's principal its own topics and group on a secured cluster."""
     admin = KafkaAdminClientHook(kafka_config_id=kafka_config_id).get_conn
-    return provision(admin, events.Topics(prefix).all(), partitions, profile, replication_factor)
+    topics = events.Topics(prefix)
+    reports = provision(admin, topics.all(), partitions, profile, replication_factor)
+    acls.grant(admin, topics, kafka_access(kafka_config_id))
+    return reports
 
 
 def request_count(burst: int | str, rate: float | str, duration_s: float | str) -> tuple[int, float | None]:
@@ -81,15 +76,31 @@ def request_count(burst: int | str, rate: float | str, duration_s: float | str) 
     return count, rate_value
 
 
-def drive_load(run_id: str, config: PipelineConfig, bootstrap: str, database_url: str, count: int,
+def drive_load(run_id: str, config: PipelineConfig, kafka: KafkaAccess, database_url: str, count: int,
                rate: float | None, timeout_s: float) -> dict[str, Any]:
     """Send the requests of a run and wait until each reached a final state."""
-    pipeline = Pipeline(run_id, events.Topics(run_id), config, bootstrap, database_url)
+    pipeline = Pipeline(run_id, events.Topics(run_id), config, kafka, database_url)
     started = time.time()
     sent = pipeline.send(count, rate=rate)
     counts = pipeline.wait_terminal(count, timeout_s)
     return {"produced": len(sent.request_ids), "counts": counts, "load_started": started,
             "seconds": round(time.time() - started, 2)}
+
+
+class AnalysisSubmitOperator(SparkSubmitOperator):
+    """spark-submit of an analysis job with the Kafka connection and the database URL in the
+    driver's environment, where the job reads them: on its command line, `ps` and the task log
+    would show their secrets."""
+
+    def __init__(self, *, kafka_config_id: str = "kafka_default",
+                 postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kafka_config_id, self.postgres_conn_id = kafka_config_id, postgres_conn_id
+
+    def execute(self, context: Any) -> None:
+        self.env_vars = {**(self.env_vars or {}), **kafka_access(self.kafka_config_id).default.environment(),
+                         "DATABASE_URL": database_url(self.postgres_conn_id)}
+        super().execute(context)
 
 
 class ResolveCandidateOperator(BaseOperator):
@@ -221,7 +232,7 @@ class LoadTestOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         count, rate = request_count(self.burst, self.rate, self.duration_s)
         config = ConfigRegistry(self.postgres_conn_id).get(int(self.version)).config
-        result = drive_load(self.run_id, config, bootstrap_servers(self.kafka_config_id),
+        result = drive_load(self.run_id, config, kafka_access(self.kafka_config_id),
                             database_url(self.postgres_conn_id), count, rate, self.timeout_s)
         self.log.info("run %s: %d requests sent, final states %s", self.run_id, count, result["counts"])
         return result
@@ -271,7 +282,7 @@ class TrialsOperator(BaseOperator):
                              config.replication_factor)
             supervisor.start(run_id, version.version, config, env)
             try:
-                load = drive_load(run_id, config, env.bootstrap, env.database_url, count, rate,
+                load = drive_load(run_id, config, env.kafka, env.database_url, count, rate,
                                   self.timeout_s)
             finally:
                 supervisor.stop(run_id)
@@ -429,7 +440,7 @@ class CapacitySearchOperator(BaseOperator):
                          config.replication_factor)
         supervisor, env = FleetSupervisor(self.conns[1]), fleet_environment(*self.conns)
         supervisor.start(self.run_id, version.version, config, env)
-        pipeline = Pipeline(self.run_id, events.Topics(self.run_id), config, env.bootstrap, env.database_url)
+        pipeline = Pipeline(self.run_id, events.Topics(self.run_id), config, env.kafka, env.database_url)
         numbers = itertools.count(1)
 
         def step(rate: float) -> capacity.Step:

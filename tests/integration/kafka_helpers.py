@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import NewTopic
+
+from consumers.kafka_connection import KafkaConnection
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1, replication: int = 1,
+def create_topic(kafka: KafkaConnection, name: str, partitions: int = 1, replication: int = 1,
                  config: dict[str, str] | None = None) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = kafka.admin()
     futures = admin.create_topics([NewTopic(name, partitions, replication, config=config or {})])
     futures[name].result(timeout=30)
 
 
-def produce(bootstrap: str, topic: str, values: list[str], **config: object) -> list[str]:
+def produce(kafka: KafkaConnection, topic: str, values: list[str], **config: object) -> list[str]:
     """Produce keyed values; return the delivery errors (empty when all were acknowledged)."""
-    producer = Producer({"bootstrap.servers": bootstrap, **config})
+    producer = Producer(kafka.client(**config))
     errors: list[str] = []
 
     def on_delivery(err, _msg) -> None:
@@ -31,12 +33,12 @@ def produce(bootstrap: str, topic: str, values: list[str], **config: object) -> 
     return errors
 
 
-def consume_all(bootstrap: str, topic: str, expected: int, timeout_s: float = 60) -> list[str]:
+def consume_all(kafka: KafkaConnection, topic: str, expected: int, timeout_s: float = 60) -> list[str]:
     """Read a topic from the beginning until `expected` values arrived or the timeout passed."""
     import time
 
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}",
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer = Consumer(kafka.client(**{"group.id": f"read-{topic}", "auto.offset.reset": "earliest",
+                                        "enable.auto.commit": False}))
     consumer.subscribe([topic])
     values: list[str] = []
     deadline = time.monotonic() + timeout_s

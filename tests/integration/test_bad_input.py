@@ -26,6 +26,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from consumers import dead_letter, events
+from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
 from tests.bad_input import OVER_PRODUCER_LIMIT_BYTES, BadInput, corpus
@@ -86,9 +87,9 @@ def send_one(producer: Producer, topic: str, partition: int, case: BadInput) -> 
     return msg
 
 
-def produce_corpus(bootstrap: str, topics: events.Topics) -> list[Sent]:
+def produce_corpus(kafka: KafkaConnection, topics: events.Topics) -> list[Sent]:
     """Each stage's corpus on its input topic, spread over the partitions, one ack at a time."""
-    producer = Producer({"bootstrap.servers": bootstrap, **CORPUS_PRODUCER})
+    producer = Producer(kafka.client(**CORPUS_PRODUCER))
     sent: list[Sent] = []
     for stage in events.STAGES:
         topic = topics.source_of(stage)
@@ -121,10 +122,9 @@ def wait_committed_to_end(admin: AdminClient, groups: dict[str, str], timeout_s:
         time.sleep(0.25)
 
 
-def read_topic(bootstrap: str, topic: str, end: dict[int, int]) -> list[DeadLetter]:
+def read_topic(kafka: KafkaConnection, topic: str, end: dict[int, int]) -> list[DeadLetter]:
     """Every record of `topic` up to the given end offsets."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(kafka.client(**{"group.id": f"read-{topic}", "enable.auto.commit": False}))
     consumer.assign([TopicPartition(topic, p, 0) for p, o in end.items() if o > 0])
     remaining = {p: o for p, o in end.items() if o > 0}
     found: list[DeadLetter] = []
@@ -146,15 +146,15 @@ def test_bad_input_on_every_input_topic_is_dead_lettered(stack: Stack, ai: AISer
                             intake=StageConfig("bounded", members=1, batch_size=4),
                             check=StageConfig("flow", members=1, window=8),
                             generate=StageConfig("bounded", members=2, batch_size=2))
-    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
-    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints) as pipeline:
+    admin = stack.connection.admin()
+    with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
         topics = pipeline.topics
-        sent = produce_corpus(stack.bootstrap, topics)
+        sent = produce_corpus(stack.connection, topics)
         pipeline.send(VALID)
         counts = pipeline.wait_terminal(VALID, timeout_s=120)
         groups = {topics.source_of(stage): f"{topics.prefix}.{stage}" for stage in events.STAGES}
         offsets = wait_committed_to_end(admin, groups, timeout_s=60)
-        dead = read_topic(stack.bootstrap, topics.dead_letter, end_offsets(admin, topics.dead_letter))
+        dead = read_topic(stack.connection, topics.dead_letter, end_offsets(admin, topics.dead_letter))
         alive = {t.name for t in threading.enumerate()}
         for fleet in pipeline.fleets.values():
             fleet.raise_failures()

@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers import events, metrics
+from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
 from consumers.producer import KeyedProducer
@@ -27,8 +28,8 @@ def ai() -> Iterator[AIService]:
         yield service
 
 
-def dead_letter_topic_records(bootstrap: str, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"probe-{uuid.uuid4().hex}"})
+def dead_letter_topic_records(kafka: KafkaConnection, topic: str) -> int:
+    consumer = Consumer(kafka.client(**{"group.id": f"probe-{uuid.uuid4().hex}"}))
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
@@ -49,9 +50,9 @@ def test_copies_of_a_request_sent_back_to_back_call_each_ai_once(stack: Stack, a
                             check=StageConfig("flow", members=1, window=16),
                             generate=StageConfig("flow", members=1, window=16))
     ai.reset()
-    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints,
+    with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints,
                           stages=("check", "generate")) as pipeline:
-        producer = KeyedProducer(stack.bootstrap, key_strategy="uuid")
+        producer = KeyedProducer(stack.connection, key_strategy="uuid")
         ids = [str(uuid.uuid4()) for _ in range(requests)]
         for request_id in ids:
             event = events.style_event(pipeline.run_id, request_id, "minimal", "a poster")
@@ -81,7 +82,7 @@ def test_a_database_outage_is_waited_out_and_nothing_is_dead_lettered(stack: Sta
                             generate=StageConfig("flow", members=2, window=8))
     ai.reset()
     waited_before = waited("database_unavailable")
-    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints) as pipeline:
+    with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
         sender = threading.Thread(target=pipeline.send, args=(count,), kwargs={"rate": rate})
         sender.start()
         time.sleep(2.0)  # the load is flowing
@@ -99,7 +100,7 @@ def test_a_database_outage_is_waited_out_and_nothing_is_dead_lettered(stack: Sta
     assert counts.get("completed", 0) + counts.get("rejected", 0) == count, counts
     assert scalar(stack.database_url, "SELECT count(*) FROM dead_letters WHERE run_id = %s",
                   pipeline.run_id) == 0
-    assert dead_letter_topic_records(stack.bootstrap, pipeline.topics.dead_letter) == 0
+    assert dead_letter_topic_records(stack.connection, pipeline.topics.dead_letter) == 0
     produced_during = scalar(stack.database_url, "SELECT count(*) FROM requests WHERE run_id = %s AND "
                              "produced_at BETWEEN to_timestamp(%s) AND to_timestamp(%s)",
                              pipeline.run_id, stopped_at, restarted_at)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import Consumer
 
+from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
@@ -38,7 +39,7 @@ class BurstRun:
 def run_burst(stack: Stack, ai: AIService, config: PipelineConfig, count: int,
               reject_share: float = 0.1) -> BurstRun:
     ai.reset()
-    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints) as pipeline:
+    with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
         started = time.time()
         pipeline.send(count, reject_share=reject_share)
         counts = pipeline.wait_terminal(count, timeout_s=180)
@@ -144,7 +145,7 @@ def test_bad_input_is_dead_lettered_and_the_partition_moves_on(stack: Stack, ai:
         "unknown_style": b'{"request_id": "7f1c4a36-5a5c-4d8e-9a57-2f5f1b9c0d12", "run_id": "r", '
                          b'"style": "baroque", "description": "d", "produced_at": 1}',
     }
-    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints) as pipeline:
+    with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
         producer = pipeline.fleets["check"].producer
         for value in bad.values():
             producer.send(pipeline.topics.style, value=value, partition=0).result(10)
@@ -154,7 +155,7 @@ def test_bad_input_is_dead_lettered_and_the_partition_moves_on(stack: Stack, ai:
         producer.send(pipeline.topics.style, value=_style_for(valid.request_ids[0], pipeline.run_id),
                       partition=0).result(10)
         counts = pipeline.wait_terminal(1, timeout_s=60)
-        dead = _read_dead_letters(stack.bootstrap, pipeline.topics.dead_letter, 2 * len(bad))
+        dead = _read_dead_letters(stack.connection, pipeline.topics.dead_letter, 2 * len(bad))
     assert counts == {"completed": 1}
     assert sorted(h["reason"] for h in dead) == sorted(list(bad) * 2)
     assert all(h["source_topic"] == pipeline.topics.style and h["source_partition"] == "0" for h in dead)
@@ -169,9 +170,8 @@ def _style_for(request_id: str, run_id: str) -> bytes:
     return events.encode(events.style_event(run_id, request_id, "minimal", "slides again"))
 
 
-def _read_dead_letters(bootstrap: str, topic: str, expected: int) -> list[dict[str, str]]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"dlq-{topic}",
-                         "auto.offset.reset": "earliest"})
+def _read_dead_letters(kafka: KafkaConnection, topic: str, expected: int) -> list[dict[str, str]]:
+    consumer = Consumer(kafka.client(**{"group.id": f"dlq-{topic}", "auto.offset.reset": "earliest"}))
     consumer.subscribe([topic])
     found: list[dict[str, str]] = []
     deadline = time.monotonic() + 30
@@ -188,7 +188,7 @@ def _read_dead_letters(bootstrap: str, topic: str, expected: int) -> list[dict[s
 def test_ai_error_burst_is_retried_then_dead_lettered(stack: Stack, ai: AIService) -> None:
     config = PipelineConfig(partitions=2, time_scale=TIME_SCALE, replication_factor=1, max_attempts=3,
                             backoff_base_s=0.05)
-    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints) as pipeline:
+    with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
         ai.configure(endpoint="generate", error_rate=1.0)
         try:
             failed = pipeline.send(5)
@@ -206,7 +206,7 @@ def test_ai_error_burst_is_retried_then_dead_lettered(stack: Stack, ai: AIServic
 
 def test_uuid_keys_reach_every_partition_and_no_keys_concentrate(stack: Stack, ai: AIService) -> None:
     config = PipelineConfig(partitions=16, time_scale=TIME_SCALE, replication_factor=1)
-    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints,
+    with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints,
                           stages=()) as pipeline:
         keyed = pipeline.send(640, key_strategy="uuid").per_partition(16)
         keyless = pipeline.send(640, key_strategy="none").per_partition(16)
@@ -222,13 +222,13 @@ def test_graceful_shutdown_under_load_loses_and_duplicates_nothing(stack: Stack,
     config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
                             check=StageConfig("flow", members=1, window=8),
                             generate=StageConfig("flow", members=1, window=4))
-    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints) as pipeline:
+    with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
         pipeline.send(200)
         time.sleep(1.0)
         run_id = pipeline.run_id
     interrupted = sum(pipeline.status_counts().get(s, 0) for s in ("completed", "rejected"))
     assert interrupted < 200, "the load finished before the shutdown: the test proves nothing"
-    with running_pipeline(config, stack.bootstrap, stack.database_url, ai.endpoints,
+    with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints,
                           run_id=run_id) as resumed:
         counts = resumed.wait_terminal(200, timeout_s=120)
     assert counts == {"completed": 200}

@@ -11,10 +11,10 @@ from tests.stack import Stack, unique
 def test_provision_twice_then_grow_then_refuse_shrink(stack: Stack) -> None:
     topic = unique("prov")
     rf = min(3, stack.brokers)
-    first = provision(stack.bootstrap, [topic], 4, "durability", rf)
-    again = provision(stack.bootstrap, [topic], 4, "durability", rf)
-    grown = provision(stack.bootstrap, [topic], 6, "durability", rf)
-    shrink = provision(stack.bootstrap, [topic], 2, "durability", rf)
+    first = provision(stack.connection, [topic], 4, "durability", rf)
+    again = provision(stack.connection, [topic], 4, "durability", rf)
+    grown = provision(stack.connection, [topic], 6, "durability", rf)
+    shrink = provision(stack.connection, [topic], 2, "durability", rf)
     assert [r.action for r in (*first, *again, *grown, *shrink)] == ["created", "unchanged", "grown",
                                                                      "unchanged"]
     assert (again[0].warnings, grown[0].partitions, shrink[0].partitions) == ([], 6, 6)
@@ -30,9 +30,8 @@ def test_provision_twice_then_grow_then_refuse_shrink(stack: Stack) -> None:
 ])
 def test_impossible_requests_are_refused_before_any_change(stack: Stack, partitions: int, rf: int,
                                                            message: str) -> None:
-    from confluent_kafka.admin import AdminClient
 
     topic = unique("refused")
     with pytest.raises(ProvisioningError, match=message):
-        provision(stack.bootstrap, [topic], partitions, "durability", rf)
-    assert topic not in AdminClient({"bootstrap.servers": stack.bootstrap}).list_topics(timeout=10).topics
+        provision(stack.connection, [topic], partitions, "durability", rf)
+    assert topic not in stack.connection.admin().list_topics(timeout=10).topics

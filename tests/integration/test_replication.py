@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka.admin import AdminClient
-
+from consumers.kafka_connection import KafkaConnection
 from infra import stack as stack_cli
 from tests.integration.kafka_helpers import consume_all, create_topic, produce
 from tests.stack import Stack, unique
@@ -13,9 +12,9 @@ from tests.stack import Stack, unique
 STOPPED = 3
 
 
-def isr_without(bootstrap: str, topic: str, node: int, timeout_s: float = 60) -> list[list[int]]:
+def isr_without(kafka: KafkaConnection, topic: str, node: int, timeout_s: float = 60) -> list[list[int]]:
     """Wait until no partition's ISR includes `node`; return the ISRs."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = kafka.admin()
     deadline = time.monotonic() + timeout_s
     while True:
         meta = admin.list_topics(topic, timeout=10).topics[topic]
@@ -27,20 +26,20 @@ def isr_without(bootstrap: str, topic: str, node: int, timeout_s: float = 60) ->
 
 def test_acks_all_survives_one_broker_down(cluster: Stack) -> None:
     topic = unique("replicated")
-    create_topic(cluster.bootstrap, topic, partitions=3, replication=3,
+    create_topic(cluster.connection, topic, partitions=3, replication=3,
                  config={"min.insync.replicas": "2"})
     durable = {"acks": "all", "enable.idempotence": True}
     before = [f"before-{i}" for i in range(200)]
-    assert produce(cluster.bootstrap, topic, before, **durable) == []
+    assert produce(cluster.connection, topic, before, **durable) == []
 
     stack_cli.stop_broker(cluster.layout, STOPPED)
     try:
-        isrs = isr_without(cluster.bootstrap, topic, STOPPED)
+        isrs = isr_without(cluster.connection, topic, STOPPED)
         assert all(len(isr) == 2 and STOPPED not in isr for isr in isrs), isrs
 
         after = [f"after-{i}" for i in range(200)]
-        assert produce(cluster.bootstrap, topic, after, **durable) == []
-        received = consume_all(cluster.bootstrap, topic, expected=400)
+        assert produce(cluster.connection, topic, after, **durable) == []
+        received = consume_all(cluster.connection, topic, expected=400)
     finally:
         stack_cli.start_broker(cluster.layout, STOPPED)
 

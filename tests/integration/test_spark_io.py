@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from urllib.parse import unquote, urlsplit
 
 import psycopg2
 import pytest
@@ -23,13 +24,13 @@ def spark() -> Iterator[SparkSession]:
 def test_spark_reads_replicated_topic(stack: Stack, spark: SparkSession) -> None:
     topic = unique("spark-read")
     replication = min(3, stack.brokers)
-    create_topic(stack.bootstrap, topic, partitions=3, replication=replication,
+    create_topic(stack.connection, topic, partitions=3, replication=replication,
                  config={"min.insync.replicas": str(min(2, replication))})
     sent = [f"event-{i}" for i in range(300)]
-    assert produce(stack.bootstrap, topic, sent, acks="all") == []
+    assert produce(stack.connection, topic, sent, acks="all") == []
 
     frame = (spark.read.format("kafka")
-             .option("kafka.bootstrap.servers", stack.bootstrap)
+             .options(**stack.connection.spark_options())
              .option("subscribe", topic)
              .option("startingOffsets", "earliest")
              .option("endingOffsets", "latest")
@@ -47,10 +48,11 @@ def test_spark_reads_postgres_table_over_jdbc(stack: Stack, spark: SparkSession)
         cur.execute(f"CREATE TABLE {table} (id integer PRIMARY KEY, name text NOT NULL)")
         cur.executemany(f"INSERT INTO {table} VALUES (%s, %s)", sorted(expected))
     try:
-        jdbc_url = "jdbc:" + stack.database_url.replace("postgres@", "")
+        url = urlsplit(stack.database_url)  # JDBC takes the credentials as options
         frame = (spark.read.format("jdbc")
-                 .option("url", jdbc_url)
-                 .option("user", "postgres")
+                 .option("url", f"jdbc:postgresql://{url.hostname}:{url.port}{url.path}")
+                 .option("user", unquote(url.username))
+                 .option("password", unquote(url.password))
                  .option("dbtable", table)
                  .option("driver", "org.postgresql.Driver")
                  .load())

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from bench import figures as bench_figures
 from consumers import datagen
 from consumers.events import Topics
+from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
 from consumers.run_figures import standard_figures
@@ -40,9 +41,9 @@ def spark() -> Iterator[SparkSession]:
     session.stop()
 
 
-def watermarks(bootstrap: str, topic: str) -> dict[int, int]:
+def watermarks(kafka: KafkaConnection, topic: str) -> dict[int, int]:
     """Records per partition as the broker reports them (log end - log start)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("watermarks")})
+    consumer = Consumer(kafka.client(**{"group.id": unique("watermarks")}))
     try:
         marks = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
                  for p in range(PARTITIONS)]
@@ -61,12 +62,12 @@ def gini(values: list[int]) -> float:
 def skewed_topic(stack: Stack) -> tuple[str, dict[int, int], dict[int, int], int]:
     """A topic written in two batches: a skewed one, then a uniform one after a time boundary."""
     topic = unique("spark-load")
-    first = datagen.generate(stack.bootstrap, topic, 3000, skew=SKEW, partitions=PARTITIONS,
+    first = datagen.generate(stack.connection, topic, 3000, skew=SKEW, partitions=PARTITIONS,
                              record_size=RECORD_SIZE, progress=False)
     time.sleep(0.2)
     boundary_ms = int(time.time() * 1000)
     time.sleep(0.2)
-    second = datagen.generate(stack.bootstrap, topic, 600, skew="uniform", record_size=RECORD_SIZE,
+    second = datagen.generate(stack.connection, topic, 600, skew="uniform", record_size=RECORD_SIZE,
                               progress=False)
     return topic, first, second, boundary_ms
 
@@ -75,7 +76,7 @@ def test_datagen_counts_are_what_the_broker_holds(stack: Stack, skewed_topic) ->
     topic, first, second, _ = skewed_topic
     assert sum(first.values()) == 3000 and sum(second.values()) == 600
     assert max(first, key=first.get) == 3 and first[5] == 0
-    assert watermarks(stack.bootstrap, topic) == {p: first[p] + second[p] for p in range(PARTITIONS)}
+    assert watermarks(stack.connection, topic) == {p: first[p] + second[p] for p in range(PARTITIONS)}
 
 
 def test_partition_load_through_spark_submit(stack: Stack, skewed_topic, tmp_path: Path) -> None:
@@ -86,8 +87,7 @@ def test_partition_load_through_spark_submit(stack: Stack, skewed_topic, tmp_pat
     env["PYSPARK_PYTHON"] = sys.executable
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
            "--jars", stack.env["SPARK_JARS"], str(REPO / "spark" / "partition_load.py"),
-           "--bootstrap-servers", stack.bootstrap, "--topics", topic, "--run-id", run_id,
-           "--database-url", stack.database_url, "--output-json", str(output), "--hot-threshold", "2.0"]
+           "--topics", topic, "--run-id", run_id, "--output-json", str(output), "--hot-threshold", "2.0"]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
@@ -130,10 +130,10 @@ def test_partition_load_through_spark_submit(stack: Stack, skewed_topic, tmp_pat
 
 def test_partition_load_time_window(stack: Stack, spark: SparkSession, skewed_topic) -> None:
     topic, _, second, boundary_ms = skewed_topic
-    records = partition_load.read_records(spark, stack.bootstrap, [topic], start_ms=boundary_ms)
+    records = partition_load.read_records(spark, stack.connection, [topic], start_ms=boundary_ms)
     result = partition_load.analyse(records, {topic: PARTITIONS})
     assert {p["partition"]: p["records"] for p in result.partitions} == second
-    before = partition_load.read_records(spark, stack.bootstrap, [topic], end_ms=boundary_ms)
+    before = partition_load.read_records(spark, stack.connection, [topic], end_ms=boundary_ms)
     assert before.count() == 3000
 
 
@@ -370,7 +370,7 @@ def real_run(stack: Stack) -> str:
     config = PipelineConfig(partitions=8, time_scale=TIME_SCALE, replication_factor=1,
                             check=StageConfig("flow", members=1, window=16),
                             generate=StageConfig("flow", members=2, window=8))
-    with ai_service(limit=16) as ai, running_pipeline(config, stack.bootstrap, stack.database_url,
+    with ai_service(limit=16) as ai, running_pipeline(config, stack.kafka, stack.database_url,
                                                       ai.endpoints) as pipeline:
         pipeline.send(REAL_BURST, reject_share=0.1)
         pipeline.wait_terminal(REAL_BURST, timeout_s=180)
@@ -382,10 +382,10 @@ REAL_BURST = 200
 
 def test_bench_and_spark_agree_on_a_real_run(stack: Stack, spark: SparkSession, real_run: str) -> None:
     topics = Topics(real_run)
-    bench_side = bench_figures.scenario_figures(stack.database_url, stack.bootstrap, real_run, topics,
+    bench_side = bench_figures.scenario_figures(stack.database_url, stack.connection, real_run, topics,
                                                 REAL_BURST, 16)
     document = spark_document(stack, spark, real_run)
-    load = partition_load.analyse(partition_load.read_records(spark, stack.bootstrap, [topics.style]),
+    load = partition_load.analyse(partition_load.read_records(spark, stack.connection, [topics.style]),
                                   {topics.style: len(bench_side["requests_per_partition"])})
     (skew,) = load.skew
     spark_side = measure_figures.from_analysis(document, produced=REAL_BURST, ai_limit=16,

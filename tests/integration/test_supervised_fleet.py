@@ -57,7 +57,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[supervisor.Clie
 
 @pytest.fixture
 def fleet_env(stack: Stack) -> FleetEnvironment:
-    return FleetEnvironment(stack.bootstrap, stack.database_url, stack.env["AI_CHECK_URL"],
+    return FleetEnvironment(stack.kafka, stack.database_url, stack.env["AI_CHECK_URL"],
                             stack.env["AI_GENERATE_URL"])
 
 
@@ -67,7 +67,7 @@ def deployed(stack: Stack, daemon: supervisor.Client,
     """A run's three fleets started through supervisord; stopped and its topics deleted after."""
     run_id = unique("supervised")
     topics = events.Topics(run_id)
-    provision_pipeline(CONFIG, topics, stack.bootstrap)
+    provision_pipeline(CONFIG, topics, stack.kafka)
     fleets = FleetSupervisor(paths=daemon.paths)
     version = ConfigRegistry().register("supervised-test", CONFIG, note="test_supervised_fleet")
     fleets.start(run_id, version, CONFIG, fleet_env, ready_timeout_s=120)
@@ -75,7 +75,7 @@ def deployed(stack: Stack, daemon: supervisor.Client,
         yield fleets, run_id, version
     finally:
         fleets.stop(run_id)
-        provisioning.delete(stack.bootstrap, topics.all())
+        provisioning.delete(stack.connection, topics.all())
 
 
 def test_a_killed_fleet_is_running_again_with_a_new_pid(stack: Stack, daemon: supervisor.Client,
@@ -147,7 +147,7 @@ def test_a_fleet_whose_member_dies_exits_70_and_is_started_again(stack: Stack,
     daemon.add(supervisor.Program(
         name, [sys.executable, "-m", "consumers.fleet", "--stage", "check", "--run-id", run_id,
                "--members", "2", "--stats-interval-ms", "-1"],
-        REPO, {"KAFKA_BOOTSTRAP_SERVERS": stack.bootstrap, "DATABASE_URL": stack.database_url},
+        REPO, {**stack.connection.environment(), "DATABASE_URL": stack.database_url},
         stopwaitsecs=40))
     try:
         pids: set[int] = set()

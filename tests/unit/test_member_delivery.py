@@ -25,6 +25,7 @@ from confluent_kafka import TopicPartition
 from consumers import consumer as consumer_module
 from consumers.consumer import Member, MemberSettings
 from consumers.events import Topics
+from consumers.kafka_connection import KafkaConnection
 
 TOPIC = "unit.style"
 TP = (TOPIC, 0)
@@ -181,8 +182,9 @@ def make_member(mode: str, sink: Sink) -> Member:
                               record_dead_letter=lambda *a: sink.sent.append("table"))
     ctx = SimpleNamespace(topics=Topics("unit"), storage=storage, producer=sink,
                           send=lambda topic, event: None)
-    settings = MemberSettings(run_id="r", stage="check", mode=mode, group_id="g", bootstrap="unused",
-                              time_scale=0.02, window=4, buffer=8, batch_size=1, commit_interval_s=0.01,
+    settings = MemberSettings(run_id="r", stage="check", mode=mode, group_id="g",
+                              kafka=KafkaConnection.plain("unused"), time_scale=0.02, window=4, buffer=8,
+                              batch_size=1, commit_interval_s=0.01,
                               revoke_deadline_s=2.0)
     return Member("check-0", settings, ctx)
 

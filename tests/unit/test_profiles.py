@@ -8,26 +8,29 @@ import pytest
 
 from consumers import profiles
 from consumers.ai_client import RetryPolicy
+from consumers.kafka_connection import KafkaConnection
 from consumers.producer import key_for
+
+B = KafkaConnection.plain("b:9092")
 
 
 def test_time_scale_shrinks_group_clocks() -> None:
-    config = profiles.consumer_config("durability", "b:9092", "g", mode="bounded", time_scale=0.1)
+    config = profiles.consumer_config("durability", B, "g", mode="bounded", time_scale=0.1)
     assert config["max.poll.interval.ms"] == 30_000
     assert config["session.timeout.ms"] == 4_500
     assert config["enable.auto.commit"] is False
 
 
 def test_kip848_leaves_out_client_side_group_settings() -> None:
-    config = profiles.consumer_config("durability", "b", "g", mode="flow", group_protocol="consumer")
+    config = profiles.consumer_config("durability", B, "g", mode="flow", group_protocol="consumer")
     assert config["group.protocol"] == "consumer"
     assert "session.timeout.ms" not in config
     assert "partition.assignment.strategy" not in config
 
 
 def test_baseline_keeps_client_fetch_defaults() -> None:
-    baseline = profiles.consumer_config("throughput", "b", "g", mode="baseline")
-    bounded = profiles.consumer_config("throughput", "b", "g", mode="bounded")
+    baseline = profiles.consumer_config("throughput", B, "g", mode="baseline")
+    bounded = profiles.consumer_config("throughput", B, "g", mode="bounded")
     assert "fetch.min.bytes" not in baseline
     assert bounded["fetch.min.bytes"] == 65536
 
@@ -36,7 +39,19 @@ def test_baseline_keeps_client_fetch_defaults() -> None:
 def test_unknown_names_are_refused(bad: dict) -> None:
     args = {"profile": "durability", "mode": "flow", **bad}
     with pytest.raises(ValueError, match="choose one of"):
-        profiles.consumer_config(args["profile"], "b", "g", mode=args["mode"])
+        profiles.consumer_config(args["profile"], B, "g", mode=args["mode"])
+
+
+def test_the_connection_reaches_every_client_and_the_profile_wins_on_client_settings() -> None:
+    secured = KafkaConnection({"bootstrap.servers": "b:9093", "security.protocol": "SASL_SSL",
+                               "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "check",
+                               "sasl.password": "pw", "ssl.ca.location": "/ca.pem"})
+    consumer = profiles.consumer_config("durability", secured, "g", mode="flow")
+    producer = profiles.producer_config("durability", secured, acks=1)
+    for config in (consumer, producer):
+        assert {k: config[k] for k in secured.settings} == dict(secured.settings)
+    assert consumer["group.id"] == "g" and consumer["enable.auto.commit"] is False
+    assert producer["acks"] == 1 and producer["partitioner"] == "murmur2_random"
 
 
 def test_production_default_is_durable() -> None:

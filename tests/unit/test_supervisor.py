@@ -11,6 +11,7 @@ from supervisor.datatypes import RestartUnconditionally, process_or_group_name
 from supervisor.options import ServerOptions
 
 from infra import supervisor
+from infra.layout import write_private
 
 # What a fleet's command and environment can hold: JSON with quotes and '%', URLs with
 # URL-encoded passwords, commas and '=' in values.
@@ -25,9 +26,9 @@ def parsed(paths: supervisor.Paths, *programs: supervisor.Program) -> ServerOpti
     """The files as supervisord reads them at start-up."""
     paths.programs.mkdir(parents=True)
     paths.logs.mkdir()
-    supervisor.write_private(paths.conf, supervisor.render_supervisord(paths))
+    write_private(paths.conf, supervisor.render_supervisord(paths))
     for program in programs:
-        supervisor.write_private(paths.program_conf(program.name), program.render(paths))
+        write_private(paths.program_conf(program.name), program.render(paths))
     options = ServerOptions()
     options.realize(args=["-c", str(paths.conf)])
     return options
@@ -73,7 +74,7 @@ def test_program_files_are_owner_only_even_when_rewritten(tmp_path: Path) -> Non
     target.parent.mkdir()
     target.write_text("old")
     target.chmod(0o644)
-    supervisor.write_private(target, "new")
+    write_private(target, "new")
     assert target.read_text() == "new"
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert [p.name for p in target.parent.iterdir()] == ["p.conf"]

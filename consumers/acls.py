@@ -1,0 +1,64 @@
+"""Least privilege on a secured cluster: what each role's principal may do with a run's topics.
+
+The load source may write the two topics requests enter by; each stage may read its source
+topic as its own consumer group and write its outputs and the dead-letter topic; nothing else.
+Topics are per run, so the admin grants these when it provisions a run's topics, with LITERAL
+patterns (a prefixed pattern cannot say "the `.style` topic of any run"), and takes them back
+when it deletes them. An open cluster has no principals to grant to, and nothing is done.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from consumers.events import STAGES, Topics
+from consumers.kafka_connection import KafkaAccess
+
+Grant = tuple[ResourceType, str, AclOperation]
+
+
+def grants(topics: Topics, role: str) -> list[Grant]:
+    """The resources and operations one role needs for a run (READ and WRITE imply DESCRIBE)."""
+    if role == "source":
+        return [(ResourceType.TOPIC, t, AclOperation.WRITE) for t in (topics.intake, topics.style)]
+    if role not in STAGES:
+        raise ValueError(f"unknown role {role!r}; roles: source, {', '.join(STAGES)}")
+    return [(ResourceType.TOPIC, topics.source_of(role), AclOperation.READ),
+            (ResourceType.GROUP, topics.group_of(role), AclOperation.READ),
+            *((ResourceType.TOPIC, t, AclOperation.WRITE) for t in topics.outputs_of(role))]
+
+
+def bindings(topics: Topics, access: KafkaAccess) -> list[AclBinding]:
+    """ALLOW bindings for every role that runs as a principal of its own."""
+    return [AclBinding(kind, name, ResourcePatternType.LITERAL, principal, "*", operation,
+                       AclPermissionType.ALLOW)
+            for role, principal in access.grantees().items()
+            for kind, name, operation in grants(topics, role)]
+
+
+def grant(admin: AdminClient, topics: Topics, access: KafkaAccess, timeout_s: float = 30.0) -> int:
+    """Create the run's bindings (idempotent); return how many."""
+    wanted = bindings(topics, access)
+    if wanted:
+        for future in admin.create_acls(wanted, request_timeout=timeout_s).values():
+            future.result()
+    return len(wanted)
+
+
+def revoke(admin: AdminClient, topics: Topics, access: KafkaAccess, timeout_s: float = 30.0) -> int:
+    """Delete every binding on the run's topics and groups; return how many were deleted."""
+    if not access.grantees():
+        return 0
+    resources = {(kind, name) for role in access.grantees() for kind, name, _ in grants(topics, role)}
+    filters = [AclBindingFilter(kind, name, ResourcePatternType.LITERAL, None, None, AclOperation.ANY,
+                                AclPermissionType.ANY) for kind, name in sorted(resources)]
+    return sum(len(future.result())
+               for future in admin.delete_acls(filters, request_timeout=timeout_s).values())
