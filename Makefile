@@ -7,6 +7,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 BROKERS ?= 1
 SECURITY ?= plaintext
+SPARK ?= local
 MVN := mvn -q -B -s infra/maven-settings.xml
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
@@ -44,8 +45,9 @@ browser:
 	  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
 # SECURITY=sasl_ssl: Kafka over SASL_SSL with SCRAM users and ACLs (see infra/kafka_cluster.py).
+# SPARK=cluster: a Spark standalone master and worker, `spark_default` pointing at it.
 up: deps
-	SECURITY=$(SECURITY) $(PY) -m infra.stack up --brokers $(BROKERS)
+	SECURITY=$(SECURITY) SPARK=$(SPARK) $(PY) -m infra.stack up --brokers $(BROKERS)
 
 down:
 	@test -x $(PY) && $(PY) -m infra.stack down || true
@@ -91,11 +93,11 @@ lint: venv
 test-unit: venv
 	.venv/bin/pytest tests/unit -q
 
-# The whole suite against a three-broker test stack (ports +10000) and a secured three-broker
-# stack beside it (SASL_SSL, ports +30000; the secured tests read .local/secure/stack.env),
-# both stopped afterwards whatever the outcome.
+# The whole suite against a three-broker test stack (ports +10000, Spark on a standalone master)
+# and a secured three-broker stack beside it (SASL_SSL, ports +22000; the secured tests read
+# .local/secure/stack.env), both stopped afterwards whatever the outcome.
 test: deps
-	@STACK=test SECURITY=plaintext $(PY) -m infra.stack up --brokers 3 && \
-	  STACK=secure SECURITY=sasl_ssl $(PY) -m infra.stack up --brokers 3; rc=$$?; \
+	@STACK=test SECURITY=plaintext SPARK=cluster $(PY) -m infra.stack up --brokers 3 && \
+	  STACK=secure SECURITY=sasl_ssl SPARK=local $(PY) -m infra.stack up --brokers 3; rc=$$?; \
 	if [ $$rc -eq 0 ]; then $(TEST_ENV) && .venv/bin/ruff check . && .venv/bin/pytest -q -rs; rc=$$?; fi; \
 	STACK=secure $(PY) -m infra.stack down; STACK=test $(PY) -m infra.stack down; exit $$rc

@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bucket-seconds", type=int, default=1)
     parser.add_argument("--min-partitions", type=int, help="Kafka connector minPartitions")
     parser.add_argument("--repeat", type=int, default=1, help="job runs per size (the session stays warm)")
-    parser.add_argument("--master", help="Spark master (default $SPARK_MASTER or local[*])")
+    parser.add_argument("--master", help="Spark master (default: spark-submit's, else spark.master in "
+                            "$SPARK_CONF_DIR/spark-defaults.conf, else local[*])")
     parser.add_argument("--results-dir", type=Path, default=REPO / "results")
     parser.add_argument("--keep-topics", action="store_true", help="do not delete the generated topics")
     args = parser.parse_args(argv)

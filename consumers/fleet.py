@@ -11,7 +11,6 @@ librdkafka and HTTP calls, which release the GIL, so threads are enough for doze
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -20,7 +19,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from consumers import events, kafka_connection, metrics, profiles
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
@@ -34,6 +32,12 @@ from consumers.storage import Storage
 log = logging.getLogger(__name__)
 
 CLAIM_MARGIN_S = 2.0  # clock and database round trips between a lease's renewal and its try
+
+
+def member_name(stage: str, index: int, instance: str | None = None) -> str:
+    """`<stage>-<n>`, or `<stage>-<instance>-<n>` when several processes run a stage's members;
+    the stage comes first, which is how the platform's queries group members by stage."""
+    return f"{stage}-{instance}-{index}" if instance else f"{stage}-{index}"
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class FleetSettings:
     ai_auth_header: str | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     shutdown_deadline_s: float = 30.0
+    instance: str | None = None  # tells this process's members from another's (a pod's name)
 
     @property
     def claim_lease_s(self) -> float:
@@ -79,7 +84,8 @@ class Fleet:
             generate_ai=self._client(s.generate_url, concurrency),
             claim_lease_s=s.claim_lease_s,
         )
-        self.members = [Member(f"{s.member.stage}-{i}", s.member, self.ctx) for i in range(s.members)]
+        self.members = [Member(member_name(s.member.stage, i, s.instance), s.member, self.ctx)
+                        for i in range(s.members)]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
@@ -173,10 +179,7 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
 
 def config_from_args(args: argparse.Namespace) -> PipelineConfig:
     """The --config document with the command-line overrides applied to it."""
-    text = args.config
-    if text.startswith("@"):
-        text = Path(text[1:]).read_text()
-    config = PipelineConfig.from_dict(json.loads(text))
+    config = PipelineConfig.from_argument(args.config)
     stage = config.stage(args.stage)
     stage = replace(stage, **{k: v for k, v in (("mode", args.mode), ("members", args.members),
                                                 ("window", args.window), ("batch_size", args.batch_size))
@@ -212,6 +215,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ai-token-env", default="AI_SERVICE_TOKEN",
                    help="environment variable holding the bearer token (unset: no auth header)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address /metrics listens on (0.0.0.0 in a pod, for its readiness probe)")
+    p.add_argument("--instance",
+                   help="names this process's members <stage>-<instance>-<n>, apart from other "
+                        "processes of the stage (one pod per member on Kubernetes)")
     return p
 
 
@@ -226,9 +234,10 @@ def main() -> None:
     endpoints = Endpoints(args.check_url or "", args.generate_url or "",
                           f"Bearer {token}" if token else None)
     config = config_from_args(args)
-    metrics.serve(args.metrics_port)
-    fleet = Fleet(settings_for(config, args.stage, args.run_id, events.Topics(args.prefix or args.run_id),
-                               kafka, args.database_url, endpoints))
+    metrics.serve(args.metrics_port, args.metrics_host)
+    settings = settings_for(config, args.stage, args.run_id, events.Topics(args.prefix or args.run_id),
+                            kafka, args.database_url, endpoints)
+    fleet = Fleet(replace(settings, instance=args.instance))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

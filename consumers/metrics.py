@@ -21,7 +21,7 @@ LAG = Gauge("pipeline_consumer_lag", "Consumer lag summed over assigned partitio
 PAUSED = Gauge("pipeline_paused", "1 while the member has paused its partitions", ["stage", "member"])
 
 
-def serve(port: int) -> None:
-    """Expose /metrics on 127.0.0.1:port (0 disables)."""
+def serve(port: int, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on host:port (0 disables); a pod's probe needs 0.0.0.0."""
     if port:
-        start_http_server(port, addr="127.0.0.1")
+        start_http_server(port, addr=host)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 
@@ -57,6 +58,13 @@ class PipelineConfig:
         stages = {name: StageConfig(**data[name]) for name in ("intake", "check", "generate")
                   if isinstance(data.get(name), dict)}
         return replace(cls(), **{**data, **stages})
+
+    @classmethod
+    def from_argument(cls, text: str) -> PipelineConfig:
+        """A command's --config: JSON, or @file.json."""
+        if text.startswith("@"):
+            text = Path(text[1:]).read_text()
+        return cls.from_dict(json.loads(text))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Create or grow the pipeline's topics from a configuration profile.
 
 Partition counts come from `--partitions` or from the sizing formula of
-`spark/partition_sizing.py` (the one place it is written) given measured rates.
+`measure/sizing.py` (the one place it is written) given measured rates.
 
     python -m consumers.provisioning --prefix demo --profile durability --partitions 64
     python -m consumers.provisioning --prefix demo --target-rps 21.3 \\
@@ -30,7 +30,7 @@ from confluent_kafka.admin import (
 
 from consumers import acls, events, kafka_connection, profiles
 from consumers.kafka_connection import KafkaConnection
-from spark.partition_sizing import SizingInput, size
+from measure.sizing import SizingInput, size
 
 log = logging.getLogger(__name__)
 

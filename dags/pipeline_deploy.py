@@ -35,6 +35,8 @@ fleet that crashes or exits because a member died, with back-off when it fails a
 `deployments` table records each program with its pid (the new one after a restart), metrics
 port, member count, supervisord state, restarts and health. `scale` rewrites the AI stages'
 programs with the new member count and restarts them; `check` refreshes the recorded state.
+With a Kubernetes connection `fleet_default`, each fleet is a Deployment instead (README:
+*Fleets on Kubernetes*).
 """,
 )
 def pipeline_deploy() -> None:

@@ -1,5 +1,6 @@
-"""A stage's consumer fleet as a supervisord program: the one place that says how a supervised
-fleet is started (its command and environment) and how long a graceful stop may take."""
+"""How a stage's consumer fleet is started (its command) and how long a graceful stop may take:
+the one place both deployment backends read, supervisord programs here and Kubernetes pods
+(plugins/pipeline_ops/fleets/manifests.py)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,26 @@ from infra.layout import REPO
 STOP_MARGIN_S = 30
 
 
-def fleet_program(name: str, run_id: str, stage: str, config: PipelineConfig, env: Mapping[str, str],
-                  metrics_port: int | None = None, startsecs: int = 5) -> supervisor.Program:
-    """`python -m consumers.fleet` for one stage of `config`, addresses and secrets in `env`
-    (never on the command line), stopped with SIGTERM and given its shutdown deadline."""
-    command = [sys.executable, "-m", "consumers.fleet", "--stage", stage, "--run-id", run_id,
-               "--config", config.to_json(), "--members", str(config.stage(stage).members)]
+def fleet_command(run_id: str, stage: str, config: PipelineConfig, members: int,
+                  metrics_port: int | None = None, python: str = sys.executable) -> list[str]:
+    """`python -m consumers.fleet` running `members` members of one stage of `config`; addresses
+    and secrets go in its environment, never on the command line."""
+    command = [python, "-m", "consumers.fleet", "--stage", stage, "--run-id", run_id,
+               "--config", config.to_json(), "--members", str(members)]
     if metrics_port is not None:
         command += ["--metrics-port", str(metrics_port)]
+    return command
+
+
+def stop_wait_s(config: PipelineConfig) -> int:
+    """How long SIGTERM may take before SIGKILL: the members' revoke deadline and the margin."""
+    return math.ceil(config.shutdown_deadline_s) + STOP_MARGIN_S
+
+
+def fleet_program(name: str, run_id: str, stage: str, config: PipelineConfig, env: Mapping[str, str],
+                  metrics_port: int | None = None, startsecs: int = 5) -> supervisor.Program:
+    """The fleet of one stage of `config` as a supervisord program, stopped with SIGTERM and
+    given its shutdown deadline."""
+    command = fleet_command(run_id, stage, config, config.stage(stage).members, metrics_port)
     return supervisor.Program(name, command, REPO, {**env, "PYTHONUNBUFFERED": "1"},
-                              stopwaitsecs=math.ceil(config.shutdown_deadline_s) + STOP_MARGIN_S,
-                              startsecs=startsecs)
+                              stopwaitsecs=stop_wait_s(config), startsecs=startsecs)

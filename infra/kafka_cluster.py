@@ -57,6 +57,18 @@ def node_dir(layout: Layout, node_id: int) -> Path:
     return layout.root / f"kafka-{node_id}"
 
 
+# Development stacks only (this one and docker-compose.yaml's brokers, checked by a test): groups
+# form at once, and the session timeouts the presets scale down with the time scale are allowed.
+GROUP_SETTINGS = {
+    "group.initial.rebalance.delay.ms": 0,
+    "group.min.session.timeout.ms": 500,
+    "group.consumer.min.session.timeout.ms": 500,
+    "group.consumer.min.heartbeat.interval.ms": 100,
+    "group.consumer.heartbeat.interval.ms": 500,
+    "group.consumer.session.timeout.ms": 6000,
+}
+
+
 def server_properties(layout: Layout, node_id: int, nodes: int, secured: Secured | None = None) -> str:
     """The broker's server.properties for a cluster of `nodes` on loopback, SASL_SSL when
     `secured`."""
@@ -82,13 +94,7 @@ def server_properties(layout: Layout, node_id: int, nodes: int, secured: Secured
         "transaction.state.log.min.isr": min_isr,
         "share.coordinator.state.topic.replication.factor": replicas,
         "share.coordinator.state.topic.min.isr": min_isr,
-        # Local-stack only: fast group formation and short timeouts for scaled-down tests.
-        "group.initial.rebalance.delay.ms": 0,
-        "group.min.session.timeout.ms": 500,
-        "group.consumer.min.session.timeout.ms": 500,
-        "group.consumer.min.heartbeat.interval.ms": 100,
-        "group.consumer.heartbeat.interval.ms": 500,
-        "group.consumer.session.timeout.ms": 6000,
+        **GROUP_SETTINGS,
         "log.retention.hours": 24,
         "log.segment.bytes": 64 * 1024 * 1024,
     }

@@ -88,6 +88,18 @@ class Layout:
     def airflow_port(self) -> int:
         return 8080 + self.offset
 
+    @property
+    def spark_master_port(self) -> int:
+        return 7077 + self.offset
+
+    @property
+    def spark_master_ui_port(self) -> int:
+        return 8180 + self.offset
+
+    @property
+    def spark_worker_ui_port(self) -> int:
+        return 8181 + self.offset
+
     def bootstrap_servers(self, brokers: int) -> str:
         return ",".join(f"127.0.0.1:{self.kafka_port(i)}" for i in range(1, brokers + 1))
 

@@ -10,6 +10,8 @@ the Airflow metadata database and supervisord (which runs the deployed consumer 
 STACK=test selects the test stack (own folder, ports +10000). SECURITY=sasl_ssl starts the stack
 secured: Kafka only over SASL_SSL with a SCRAM user per role and ACLs enforced (see
 infra/kafka_cluster.py). Every stack's PostgreSQL requires its superuser's password.
+SPARK=cluster also starts a Spark standalone master and worker (infra/spark_cluster.py) and points
+`spark_default` at it; every stack writes a Spark configuration folder (SPARK_CONF_DIR).
 
 The addresses of the running services, and the credentials to reach them, are written as shell
 assignments to the stack's `stack.env` (owner-only) and copied to `.local/stack.env` for the dev
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from consumers.kafka_connection import ROLES, KafkaAccess, KafkaConnection
-from infra import kafka_cluster, postgres_server, supervisor, tls
+from infra import kafka_cluster, postgres_server, spark_cluster, supervisor, tls
 from infra.layout import (
     LOCAL,
     PLAINTEXT,
@@ -104,18 +106,22 @@ def start_ai_service(layout: Layout) -> int:
     return pid
 
 
-def ports(layout: Layout, brokers: int) -> dict[str, int]:
+def ports(layout: Layout, brokers: int, spark: str = spark_cluster.LOCAL) -> dict[str, int]:
     """Every port the stack will listen on, named for error messages."""
     named = {"PostgreSQL": layout.postgres_port, "AI service": layout.ai_service_port}
+    if spark == spark_cluster.CLUSTER:
+        named.update({"Spark master": layout.spark_master_port,
+                      "Spark master UI": layout.spark_master_ui_port,
+                      "Spark worker UI": layout.spark_worker_ui_port})
     for node in range(1, brokers + 1):
         named[f"Kafka broker {node}"] = layout.kafka_port(node)
         named[f"Kafka controller {node}"] = layout.controller_port(node)
     return named
 
 
-def check_ports_free(layout: Layout, brokers: int) -> None:
+def check_ports_free(layout: Layout, brokers: int, spark: str) -> None:
     ours = {layout.postgres_port} if postgres_server.running(layout) else set()
-    taken = [f"{name} port {port}" for name, port in ports(layout, brokers).items()
+    taken = [f"{name} port {port}" for name, port in ports(layout, brokers, spark).items()
              if port not in ours and port_in_use(port)]
     if taken:
         raise SystemExit("cannot start the stack, already in use on 127.0.0.1: "
@@ -149,7 +155,16 @@ def airflow_kafka_connections(access: KafkaAccess) -> dict[str, str]:
     return {name: json.dumps(conn) for name, conn in conns.items()}
 
 
-def environment(layout: Layout, brokers: int, security: str, credentials: Credentials) -> dict[str, str]:
+def spark_connection(layout: Layout, spark: str) -> dict:
+    """`spark_default`: the standalone master in client deploy mode, or local[*]."""
+    if spark == spark_cluster.CLUSTER:
+        return {"conn_type": "spark", "host": "spark://127.0.0.1", "port": layout.spark_master_port,
+                "extra": {"deploy-mode": "client"}}
+    return {"conn_type": "spark", "host": "local[*]"}
+
+
+def environment(layout: Layout, brokers: int, security: str, credentials: Credentials,
+                spark: str) -> dict[str, str]:
     """The stack's addresses and credentials, and the Airflow settings that point at them."""
     access = kafka_access(layout, brokers, security, credentials)
     database_url = layout.database_url(password=credentials.postgres)
@@ -165,7 +180,8 @@ def environment(layout: Layout, brokers: int, security: str, credentials: Creden
         "AI_CHECK_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/check",
         "AI_GENERATE_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/generate",
         "SUPERVISOR_URL": supervisor.stack_paths(layout).url,
-        "SPARK_MASTER": "local[*]",
+        "SPARK": spark,
+        "SPARK_CONF_DIR": str(spark_cluster.conf_dir(layout)),
         "SPARK_JARS": resolved_jars(),
         "AIRFLOW_HOME": str(layout.root / "airflow"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
@@ -181,9 +197,8 @@ def environment(layout: Layout, brokers: int, security: str, credentials: Creden
             f"http://127.0.0.1:{layout.airflow_port}/execution/",
         **airflow_kafka_connections(access),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": database_url.replace("postgresql://", "postgres://"),
-        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[*]"}),
+        "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_connection(layout, spark)),
         "AIRFLOW_CONN_AI_SERVICE": f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true",
-        "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
         "PYTHONPATH": f"{REPO}:{REPO / 'plugins'}",
         # spark-submit and the fleet commands come from the project's environment.
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
@@ -208,7 +223,22 @@ def airflow_db_migrate(layout: Layout, env: dict[str, str]) -> None:
         raise RuntimeError(f"airflow db migrate failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
 
 
-def up(layout: Layout, brokers: int, security: str) -> None:
+def ensure_spark(layout: Layout, state: dict, spark: str) -> None:
+    """Write the stack's Spark configuration; start or stop the standalone cluster to match."""
+    spark_cluster.write_conf(layout, spark)
+    pids = state.get("spark", {})
+    up_now = spark_cluster.running(pids, layout)
+    if spark == spark_cluster.CLUSTER and not up_now:
+        print(f"starting a Spark standalone master and worker on {spark_cluster.master_url(layout, spark)}")
+        spark_cluster.stop(pids)  # whichever half survived
+        state["spark"] = spark_cluster.start(layout)
+    elif spark == spark_cluster.LOCAL and pids:
+        spark_cluster.stop(pids)
+        state["spark"] = {}
+    save_state(layout, state)
+
+
+def up(layout: Layout, brokers: int, security: str, spark: str) -> None:
     state = load_state(layout)
     saved = Credentials.saved(layout)
     credentials = saved.completed(security)
@@ -219,7 +249,7 @@ def up(layout: Layout, brokers: int, security: str) -> None:
         if state.get("security", PLAINTEXT) != security:
             raise SystemExit(f"the {layout.name} stack already runs {state.get('security', PLAINTEXT)}; "
                              f"`make down` first to start it {security}")
-        write_env(layout, environment(layout, brokers, security, credentials))
+        write_env(layout, environment(layout, brokers, security, credentials, spark))
         postgres_server.require_password(layout, credentials.postgres)
         for node in map(int, state["kafka"]):
             if not alive(state["kafka"][str(node)]):
@@ -229,9 +259,10 @@ def up(layout: Layout, brokers: int, security: str) -> None:
         save_state(layout, state)
         migrate(layout.database_url())  # migrations added since the stack started
         supervisor.start(supervisor.stack_paths(layout))
+        ensure_spark(layout, state, spark)
         print(f"{layout.name} stack already running")
         return
-    check_ports_free(layout, brokers)
+    check_ports_free(layout, brokers, spark)
     layout.root.mkdir(parents=True, exist_ok=True)
     changed = bool(state) and (state["brokers"], state.get("security", PLAINTEXT)) != (brokers, security)
     if changed or credentials.kafka != saved.kafka:
@@ -240,7 +271,7 @@ def up(layout: Layout, brokers: int, security: str) -> None:
             subprocess.run(["rm", "-rf", str(kafka_cluster.node_dir(layout, node))], check=True)
         state = {}
     # The passwords are kept before any server is given them.
-    env = environment(layout, brokers, security, credentials)
+    env = environment(layout, brokers, security, credentials, spark)
     write_env(layout, env)
 
     print(f"starting PostgreSQL on 127.0.0.1:{layout.postgres_port}")
@@ -269,6 +300,8 @@ def up(layout: Layout, brokers: int, security: str) -> None:
     print(f"starting supervisord ({paths.socket}); deployed fleets start again")
     supervisor.start(paths)
 
+    ensure_spark(layout, state, spark)
+
     print("preparing the Airflow metadata database")
     airflow_db_migrate(layout, env)
     print(f"stack {layout.name} up; addresses and credentials in {layout.env_file}")
@@ -279,13 +312,15 @@ def down(layout: Layout) -> None:
     # First, while Kafka runs: the fleets finish their work, commit and leave their groups.
     supervisor.shutdown(supervisor.stack_paths(layout))
     terminate(state.get("ai_service"), grace_s=10)
+    spark_cluster.stop(state.get("spark", {}))
     for pid in state.get("kafka", {}).values():
         kafka_cluster.stop_node(pid)
     postgres_server.stop(layout)
     if state:
-        state["kafka"], state["ai_service"] = {}, None
+        state["kafka"], state["ai_service"], state["spark"] = {}, None, {}
         save_state(layout, state)
-    left = [f"{name} port {port}" for name, port in ports(layout, state.get("brokers", 3)).items()
+    left = [f"{name} port {port}" for name, port
+            in ports(layout, state.get("brokers", 3), spark_cluster.CLUSTER).items()
             if port_in_use(port)]
     if left:
         raise SystemExit("still listening after stop: " + ", ".join(left))
@@ -299,6 +334,11 @@ def status(layout: Layout) -> int:
     pg = port_in_use(layout.postgres_port)
     print(f"postgres: {'up' if pg else 'down'} on {layout.postgres_port}")
     print(f"AI service: {'up' if alive(state.get('ai_service')) else 'down'} on {layout.ai_service_port}")
+    if state.get("spark"):
+        workers = spark_cluster.status(layout).get("workers", [])
+        print(f"Spark master: {'up' if spark_cluster.running(state['spark'], layout) else 'down'} on "
+              f"{spark_cluster.master_url(layout, spark_cluster.CLUSTER)}, {len(workers)} worker(s), "
+              f"status {spark_cluster.status_url(layout)}")
     paths = supervisor.stack_paths(layout)
     client = supervisor.Client(paths)
     supervising = client.alive()
@@ -338,7 +378,7 @@ def main() -> None:
     args = parser.parse_args()
     layout = current()
     if args.command == "up":
-        up(layout, args.brokers, security())
+        up(layout, args.brokers, security(), spark_cluster.mode())
     elif args.command == "down":
         down(layout)
     elif args.command == "status":

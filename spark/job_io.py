@@ -37,7 +37,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, kafka: bool = False, jdb
     if jdbc:
         parser.add_argument("--jdbc-url", help="JDBC URL to read from (default: derived from --database-url)")
     if spark:
-        parser.add_argument("--master", help="Spark master (default $SPARK_MASTER or local[*])")
+        parser.add_argument("--master", help="Spark master (default: spark-submit's, else spark.master in "
+                            "$SPARK_CONF_DIR/spark-defaults.conf, else local[*])")
     if kafka:
         kafka_connection.add_argument(parser)
         parser.add_argument("--topics", type=lambda s: [t for t in s.split(",") if t], required=True,

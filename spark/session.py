@@ -1,8 +1,11 @@
-"""The Spark session every job uses: master and connector jars from the environment.
+"""The Spark session every job uses: the connector jars, and the master it was given.
 
-`SPARK_MASTER` selects `local[*]` (default) or a `spark://` cluster; the jars come from
-`spark/jars.py`. They go through `spark.jars`, not `spark.jars.packages`, because Ivy would
-bypass the Maven resolution the project pins.
+The master is the job's `--master` when given; otherwise what spark-submit was told (its
+`--master`, as `SparkSubmitOperator` passes the `spark_default` connection's), else
+`spark.master` of `$SPARK_CONF_DIR/spark-defaults.conf` (the stack writes one), else local[*]:
+a job never overrides the master it was submitted to. The jars come from `spark/jars.py`. They
+go through `spark.jars`, not `spark.jars.packages`, because Ivy would bypass the Maven
+resolution the project pins.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ def build(app_name: str, master: str | None = None) -> SparkSession:
         raise RuntimeError(f"no connector jars in {JARS_DIR}: run `make jars`")
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(master or os.environ.get("SPARK_MASTER", "local[*]"))
         .config("spark.jars", jars)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", os.environ.get("SPARK_SHUFFLE_PARTITIONS", "8"))
         .config("spark.ui.showConsoleProgress", "false")
     )
+    if master:
+        builder = builder.master(master)
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per gateway call otherwise
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

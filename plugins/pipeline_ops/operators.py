@@ -23,11 +23,11 @@ from consumers.pipeline_config import PipelineConfig
 from consumers.provisioning import TopicReport, provision
 from consumers.run_figures import burst_figures
 from measure import figures as measure
+from measure.sizing import SizingInput, size
 from pipeline_ops import gate, report
 from pipeline_ops.connections import database_url, kafka_access
-from pipeline_ops.deploy import FleetEnvironment, FleetSupervisor
+from pipeline_ops.fleets import FleetEnvironment, FleetSupervisor, backend_for
 from pipeline_ops.registry import ConfigRegistry
-from spark.partition_sizing import SizingInput, size
 
 
 def ai_base_url(ai_conn_id: str) -> str:
@@ -177,8 +177,10 @@ class ProvisionTopicsOperator(BaseOperator):
 class DeployFleetOperator(BaseOperator):
     """Start, scale, check or stop the consumer fleets of a run at a configuration version.
 
-    `scale` restarts the AI stages' supervisord programs with the new member count; `check`
-    records each fleet's health and supervisord state (restarts included) and returns it.
+    The fleets run where `fleet_conn_id` says (pipeline_ops.fleets.backend_for): as supervisord
+    programs on this machine when there is no such connection, as Kubernetes Deployments when it
+    is a Kubernetes connection. `scale` runs the AI stages at the new member count; `check`
+    records each fleet's health (restarts included) and returns it.
     """
 
     template_fields = ("action", "run_id", "version", "members", "ai_limit")
@@ -187,20 +189,21 @@ class DeployFleetOperator(BaseOperator):
                  members: int | str | None = None, ai_limit: int | str | None = None,
                  kafka_config_id: str = "kafka_default",
                  postgres_conn_id: str = "postgres_default", ai_conn_id: str = "ai_service",
-                 **kwargs: Any) -> None:
+                 fleet_conn_id: str = "fleet_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.action, self.run_id, self.version, self.members = action, run_id, version, members
         self.ai_limit = ai_limit
         self.conns = (kafka_config_id, postgres_conn_id, ai_conn_id)
+        self.fleet_conn_id = fleet_conn_id
 
     def execute(self, context: Any) -> Any:
         if self.action not in ("start", "scale", "check", "stop"):
             raise ValueError(f"unknown action {self.action!r}: start, scale, check or stop")
-        supervisor = FleetSupervisor(self.conns[1])
+        fleets = backend_for(self.fleet_conn_id, self.conns[1])
         if self.action == "stop":
-            return supervisor.stop(self.run_id)
+            return fleets.stop(self.run_id)
         if self.action == "check":
-            return supervisor.check(self.run_id)
+            return fleets.check(self.run_id)
         version = ConfigRegistry(self.conns[1]).get(int(self.version))
         config = version.config
         n = int(self.members or 0)  # rendered templates are text: "0" means the version's own
@@ -209,7 +212,7 @@ class DeployFleetOperator(BaseOperator):
                              generate=replace(config.generate, members=n))
         if self.ai_limit and configure_stand_in(self.conns[2], config.time_scale, int(self.ai_limit)):
             self.log.info("AI stand-in set to time scale %s, limit %s", config.time_scale, self.ai_limit)
-        deploy = supervisor.scale if self.action == "scale" else supervisor.start
+        deploy = fleets.scale if self.action == "scale" else fleets.start
         running = deploy(self.run_id, version.version, config, fleet_environment(*self.conns))
         self.log.info("fleets of %s running: %s", self.run_id, running)
         return running

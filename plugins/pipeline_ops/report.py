@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import matplotlib.pyplot as plt
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 
 from consumers.events import Topics
@@ -23,6 +22,14 @@ RESULTS = Path(os.environ.get("PIPELINE_RESULTS_DIR",
 TRIAL_COLUMNS = (("steady_throughput_rps", "steady rps"), ("throughput_rps", "span rps"),
                  ("capacity_rps", "capacity"), ("utilization", "utilization"), ("lost", "lost"),
                  ("duplicate_ai_calls", "dup calls"), ("skew_max_over_mean", "skew"), ("p99_ms", "p99 ms"))
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot, imported when a plot is drawn: parsing the DAGs imports this module,
+    and matplotlib would add a second to every parse."""
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def interval(bounds: dict[str, Any] | None, digits: int = 3) -> str:
@@ -81,6 +88,7 @@ def write(hook: PostgresHook, candidate: dict[str, Any], decision: dict[str, Any
 
 
 def _plot_completions(figures: dict[str, Any], hook: PostgresHook, path: Path) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     longest = 0.0
     for trial in figures["trials"]:
@@ -108,6 +116,7 @@ def _plot_completions(figures: dict[str, Any], hook: PostgresHook, path: Path) -
 
 def _plot_partitions(figures: dict[str, Any], hook: PostgresHook, path: Path) -> None:
     trials = figures["trials"]
+    plt = _pyplot()
     fig, axes = plt.subplots(len(trials), 1, figsize=(8, 1.6 * len(trials) + 0.8), sharex=True,
                              squeeze=False)
     for ax, trial in zip(axes[:, 0], trials, strict=True):
@@ -148,6 +157,7 @@ def write_capacity(result: dict[str, Any], steps: list[Any]) -> Path:
     (out / "capacity.json").write_text(json.dumps(
         {**result, "lag": {str(s.rate): s.lag for s in steps}}, indent=2, default=str))
     (out / "capacity.txt").write_text(capacity_text(result) + "\n")
+    plt = _pyplot()
     fig, (lag_ax, p99_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for n, step in enumerate(steps, start=1):
         style = "-" if step.sustained else ":"

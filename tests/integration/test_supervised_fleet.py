@@ -24,7 +24,7 @@ from consumers.pipeline import provision_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
 from infra import supervisor
 from infra.layout import REPO
-from pipeline_ops.deploy import FleetEnvironment, FleetSupervisor
+from pipeline_ops.fleets import FleetEnvironment, FleetSupervisor
 from pipeline_ops.registry import ConfigRegistry
 from tests.integration.pipeline_fixtures import query
 from tests.stack import Stack, unique

@@ -7,6 +7,7 @@ advertises the wrong port) would otherwise only show on someone else's machine.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from infra.kafka_cluster import GROUP_SETTINGS
 from infra.layout import REPO
 from spark.jars import JARS_DIR
 
@@ -24,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yaml"
 COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+AIRFLOW_ENV: dict[str, str] = COMPOSE["x-airflow-common"]["environment"]
 
 # ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message} and bare $VAR; `$$` is a literal `$`.
 REFERENCE = re.compile(r"\$(?:\{(?P<braced>[A-Za-z_]\w*)(?P<modifier>[^}]*)\}|(?P<bare>[A-Za-z_]\w*))")
@@ -255,6 +258,29 @@ def test_broker_advertises_its_published_port(broker: str) -> None:
         assert names, f"{broker} publishes {container_port}, where no listener listens"
         assert advertised.get(names[0]) == host_port, \
             f"{broker}: {names[0]} advertised on {advertised.get(names[0])}, published on {host_port}"
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+def test_brokers_allow_the_group_timeouts_the_presets_ask_for(broker: str) -> None:
+    """A classic member at time scale 0.05 asks for a 2.25 s session (Kafka's minimum is 6 s): the
+    brokers take the local stack's group settings, or every scaled-down run is refused."""
+    env = broker_env(broker)
+    assert {name: int(env.get("KAFKA_" + name.upper().replace(".", "_"), -1))
+            for name in GROUP_SETTINGS} == GROUP_SETTINGS
+    assert GROUP_SETTINGS["group.min.session.timeout.ms"] <= 2250
+
+
+def test_spark_default_is_the_spark_master_service() -> None:
+    """The DAGs submit to `spark_default`: it must name the compose Spark master, in client mode
+    (standalone refuses Python applications in cluster mode)."""
+    conn = json.loads(with_defaults(AIRFLOW_ENV["AIRFLOW_CONN_SPARK_DEFAULT"]))
+    host = conn["host"].removeprefix("spark://")
+    master = SERVICES[host]
+    assert "org.apache.spark.deploy.master.Master" in master["command"]
+    assert str(conn["port"]) == master["command"][master["command"].index("--port") + 1]
+    assert conn["extra"]["deploy-mode"] == "client"
+    workers = [s for s in SERVICES.values() if f"spark://{host}:{conn['port']}" in s.get("command", [])]
+    assert workers, "no Spark worker registers with the master spark_default names"
 
 
 def test_docker_compose_accepts_the_file() -> None:

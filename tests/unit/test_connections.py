@@ -9,7 +9,7 @@ import pytest
 
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from pipeline_ops import connections
-from pipeline_ops.deploy import FleetEnvironment
+from pipeline_ops.fleets import FleetEnvironment
 
 ADMIN = {"bootstrap.servers": "127.0.0.1:39092", "security.protocol": "SASL_SSL",
          "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "admin", "sasl.password": "admin-pw",

@@ -133,7 +133,7 @@ def test_tls_files_are_owner_only_and_reused(tmp_path: Path) -> None:
 
 
 def test_the_secured_environment_hands_out_every_principal() -> None:
-    env = environment(SECURE, 3, "sasl_ssl", Credentials(PG_PASSWORD, PASSWORDS))
+    env = environment(SECURE, 3, "sasl_ssl", Credentials(PG_PASSWORD, PASSWORDS), "local")
     assert env["SECURITY"] == "sasl_ssl"
     assert env["KAFKA_BOOTSTRAP_SERVERS"] == BOOTSTRAP
     assert json.loads(env["KAFKA_CLIENT_CONFIG"]) == client_settings("admin")
@@ -152,7 +152,7 @@ def test_the_secured_environment_hands_out_every_principal() -> None:
 
 
 def test_every_database_url_carries_the_quoted_password() -> None:
-    env = environment(SECURE, 3, "sasl_ssl", Credentials(PG_PASSWORD, PASSWORDS))
+    env = environment(SECURE, 3, "sasl_ssl", Credentials(PG_PASSWORD, PASSWORDS), "local")
     assert env["DATABASE_URL"] == f"postgresql://postgres:{PG_QUOTED}@127.0.0.1:27433/pipeline"
     assert env["AIRFLOW_CONN_POSTGRES_DEFAULT"] == f"postgres://postgres:{PG_QUOTED}@127.0.0.1:27433/pipeline"
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] == \
@@ -162,7 +162,7 @@ def test_every_database_url_carries_the_quoted_password() -> None:
 
 
 def test_the_plaintext_environment_is_the_bootstrap_list_and_a_database_password() -> None:
-    env = environment(Layout("dev"), 1, "plaintext", Credentials("pg-pw", {}))
+    env = environment(Layout("dev"), 1, "plaintext", Credentials("pg-pw", {}), "cluster")
     assert env["SECURITY"] == "plaintext"
     assert json.loads(env["KAFKA_CLIENT_CONFIG"]) == {"bootstrap.servers": "127.0.0.1:9092"}
     assert env["KAFKA_BOOTSTRAP_SERVERS"] == "127.0.0.1:9092"
@@ -170,12 +170,15 @@ def test_the_plaintext_environment_is_the_bootstrap_list_and_a_database_password
         "bootstrap.servers": "127.0.0.1:9092", "group.id": "airflow", "auto.offset.reset": "earliest"}}
     assert not [k for k in env if k.startswith(("KAFKA_CLIENT_CONFIG_", "AIRFLOW_CONN_KAFKA_DEFAULT_"))]
     assert env["DATABASE_URL"] == "postgresql://postgres:pg-pw@127.0.0.1:5433/pipeline"
+    # SPARK=cluster: spark_default names the standalone master, in client deploy mode.
+    assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"]) == {
+        "conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077, "extra": {"deploy-mode": "client"}}
 
 
 def test_stack_env_is_owner_only_and_gives_the_passwords_back(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(layout, "LOCAL", tmp_path)
-    env = environment(SECURE, 3, "sasl_ssl", Credentials(PG_PASSWORD, PASSWORDS))
+    env = environment(SECURE, 3, "sasl_ssl", Credentials(PG_PASSWORD, PASSWORDS), "local")
     write_env(SECURE, env)
     env_file = tmp_path / "secure" / "stack.env"
     assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
@@ -224,7 +227,8 @@ def test_every_stack_port_is_below_the_ephemeral_range() -> None:
     for name in ("dev", "test", "faults", "secure"):
         stack = Layout(name)
         assert max(stack.controller_port(3), stack.airflow_port, stack.ai_service_port,
-                   stack.postgres_port) < 32768, name
+                   stack.postgres_port, stack.spark_master_port, stack.spark_master_ui_port,
+                   stack.spark_worker_ui_port) < 32768, name
 
 
 def test_security_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

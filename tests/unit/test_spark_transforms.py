@@ -9,7 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from spark import job_io, partition_load, partition_sizing, pipeline_analysis
+from measure import sizing
+from spark import job_io, partition_load, pipeline_analysis
 from spark.session import build
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)  # epoch seconds 1767225600: every bucket boundary lines up
@@ -269,21 +270,21 @@ def test_analyse_document(spark: SparkSession) -> None:
 # --- sizing and helpers -----------------------------------------------------------------------
 
 def test_partitions_for_rounds_up_but_not_past_an_exact_quotient() -> None:
-    assert partition_sizing.partitions_for(100, 25) == 4
-    assert partition_sizing.partitions_for(101, 25) == 5
-    assert partition_sizing.partitions_for(100, 4 / 3) == 75  # 100 / 1.333... is 75.00000000000001
-    assert partition_sizing.partitions_for(0.5, 10) == 1
+    assert sizing.partitions_for(100, 25) == 4
+    assert sizing.partitions_for(101, 25) == 5
+    assert sizing.partitions_for(100, 4 / 3) == 75  # 100 / 1.333... is 75.00000000000001
+    assert sizing.partitions_for(0.5, 10) == 1
 
 
 def test_sizing_takes_the_larger_of_the_produce_and_consume_terms() -> None:
-    produce_bound = partition_sizing.size(partition_sizing.SizingInput(
+    produce_bound = sizing.size(sizing.SizingInput(
         target=1000, produce_per_partition=60, consume_per_partition=250, current_partitions=32))
     terms = (produce_bound["by_produce"], produce_bound["by_consume"], produce_bound["partitions"])
     assert terms == (17, 4, 17)
     assert produce_bound["limiting"] == "produce" and produce_bound["warning"] is None
 
     # AI consumers: 8 calls in flight per partition at 3 s each -> 8/3 per s; 21.3 / (8/3) = 7.99 -> 8
-    ai = partition_sizing.size(partition_sizing.SizingInput(
+    ai = sizing.size(sizing.SizingInput(
         target=21.3, produce_per_partition=5000, concurrency_per_partition=8, service_time_s=3,
         current_partitions=6))
     assert ai["t_consume"] == pytest.approx(8 / 3)
@@ -294,7 +295,7 @@ def test_sizing_takes_the_larger_of_the_produce_and_consume_terms() -> None:
 
 def test_sizing_needs_a_consume_rate() -> None:
     with pytest.raises(ValueError, match="concurrency_per_partition"):
-        partition_sizing.size(partition_sizing.SizingInput(target=10, produce_per_partition=5))
+        sizing.size(sizing.SizingInput(target=10, produce_per_partition=5))
 
 
 def test_jdbc_settings_move_credentials_out_of_the_url() -> None:

@@ -13,57 +13,20 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
-from airflow.providers.postgres.hooks.postgres import PostgresHook
-
 from consumers.events import STAGES
-from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline_config import PipelineConfig
 from infra import supervisor
 from infra.fleet_program import fleet_program
 from infra.processes import tail
+from pipeline_ops.fleets.backend import AI_STAGES, FleetEnvironment
+from pipeline_ops.fleets.records import SUPERVISORD, Deployment, Records, wait_ready
 
-AI_STAGES = ("check", "generate")
-TOKEN_ENV = "AI_SERVICE_TOKEN"  # the fleet's default --ai-token-env
 # supervisord's states as deployment health (RUNNING is healthy once /metrics answers).
 HEALTH = {"STARTING": "starting", "BACKOFF": "restarting", "EXITED": "restarting",
           "STOPPING": "stopping"}
-
-
-@dataclass(frozen=True)
-class FleetEnvironment:
-    """Addresses the fleet processes need, taken from the Airflow connections."""
-
-    kafka: KafkaAccess
-    database_url: str
-    check_url: str
-    generate_url: str
-
-    def variables(self, stage: str) -> dict[str, str]:
-        """A stage fleet's environment: its own Kafka principal, the addresses, and the AI token
-        when this process has one. Secrets travel here (an owner-only program file), never on
-        the command line."""
-        env = {**self.kafka.of(stage).environment(), "DATABASE_URL": self.database_url,
-               "AI_CHECK_URL": self.check_url, "AI_GENERATE_URL": self.generate_url}
-        if os.environ.get(TOKEN_ENV):
-            env[TOKEN_ENV] = os.environ[TOKEN_ENV]
-        return env
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """A running row of the `deployments` table."""
-
-    id: int
-    stage: str
-    program: str
-    pid: int | None
-    metrics_port: int
-    log_file: str
 
 
 def default_paths() -> supervisor.Paths:
@@ -102,7 +65,7 @@ class FleetSupervisor:
 
     def __init__(self, postgres_conn_id: str = "postgres_default",
                  paths: supervisor.Paths | None = None) -> None:
-        self.hook = PostgresHook(postgres_conn_id=postgres_conn_id)
+        self.records = Records(postgres_conn_id)
         self.paths = paths or default_paths()
 
     def _client(self) -> supervisor.Client:
@@ -112,10 +75,9 @@ class FleetSupervisor:
     def start(self, run_id: str, version: int, config: PipelineConfig, env: FleetEnvironment,
               ready_timeout_s: float = 90.0) -> list[dict]:
         """Start every stage's fleet and wait until all their members have partitions."""
-        if self.running(run_id):
-            raise RuntimeError(f"run {run_id} already has running fleets: stop them first")
+        self.records.refuse_running(run_id)
         client = self._client()
-        since = self.hook.get_first("SELECT now()")[0]
+        since = self.records.now()
         try:
             for stage in STAGES:
                 self._deploy(client, run_id, version, config, env, stage, _free_port())
@@ -134,7 +96,7 @@ class FleetSupervisor:
         if missing:
             raise RuntimeError(f"run {run_id} has no running fleet for {missing}: start it first")
         client = self._client()
-        since = self.hook.get_first("SELECT now()")[0]
+        since = self.records.now()
         for stage in stages:
             self._deploy(client, run_id, version, config, env, stage, deployed[stage].metrics_port,
                          replaces=deployed[stage].id)
@@ -144,57 +106,36 @@ class FleetSupervisor:
     def _deploy(self, client: supervisor.Client, run_id: str, version: int, config: PipelineConfig,
                 env: FleetEnvironment, stage: str, port: int, replaces: int | None = None) -> None:
         """Write and load the stage's program; record it (and close the row it replaces)."""
-        members = config.stage(stage).members
         name = supervisor.program_name("fleet", run_id, stage)
         replaced = client.add(fleet_program(name, run_id, stage, config, env.variables(stage), port))
         if replaces is not None:
-            self.hook.run("UPDATE deployments SET state = 'scaled', exit_code = %s, stopped_at = now(), "
-                          "health = 'stopped', process_state = %s WHERE id = %s",
-                          parameters=(replaced.exit_status if replaced else None,
-                                      replaced.state if replaced else None, replaces))
-        self.hook.run("INSERT INTO deployments (run_id, version, stage, program, members, metrics_port, "
-                      "state, log_file) VALUES (%s, %s, %s, %s, %s, %s, 'running', %s)",
-                      parameters=(run_id, version, stage, name, members, port,
-                                  str(self.paths.program_log(name))))
+            self.records.close(replaces, "scaled", replaced.exit_status if replaced else None,
+                               replaced.state if replaced else None)
+        self.records.open(run_id, version, stage, name, config.stage(stage).members, port,
+                          str(self.paths.program_log(name)))
 
     def running(self, run_id: str) -> list[Deployment]:
-        rows = self.hook.get_records(
-            "SELECT id, stage, program, pid, metrics_port, log_file FROM deployments "
-            "WHERE run_id = %s AND state = 'running' AND program IS NOT NULL ORDER BY id",
-            parameters=(run_id,))
-        return [Deployment(*row) for row in rows]
+        return self.records.running(run_id, SUPERVISORD)
 
     def describe(self, run_id: str) -> list[dict]:
         """The running fleets of the run as recorded (for logs and XCom)."""
-        return [{"stage": d.stage, "program": d.program, "pid": d.pid, "metrics_port": d.metrics_port,
-                 "log": d.log_file} for d in self.running(run_id)]
+        return self.records.describe(run_id, SUPERVISORD)
 
     def _wait_ready(self, client: supervisor.Client, run_id: str, config: PipelineConfig,
                     stages: tuple[str, ...], since: object, timeout_s: float) -> None:
-        """Ready = every fleet RUNNING and serving /metrics, and every member of `stages` assigned
-        since `since`. A fleet that exits before it is ready fails the deployment at once."""
-        deadline = time.monotonic() + timeout_s
-        wanted = {s: min(config.stage(s).members, config.partitions) for s in stages}
-        while True:
-            health = self.check(run_id, client)
-            down = {stage: h for stage, h in health.items() if h in ("dead", "restarting")}
-            if down:
-                logs = "\n".join(f"--- {d.stage}: {d.log_file}\n{tail(Path(d.log_file), 15)}"
-                                 for d in self.running(run_id) if d.stage in down)
-                self.stop(run_id)
-                raise RuntimeError(f"fleets of {run_id} exited during start-up: {down}\n{logs}")
-            assigned = dict(self.hook.get_records(
-                "SELECT split_part(member, '-', 1), count(DISTINCT member) FROM rebalance_events "
-                "WHERE run_id = %s AND event = 'assign' AND at >= %s GROUP BY 1",
-                parameters=(run_id, since)))
-            if all(h == "healthy" for h in health.values()) and all(
-                    assigned.get(s, 0) >= n for s, n in wanted.items()):
-                return
-            if time.monotonic() > deadline:
-                self.stop(run_id)
-                raise TimeoutError(f"fleets of {run_id} not ready in {timeout_s}s: health {health}, "
-                                   f"assigned members {assigned} of {wanted}")
-            time.sleep(0.5)
+        """Ready as records.wait_ready says, every member restarted and assigned since `since`;
+        the fleets' log tails explain a fleet that exits first. The run's fleets are stopped when
+        they do not get ready."""
+        def tails(down: dict[str, str]) -> str:
+            return "\n".join(f"--- {d.stage}: {d.log_file}\n{tail(Path(d.log_file), 15)}"
+                             for d in self.running(run_id) if d.stage in down)
+
+        try:
+            wait_ready(run_id, config, stages, timeout_s, lambda: self.check(run_id, client),
+                       lambda: self.records.assigned(run_id, since), tails)
+        except Exception:
+            self.stop(run_id)
+            raise
 
     def check(self, run_id: str, client: supervisor.Client | None = None) -> dict[str, str]:
         """Health of each stage's fleet, from supervisord and /metrics, recorded in the table
@@ -206,7 +147,7 @@ class FleetSupervisor:
             health = health_of(info, d.metrics_port)
             pid = info.pid if info and info.pid else None
             restarted = int(pid is not None and d.pid is not None and pid != d.pid)
-            self.hook.run(
+            self.records.hook.run(
                 "UPDATE deployments SET health = %s, process_state = %s, pid = COALESCE(%s, pid), "
                 "restarts = restarts + %s, exit_code = COALESCE(%s, exit_code), spawn_error = %s, "
                 "checked_at = now() WHERE id = %s",
@@ -233,8 +174,6 @@ class FleetSupervisor:
             final = client.remove(d.program)
             codes[d.stage] = final.exit_status if final else None
             failed = crashing[d.stage] or codes[d.stage] not in (0, None)
-            self.hook.run("UPDATE deployments SET state = %s, exit_code = %s, stopped_at = now(), "
-                          "health = 'stopped', process_state = %s WHERE id = %s",
-                          parameters=("failed" if failed else "stopped", codes[d.stage],
-                                      final.state if final else None, d.id))
+            self.records.close(d.id, "failed" if failed else "stopped", codes[d.stage],
+                               final.state if final else None)
         return codes

@@ -1,0 +1,58 @@
+"""What every deployment backend takes and does: a run's fleets started from a configuration and
+the addresses in a `FleetEnvironment`, the AI stages resized, their health checked, all stopped."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Protocol
+
+from consumers.kafka_connection import KafkaAccess
+from consumers.pipeline_config import PipelineConfig
+
+AI_STAGES = ("check", "generate")
+TOKEN_ENV = "AI_SERVICE_TOKEN"  # the fleet's default --ai-token-env
+# A fleet's health, whatever runs it: healthy | starting | restarting | stopping | dead.
+DOWN = ("dead", "restarting")
+
+
+@dataclass(frozen=True)
+class FleetEnvironment:
+    """Addresses the fleet processes need, taken from the Airflow connections."""
+
+    kafka: KafkaAccess
+    database_url: str
+    check_url: str
+    generate_url: str
+
+    def variables(self, stage: str) -> dict[str, str]:
+        """A stage fleet's environment: its own Kafka principal, the addresses, and the AI token
+        when this process has one. Secrets travel here (an owner-only program file, a Kubernetes
+        Secret), never on the command line."""
+        env = {**self.kafka.of(stage).environment(), "DATABASE_URL": self.database_url,
+               "AI_CHECK_URL": self.check_url, "AI_GENERATE_URL": self.generate_url}
+        if os.environ.get(TOKEN_ENV):
+            env[TOKEN_ENV] = os.environ[TOKEN_ENV]
+        return env
+
+
+class FleetBackend(Protocol):
+    """Runs the fleets of a run, one per stage, and records them in the `deployments` table."""
+
+    def start(self, run_id: str, version: int, config: PipelineConfig, env: FleetEnvironment,
+              ready_timeout_s: float = 90.0) -> list[dict]:
+        """Start every stage's fleet; return once all their members have partitions."""
+        ...
+
+    def scale(self, run_id: str, version: int, config: PipelineConfig, env: FleetEnvironment,
+              stages: tuple[str, ...] = AI_STAGES, ready_timeout_s: float = 90.0) -> list[dict]:
+        """Run `stages` at `config`'s member counts."""
+        ...
+
+    def check(self, run_id: str) -> dict[str, str]:
+        """Each stage's health, also recorded."""
+        ...
+
+    def stop(self, run_id: str) -> dict[str, int | None]:
+        """Stop every fleet gracefully; each stage's exit code (None: none known)."""
+        ...

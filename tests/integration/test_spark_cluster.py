@@ -1,0 +1,122 @@
+"""The analysis jobs on the test stack's Spark standalone master, submitted as the DAGs submit
+them (`SparkSubmitOperator` on `spark_default`), give exactly what `local[*]` gives; and the
+README's `spark-submit` command runs as written."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from consumers.pipeline import running_pipeline
+from consumers.pipeline_config import PipelineConfig, StageConfig
+from pipeline_ops.dag_support import spark_env
+from pipeline_ops.operators import AnalysisSubmitOperator
+from tests.integration.pipeline_fixtures import TIME_SCALE, ai_service
+from tests.stack import REPO, Stack
+
+BURST = 80
+LOCAL_CONN = "spark_local"
+
+
+@pytest.fixture(scope="module")
+def cluster_stack(stack: Stack) -> Stack:
+    if stack.env.get("SPARK") != "cluster":
+        pytest.fail("the test stack runs Spark locally: `make test` starts it with SPARK=cluster")
+    return stack
+
+
+@pytest.fixture(scope="module")
+def run_id(cluster_stack: Stack) -> str:
+    """A small flow run whose topics and rows the jobs analyse."""
+    config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
+                            check=StageConfig("flow", members=1, window=8),
+                            generate=StageConfig("flow", members=1, window=8))
+    with ai_service() as ai, running_pipeline(config, cluster_stack.kafka, cluster_stack.database_url,
+                                              ai.endpoints) as pipeline:
+        pipeline.send(BURST, reject_share=0.1)
+        counts = pipeline.wait_terminal(BURST, timeout_s=120)
+    assert sum(counts.values()) == BURST, counts
+    return pipeline.run_id
+
+
+def master_status(stack: Stack) -> dict:
+    url = f"http://127.0.0.1:{stack.layout.spark_master_ui_port}/json/"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.load(response)
+
+
+def submit(job: str, conn_id: str, args: list[str], output: Path) -> dict:
+    """One job through the operator the DAGs use, outside a DAG run (no templates to render)."""
+    operator = AnalysisSubmitOperator(
+        task_id=f"{job}-{conn_id}", application=str(REPO / "spark" / f"{job}.py"), name=job,
+        conn_id=conn_id, application_args=[*args, "--output-json", str(output)], env_vars=spark_env())
+    operator.execute({})
+    return json.loads(output.read_text())
+
+
+@pytest.fixture(scope="module")
+def local_spark(monkeypatch_module: pytest.MonkeyPatch) -> str:
+    monkeypatch_module.setenv(f"AIRFLOW_CONN_{LOCAL_CONN.upper()}",
+                              json.dumps({"conn_type": "spark", "host": "local[2]"}))
+    return LOCAL_CONN
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_the_jobs_on_the_standalone_master_match_local(cluster_stack: Stack, run_id: str, local_spark: str,
+                                                       tmp_path: Path) -> None:
+    before = {app["id"] for app in master_status(cluster_stack)["completedapps"]}
+    results = {}
+    for conn_id in ("spark_default", local_spark):
+        out = tmp_path / conn_id
+        out.mkdir()
+        results[conn_id] = (
+            submit("partition_load", conn_id,
+                   ["--topics", f"{run_id}.style", "--run-id", f"{run_id}-{conn_id}"], out / "load.json"),
+            submit("pipeline_analysis", conn_id, ["--run-id", run_id], out / "analysis.json"))
+    on_cluster, on_local = results["spark_default"], results[local_spark]
+    # The cluster really ran both: the master lists two more finished applications.
+    finished = [app for app in master_status(cluster_stack)["completedapps"] if app["id"] not in before]
+    assert sorted(app["state"] for app in finished) == ["FINISHED", "FINISHED"], finished
+    load_cluster, load_local = (dict(doc, run_id=None) for doc, _ in (on_cluster, on_local))
+    assert load_cluster == load_local
+    assert sum(p["records"] for p in load_cluster["partitions"]) == BURST  # guard: not two empty scans
+    assert on_cluster[1] == on_local[1]
+    assert on_cluster[1]["requests"] == BURST
+
+
+def readme_command() -> str:
+    """The README's spark-submit example, exactly as a user would copy it."""
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"<!-- spark-submit example -->\n```bash\n(.*?)```", text, re.DOTALL)
+    assert block, "README.md lost its spark-submit example"
+    return block.group(1)
+
+
+def test_the_readme_spark_submit_command_runs_as_written(cluster_stack: Stack, run_id: str,
+                                                         tmp_path: Path) -> None:
+    command = readme_command()
+    assert "spark-submit spark/partition_load.py" in command and "--jars" not in command
+    topic, output = f"{run_id}.style", Path("/tmp") / f"{run_id}-load.json"
+    # The example is for the dev stack and a topic of its own: run it on this stack and run.
+    script = (command.replace(".local/stack.env", str(cluster_stack.layout.env_file))
+              .replace("demo.style", topic).replace("/tmp/partition_load.json", str(output)))
+    started = time.time()
+    proc = subprocess.run(["bash", "-euc", script], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={"HOME": str(tmp_path), "PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    document = json.loads(output.read_text())
+    assert output.stat().st_mtime >= started
+    assert sum(p["records"] for p in document["partitions"]) == BURST
+    output.unlink()
