@@ -5,9 +5,16 @@ topic as its own consumer group and write its outputs and the dead-letter topic;
 Topics are per run, so the admin grants these when it provisions a run's topics, with LITERAL
 patterns (a prefixed pattern cannot say "the `.style` topic of any run"), and takes them back
 when it deletes them. An open cluster has no principals to grant to, and nothing is done.
+
+CreateAcls returns once the controller has committed the bindings, but each broker authorizes
+from its own copy of the cluster metadata, which catches up a moment later. A fleet that reached
+a lagging broker first would be refused, and an idempotent producer refused its producer id is
+unusable for good; so `grant` returns only when every broker lets every role see its topics.
 """
 
 from __future__ import annotations
+
+import time
 
 from confluent_kafka.admin import (
     AclBinding,
@@ -45,12 +52,32 @@ def bindings(topics: Topics, access: KafkaAccess) -> list[AclBinding]:
 
 
 def grant(admin: AdminClient, topics: Topics, access: KafkaAccess, timeout_s: float = 30.0) -> int:
-    """Create the run's bindings (idempotent); return how many."""
+    """Create the run's bindings (idempotent) and wait until every broker applies them; return
+    how many."""
     wanted = bindings(topics, access)
     if wanted:
         for future in admin.create_acls(wanted, request_timeout=timeout_s).values():
             future.result()
+        brokers = [f"{b.host}:{b.port}" for b in admin.list_topics(timeout=timeout_s).brokers.values()]
+        _wait_applied(topics, access, brokers, time.monotonic() + timeout_s)
     return len(wanted)
+
+
+def _wait_applied(topics: Topics, access: KafkaAccess, brokers: list[str], deadline: float) -> None:
+    """Until each broker shows each role its topics. A new client's first request goes to its
+    only bootstrap broker, so one client per broker and role asks exactly that broker."""
+    for role in access.grantees():
+        names = [name for kind, name, _ in grants(topics, role) if kind == ResourceType.TOPIC]
+        for broker in brokers:
+            settings = access.of(role).client(**{"bootstrap.servers": broker})
+            while True:
+                found = AdminClient(settings).list_topics(timeout=10).topics  # the ones it may see
+                missing = [n for n in names if n not in found or found[n].error is not None]
+                if not missing:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"broker {broker} does not yet let {role} see {missing}")
+                time.sleep(0.1)
 
 
 def revoke(admin: AdminClient, topics: Topics, access: KafkaAccess, timeout_s: float = 30.0) -> int:

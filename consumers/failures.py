@@ -7,9 +7,10 @@ dependency (PostgreSQL unreachable, a Kafka delivery that timed out, the AI serv
 everyone with 429 or not answering connections before the request had its configured tries,
 another member holding the record's claim)
 says nothing about the record: it is retried with backoff while the partition waits, and the
-offset is never committed past it. Anything else is a defect the member cannot judge: it is
-neither dead-lettered nor committed, and the member goes down loudly so its supervisor
-restarts it.
+offset is never committed past it. A fatal client error (librdkafka's idempotent producer after,
+say, a refused producer id) leaves the member's producer unusable: no retry can succeed in this
+process. That, and anything else the member cannot judge, is neither dead-lettered nor
+committed, and the member goes down loudly so its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(TRANSIENT, "database_unavailable")
     if isinstance(exc, DeliveryError | KafkaException):
         error = exc.error if isinstance(exc, DeliveryError) else exc.args[0] if exc.args else None
+        if isinstance(error, KafkaError) and error.fatal():
+            return Verdict(FATAL, "kafka_client_fatal")
         code = error.code() if isinstance(error, KafkaError) else None
         return Verdict(POISON if code in _RECORD_DELIVERY_ERRORS else TRANSIENT, "delivery_failed")
     if isinstance(exc, BufferError | concurrent.futures.TimeoutError | TimeoutError):

@@ -92,7 +92,8 @@ def standard_figures(database_url: str, run_id: str, produced: int, ai_limit: in
         steady_throughput_rps=figures.steady_rate(times),
         service_s={stage: statistics.fmean(s) for stage, s in per_stage.items()}, ai_limit=ai_limit,
         duplicate_ai_calls=figures.duplicate_calls(repeated), skew_max_over_mean=max_over_mean,
-        skew_cv=cv, latency_s={q: figures.percentile(e2e, q) for q in figures.QUANTILES})
+        skew_cv=cv, skew_records=sum(per_partition), skew_partitions=len(per_partition),
+        latency_s={q: figures.percentile(e2e, q) for q in figures.QUANTILES})
     extras = {"first_produced_s": first, "last_terminal_s": last, "completion_times": times,
               "calls": calls, "per_stage": per_stage, "latency": latency}
     return standard, extras

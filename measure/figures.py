@@ -28,6 +28,9 @@ turns them into figures, so a figure cannot mean two things.
   beyond the first per (request, stage).
 - skew over the style topic's partitions (requests per partition): max/mean and coefficient of
   variation (population standard deviation / mean); None for a topic without records.
+- hashing skew bound: the max/mean that uniform key hashing of `records` over `partitions`
+  exceeds with probability at most 0.001 (union bound over the partitions of Binomial(records,
+  1/partitions)'s upper tail): below it, skew is what a sample of that size looks like.
 - consumer lag of a group on a partition: records past its committed offset (past the low
   watermark when it committed nothing); a pipeline's lag sums its stages' groups.
 - lag trend: the least-squares slope of lag samples against time (records/s): a pipeline keeps
@@ -106,6 +109,26 @@ def skew(counts: Sequence[int]) -> tuple[float | None, float | None]:
     return max(counts) / mean, statistics.pstdev(counts) / mean
 
 
+def hashing_skew_bound(records: int, partitions: int, alpha: float = 0.001) -> float:
+    """The max/mean that `records` keys hashed uniformly over `partitions` exceed with
+    probability at most `alpha`: c / mean for the least c with partitions x P(X >= c) <= alpha,
+    X ~ Binomial(records, 1/partitions). 160 requests over 16 partitions reach 2.1 by chance;
+    a burst a sticky partitioner put on few partitions is far beyond it."""
+    if records <= 0 or partitions <= 1:
+        return 1.0
+    p = 1 / partitions
+
+    def log_pmf(j: int) -> float:
+        return (math.lgamma(records + 1) - math.lgamma(j + 1) - math.lgamma(records - j + 1)
+                + j * math.log(p) + (records - j) * math.log1p(-p))
+
+    tail, c = 0.0, records + 1  # P(X >= c), summed from the top down
+    while c > 0 and tail + math.exp(log_pmf(c - 1)) <= alpha / partitions:
+        c -= 1
+        tail += math.exp(log_pmf(c))
+    return min(c, records) / (records / partitions)
+
+
 def consumer_lag(low: int, high: int, committed: int) -> int:
     """Records of one partition past the group's committed offset (negative: nothing committed)."""
     return high - (committed if committed >= 0 else low)
@@ -137,9 +160,11 @@ def _round(value: float | None, digits: int) -> float | None:
 def run_figures(*, produced: int, status: Mapping[str, int], span: float | None,
                 steady_throughput_rps: float, service_s: Mapping[str, float], ai_limit: int,
                 duplicate_ai_calls: int, skew_max_over_mean: float | None, skew_cv: float | None,
-                latency_s: Mapping[float, float | None]) -> dict[str, Any]:
+                latency_s: Mapping[float, float | None], skew_records: int = 0,
+                skew_partitions: int = 0) -> dict[str, Any]:
     """The standard figures of one run from its aggregates (span from `span_s`, steady
-    throughput from `steady_rate`, latency_s: quantile -> seconds)."""
+    throughput from `steady_rate`, latency_s: quantile -> seconds; the skew's records and
+    partitions give its hashing bound, None when not given)."""
     completed = status.get("completed", 0)
     cap = capacity(ai_limit, service_s)
     capacity_rps = cap[1] if cap else None
@@ -159,13 +184,16 @@ def run_figures(*, produced: int, status: Mapping[str, int], span: float | None,
         "duplicate_ai_calls": duplicate_ai_calls,
         "skew_max_over_mean": _round(skew_max_over_mean, 3),
         "skew_cv": _round(skew_cv, 3),
+        "skew_hashing_bound": round(hashing_skew_bound(skew_records, skew_partitions), 3)
+        if skew_records and skew_partitions else None,
         **{f"p{round(q * 100)}_ms": _round(None if latency_s.get(q) is None else latency_s[q] * 1000, 1)
            for q in QUANTILES},
     }
 
 
 def from_analysis(document: Mapping[str, Any], *, produced: int, ai_limit: int,
-                  skew_max_over_mean: float | None, skew_cv: float | None) -> dict[str, Any]:
+                  skew_max_over_mean: float | None, skew_cv: float | None, skew_records: int = 0,
+                  skew_partitions: int = 0) -> dict[str, Any]:
     """run_figures of a run from the Spark analysis' document (spark/pipeline_analysis.py) and
     its style topic's skew (spark/partition_load.py): what the gate decides on."""
     latency = document["latency_s"]["end_to_end"].get("notified", {})
@@ -173,5 +201,5 @@ def from_analysis(document: Mapping[str, Any], *, produced: int, ai_limit: int,
         produced=produced, status=document["status"], span=document["span_s"],
         steady_throughput_rps=document["steady_throughput_rps"], service_s=document["service_s"],
         ai_limit=ai_limit, duplicate_ai_calls=document["duplicates"]["total"],
-        skew_max_over_mean=skew_max_over_mean, skew_cv=skew_cv,
-        latency_s={q: latency.get(f"p{round(q * 100)}") for q in QUANTILES})
+        skew_max_over_mean=skew_max_over_mean, skew_cv=skew_cv, skew_records=skew_records,
+        skew_partitions=skew_partitions, latency_s={q: latency.get(f"p{round(q * 100)}") for q in QUANTILES})

@@ -301,12 +301,13 @@ def trial_figures(hook: PostgresHook, run_id: str, produced: int, ai_limit: int)
     topic's skew, turned into figures by measure.figures."""
     analysis = hook.get_first("SELECT figures FROM analysis_pipeline WHERE run_id = %s",
                               parameters=(run_id,))
-    skew = hook.get_first("SELECT max_over_mean, cv FROM analysis_skew WHERE topic = %s "
+    skew = hook.get_first("SELECT max_over_mean, cv, records, partitions FROM analysis_skew WHERE topic = %s "
                           "ORDER BY computed_at DESC LIMIT 1", parameters=(events.Topics(run_id).style,))
     if analysis is None or skew is None:
         raise RuntimeError(f"no Spark analysis for run {run_id}: the analysis tasks did not write it")
-    return {"run_id": run_id, **measure.from_analysis(analysis[0], produced=produced, ai_limit=ai_limit,
-                                                      skew_max_over_mean=skew[0], skew_cv=skew[1])}
+    return {"run_id": run_id, **measure.from_analysis(
+        analysis[0], produced=produced, ai_limit=ai_limit, skew_max_over_mean=skew[0], skew_cv=skew[1],
+        skew_records=skew[2], skew_partitions=skew[3])}
 
 
 class PromotionGateOperator(BaseBranchOperator):

@@ -388,8 +388,9 @@ def test_bench_and_spark_agree_on_a_real_run(stack: Stack, spark: SparkSession, 
     load = partition_load.analyse(partition_load.read_records(spark, stack.connection, [topics.style]),
                                   {topics.style: len(bench_side["requests_per_partition"])})
     (skew,) = load.skew
-    spark_side = measure_figures.from_analysis(document, produced=REAL_BURST, ai_limit=16,
-                                               skew_max_over_mean=skew["max_over_mean"], skew_cv=skew["cv"])
+    spark_side = measure_figures.from_analysis(
+        document, produced=REAL_BURST, ai_limit=16, skew_max_over_mean=skew["max_over_mean"],
+        skew_cv=skew["cv"], skew_records=skew["records"], skew_partitions=skew["partitions"])
     assert_agree(bench_side, spark_side)
     assert sum(bench_side["requests_per_partition"]) == REAL_BURST
     assert bench_side["completed"] + bench_side["status"]["rejected"] == REAL_BURST

@@ -110,6 +110,16 @@ def test_skew_takes_the_worst_trial_and_its_bound_is_inclusive() -> None:
     assert not unmeasured["partition_skew"].passed  # a topic without records is no evidence
 
 
+def test_skew_within_what_hashing_a_small_sample_explains_passes() -> None:
+    # 160 requests over 16 partitions: hashing alone reaches 2.5 with probability 0.001; 2.1 is chance.
+    small = {**trial(skew=2.1), "skew_hashing_bound": 2.5}
+    passed = checks(evaluate([trial(), small], Thresholds(max_skew=2.0), None))["partition_skew"]
+    assert (passed.passed, passed.measured) == (True, 2.1) and "2.5" in passed.required
+    # The same skew over 100,000 requests (bound 1.11) is a partitioner's doing: max_skew applies.
+    large = {**trial(skew=2.1), "skew_hashing_bound": 1.11}
+    assert not checks(evaluate([trial(), large], Thresholds(max_skew=2.0), None))["partition_skew"].passed
+
+
 def test_the_gate_needs_two_trials_on_each_side() -> None:
     with pytest.raises(ValueError, match="at least 2 trials"):
         evaluate([trial()], Thresholds(), None)

@@ -92,6 +92,23 @@ def test_lag_trend_is_the_least_squares_slope() -> None:
     assert figures.lag_trend([]) == 0.0
 
 
+def test_hashing_skew_bound_is_the_union_bound_on_the_binomial_tail() -> None:
+    # 4 records, 2 partitions: P(X >= 4) = 1/16, P(X >= 3) = 5/16; x2 partitions: 1/8 <= 0.2 < 5/8.
+    # So c = 4 over a mean of 2.
+    assert figures.hashing_skew_bound(4, 2, alpha=0.2) == 2.0
+    # 6 records, 3 partitions: P(X >= 5) = 13/729 (x3 = 0.054 <= 0.1), P(X >= 4) = 73/729 (x3 = 0.30).
+    assert figures.hashing_skew_bound(6, 3, alpha=0.1) == 2.5
+    assert figures.hashing_skew_bound(10, 1) == 1.0  # one partition: nothing to skew
+
+
+def test_the_hashing_bound_separates_small_samples_from_a_sticky_partitioner() -> None:
+    # 160 UUID-keyed requests over 16 partitions reach a max/mean of 2.1 by chance (seen in a run);
+    # a keyless burst of 1280 on 64 partitions reached 26.4, far beyond what hashing explains.
+    assert figures.hashing_skew_bound(160, 16) > 2.1
+    assert figures.hashing_skew_bound(1280, 64) < 3
+    assert figures.hashing_skew_bound(100_000, 64) < 1.15  # large samples: the bound closes in on 1
+
+
 def test_utilization() -> None:
     assert figures.utilization(90.0, 100.0) == 0.9
     assert figures.utilization(90.0, None) is None
@@ -102,7 +119,7 @@ def test_run_figures_assembles_every_figure() -> None:
         produced=15, status={"completed": 12, "rejected": 1, "checking": 1}, span=2.0,
         steady_throughput_rps=10.0, service_s={"generate": 0.2, "check": 0.02}, ai_limit=4,
         duplicate_ai_calls=1, skew_max_over_mean=1.25, skew_cv=0.2,
-        latency_s={0.5: 0.5, 0.95: 0.95, 0.99: None})
+        latency_s={0.5: 0.5, 0.95: 0.95, 0.99: None}, skew_records=4, skew_partitions=2)
     assert got == {
         "produced": 15, "completed": 12, "status": {"completed": 12, "rejected": 1, "checking": 1},
         "lost": 2,  # 15 produced, 13 settled
@@ -112,6 +129,7 @@ def test_run_figures_assembles_every_figure() -> None:
         "bottleneck_stage": "generate", "capacity_rps": 20.0,  # 4 / 0.2 s
         "utilization": 0.5,  # 10 / 20
         "duplicate_ai_calls": 1, "skew_max_over_mean": 1.25, "skew_cv": 0.2,
+        "skew_hashing_bound": 2.0,  # 4 records over 2 partitions: all 4 on one happens 1 in 8 times
         "p50_ms": 500.0, "p95_ms": 950.0, "p99_ms": None,
     }
 

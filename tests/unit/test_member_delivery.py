@@ -20,12 +20,13 @@ from typing import Any
 
 import psycopg2
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from consumers import consumer as consumer_module
 from consumers.consumer import Member, MemberSettings
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
+from consumers.producer import DeliveryError
 
 TOPIC = "unit.style"
 TP = (TOPIC, 0)
@@ -152,6 +153,10 @@ def defect() -> None:
     raise KeyError("a defect no retry fixes")
 
 
+def producer_fatal() -> None:
+    raise DeliveryError("delivery failed", KafkaError(KafkaError._FATAL, "producer fenced", fatal=True))
+
+
 class Sink:
     """Dead letters sent and stored: must stay empty unless a record is its own fault."""
 
@@ -248,12 +253,13 @@ def test_a_failing_dependency_is_retried_and_never_committed_past(script: Script
     assert run.error is None
 
 
-def test_a_failure_no_one_can_judge_ends_the_member_without_committing_it(script: Script,
-                                                                          sink: Sink) -> None:
-    script.plan(1, defect)
+@pytest.mark.parametrize(("failure", "cause"), [(defect, KeyError), (producer_fatal, DeliveryError)])
+def test_a_failure_no_one_can_judge_ends_the_member_without_committing_it(
+        script: Script, sink: Sink, failure: Callable[[], None], cause: type) -> None:
+    script.plan(1, failure)
     with running(make_member("flow", sink), records=3) as run:
         run.thread.join(10)
-    assert isinstance(run.error, RuntimeError) and isinstance(run.error.__cause__, KeyError)
+    assert isinstance(run.error, RuntimeError) and isinstance(run.error.__cause__, cause)
     assert run.member.failure is run.error
     assert highest_commit(run.consumer) == 1  # 0 done; 1 neither handled nor dead-lettered
     assert sink.sent == []

@@ -183,7 +183,7 @@ def measured(steady: list[float]) -> tuple[dict, FakeHook]:
     trials = {"run_ids": runs, "ai_limit": 16, "conditions": {"time_scale": 0.05, "ai_limit": 16},
               "trials": [{"run_id": r, "produced": 320} for r in runs]}
     hook = FakeHook({r: analysis(s) for r, s in zip(runs, steady, strict=True)},
-                    {r: (1.1, 0.1) for r in runs})
+                    {r: (1.1, 0.1, 320, 16) for r in runs})
     return trials, hook
 
 
