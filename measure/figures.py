@@ -122,7 +122,10 @@ def hashing_skew_bound(records: int, partitions: int, alpha: float = 0.001) -> f
         return (math.lgamma(records + 1) - math.lgamma(j + 1) - math.lgamma(records - j + 1)
                 + j * math.log(p) + (records - j) * math.log1p(-p))
 
-    tail, c = 0.0, records + 1  # P(X >= c), summed from the top down
+    # P(X >= c), summed from the top down, from 12 standard deviations above the mean: the
+    # tail beyond it is below 1e-30, and a run of millions of records needs no million terms.
+    tail = 0.0
+    c = min(records, math.ceil(records * p + 12 * math.sqrt(records * p * (1 - p)))) + 1
     while c > 0 and tail + math.exp(log_pmf(c - 1)) <= alpha / partitions:
         c -= 1
         tail += math.exp(log_pmf(c))
