@@ -63,9 +63,10 @@ demo: up
 capacity: up
 	$(DEV_ENV) && $(PY) -m infra.capacity
 
-# The benchmark: baseline, tuned, flow and flow-kip848 side by side, plus Kafka-level figures.
+# The benchmark: baseline, tuned, flow and flow-kip848 side by side, plus Kafka-level figures
+# (PIPELINE=<spec name> for another pipeline than the reference one).
 bench: up
-	$(DEV_ENV) && $(PY) -m bench.run $(if $(SCALE),--scale $(SCALE),)
+	$(DEV_ENV) && $(PY) -m bench.run $(if $(SCALE),--scale $(SCALE),) $(if $(PIPELINE),--pipeline $(PIPELINE),)
 
 bench-smoke: up
 	$(DEV_ENV) && $(PY) -m bench.run --smoke

@@ -39,8 +39,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from bench import figures
 from bench.report import per_second
+from consumers import pipeline_spec
 from consumers.capacity import group_lag
-from consumers.events import STAGES, Topics
+from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
 
 RECOVERY_SHARE = 0.9
@@ -224,7 +225,8 @@ class PhaseRun:
 def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_stats: Mapping[str, Any],
             baseline_s: float, window_s: float) -> dict[str, Any]:
     """Every figure of one phase (see the module docstring and bench/figures.py)."""
-    topics = Topics(phase.run_id)
+    spec = pipeline_spec.load(pipeline_spec.REFERENCE)
+    topics = Topics(phase.run_id, spec)
     shared = figures.scenario_figures(database_url, kafka, phase.run_id, topics, phase.produced,
                                       phase.ai_limit)
     times = shared["completion_times"]
@@ -238,12 +240,12 @@ def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_
     injected_lost = [r for r in map(tuple, phase.injected) if r not in table_sources | topic_sources]
     recorded_twice = {row[0] for row in _rows(
         database_url, "SELECT DISTINCT d.request_id FROM dead_letters d JOIN stage_results s "
-        "USING (request_id, stage) WHERE d.run_id = %s", (phase.run_id,))}
-    told_twice, resent = notification_outcomes(notifications(kafka, topics.notify))
-    unrecorded = _rows(database_url, "SELECT count(*) FROM requests WHERE run_id = %s "
-                       "AND received_at IS NULL", (phase.run_id,))[0][0]
+        "USING (pipeline, request_id, stage) WHERE d.run_id = %s", (phase.run_id,))}
+    told_twice, resent = notification_outcomes(notifications(kafka, topics.name("notify")))
+    unrecorded = _rows(database_url, "SELECT count(*) FROM requests WHERE run_id = %s AND entries < %s",
+                       (phase.run_id, len(spec.entry_stages)))[0][0]
     service = {name: {k: service_stats[name][k] for k in SERVICE_COUNTERS}
-               for name in ("check", "generate")}
+               for name in spec.endpoints}
     return {
         "produced": phase.produced,
         "completed": shared["completed"],
@@ -259,7 +261,7 @@ def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_
         "service": service,
         "service_duplicates": sum(s["duplicate_served"] for s in service.values()),
         "uncommitted": {stage: group_uncommitted(kafka, topics.group_of(stage),
-                                                 topics.source_of(stage)) for stage in STAGES},
+                                                 topics.source_of(stage)) for stage in spec.stages},
         "pre_fault_rps": round(pre, 2),
         "fault_rps": (round(rate_between(times, phase.fault_start, phase.fault_end), 2)
                       if phase.fault_end > phase.fault_start else None),

@@ -52,13 +52,13 @@ class SupervisedFleets:
     run_id: str
     config: PipelineConfig
     kafka: KafkaAccess
-    env: dict[str, str]  # DATABASE_URL, AI_CHECK_URL, AI_GENERATE_URL
+    env: dict[str, str]  # DATABASE_URL, AI_ENDPOINTS
 
     def program(self, stage: str) -> str:
         return supervisor.program_name(self.run_id, stage)  # run ids start with "faults-"
 
     def start(self) -> None:
-        for stage in events.STAGES:
+        for stage in self.config.spec.stages:
             env = {**self.kafka.of(stage).environment(), **self.env}
             self.client.add(fleet_program(self.program(stage), self.run_id, stage, self.config, env,
                                           startsecs=3))
@@ -79,12 +79,13 @@ class SupervisedFleets:
         os.kill(pid, sig)
         return pid
 
-    def wait_stable(self, stages: tuple[str, ...] = events.STAGES, since: float = 0.0,
+    def wait_stable(self, stages: tuple[str, ...] | None = None, since: float = 0.0,
                     timeout_s: float = 90.0, quiet_s: float = 1.0) -> float:
         """Block until, by the group events the members recorded since `since`, each stage's
         members all had an assignment, every partition is held, and nothing changed for
         `quiet_s`; return when that was first seen (epoch seconds)."""
-        topics = events.Topics(self.run_id)
+        stages = stages or self.config.spec.stage_names
+        topics = events.Topics(self.run_id, self.config.spec)
         deadline = time.monotonic() + timeout_s
         while True:
             states = {stage: self._group_state(stage, topics.source_of(stage), since, quiet_s)
@@ -103,7 +104,7 @@ class SupervisedFleets:
             with psycopg2.connect(self.env["DATABASE_URL"]) as conn, conn.cursor() as cur:
                 cur.execute("SELECT member, event, partitions, extract(epoch FROM at) FROM rebalance_events "
                             "WHERE run_id = %s AND group_id = %s AND at >= to_timestamp(%s) ORDER BY id",
-                            (self.run_id, events.Topics(self.run_id).group_of(stage), since))
+                            (self.run_id, f"{self.run_id}.{stage}", since))
                 rows = cur.fetchall()
         except psycopg2.Error as exc:
             return f"unknown ({exc.__class__.__name__})"
@@ -119,7 +120,7 @@ class SupervisedFleets:
     def stop(self) -> None:
         """Stop every fleet at once (gracefully: members finish, commit and leave), then remove
         their programs."""
-        for stage in events.STAGES:
+        for stage in self.config.spec.stages:
             self.client.stop(self.program(stage))
-        for stage in events.STAGES:
+        for stage in self.config.spec.stages:
             self.client.remove(self.program(stage))

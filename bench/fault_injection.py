@@ -8,6 +8,7 @@ interrupted, and returns the window it was in force: the figures measure recover
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 import uuid
@@ -19,7 +20,7 @@ from typing import Any
 import requests
 
 from bench.fault_fleets import SupervisedFleets
-from consumers import events
+from consumers import events, pipeline_spec
 from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline_config import PipelineConfig
 from consumers.producer import KeyedProducer
@@ -66,7 +67,7 @@ class Target:
 
     @property
     def topics(self) -> events.Topics:
-        return events.Topics(self.run_id)
+        return events.Topics(self.run_id, self.config.spec)
 
     def wait(self, seconds: float, what: str) -> None:
         """Sleep out part of a fault with a countdown."""
@@ -182,7 +183,7 @@ def degrade_ai(t: Target) -> Window:
     """10 % 500s, 5 % hangs past the client's timeout and three 429 bursts (a request-rate
     limit at a quarter of the load for 3 s of every 10), on both AI endpoints."""
     # The hang's slot stays taken for twice the client's timeout, as a stuck upstream's would.
-    hang_s = 2 * t.config.ai_timeout_s / t.config.time_scale
+    hang_s = 2 * max(t.config.ai_timeout(s) for s in t.config.spec.ai_stages) / t.config.time_scale
     burst_rate = AI_BURST_RATE_SHARE * t.load_rps * t.config.time_scale  # real-scale requests/s
     configure_ai(t.ai_url, {"error_rate": AI_ERROR_RATE, "hang_rate": AI_HANG_RATE, "hang_s": hang_s})
     start = time.time()
@@ -201,16 +202,16 @@ def degrade_ai(t: Target) -> Window:
 def oversize_records(run_id: str, topics: events.Topics) -> list[tuple[str, bytes]]:
     """One well-formed event of exactly OVERSIZE_BYTES per stage input topic (the padding in a
     free-text field), as a misbehaving upstream with a raised size limit would send."""
-    request_id = str(uuid.uuid4())
-    shapes = {
-        topics.intake: (events.intake_event(run_id, "user-oversize", "", request_id), "object_id"),
-        topics.style: (events.style_event(run_id, request_id, events.STYLES[0], ""), "description"),
-        topics.generate: (events.style_event(run_id, request_id, events.STYLES[0], ""), "description"),
-    }
+    spec = topics.spec
+    generator = pipeline_spec.resolve(spec.load.generator)
+    generated = [event for _, event in generator(random.Random(), run_id, 0, 0.0)]
     records = []
-    for topic, (event, padded) in shapes.items():
+    for stage in spec.stages:
+        event = next(e for e in generated if not list(spec.validators[stage].iter_errors(e)))
+        padded = spec.stages[stage].free_text_field(spec.key)
+        event = {**event, padded: ""}
         event[padded] = "x" * (OVERSIZE_BYTES - len(events.encode(event)))
-        records.append((topic, events.encode(event)))
+        records.append((topics.source_of(stage), events.encode(event)))
     return records
 
 

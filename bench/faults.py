@@ -62,14 +62,14 @@ from bench.report import run_dir
 from consumers import events, presets
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.pipeline import Pipeline, new_run_id, provision_pipeline, remove_pipeline
-from consumers.pipeline_config import PipelineConfig
+from consumers.pipeline_config import Endpoints, PipelineConfig
 from consumers.storage import Storage
 from infra import kafka_cluster, supervisor
 from infra.layout import Layout, current
 from infra.stack import load_state
 
 console = Console()
-FLEET_ENV = ("DATABASE_URL", "AI_CHECK_URL", "AI_GENERATE_URL")  # beside each fleet's Kafka connection
+FLEET_ENV = ("DATABASE_URL", "AI_SERVICE_URL")
 SOURCE_EXIT_S = 60.0  # a source still running this long after its last scheduled send is stopped
 
 
@@ -114,8 +114,8 @@ def heal_ai(ai_url: str, s: Settings) -> None:
     healthy = {"limit": s.concurrency, "error_rate": 0.0, "hang_rate": 0.0, "rate_limit_rps": None,
                "distribution": "fixed"}
     configure_ai(ai_url, {"time_scale": s.time_scale,
-                          "check": {**healthy, "latency_s": s.params.check_latency_s},
-                          "generate": {**healthy, "latency_s": s.params.generate_latency_s}})
+                          **{name: {**healthy, "latency_s": e.latency.median_s}
+                             for name, e in s.params.spec.endpoints.items()}})
 
 
 def start_source(kafka: KafkaConnection, run_id: str, rate: float, duration_s: float,
@@ -139,8 +139,10 @@ class Phase:
         self.fault, self.s, self.kafka, self.env, self.layout, self.out = fault, s, kafka, env, layout, out
         self.run_id = run_id
         self.config = s.config()
-        self.topics = events.Topics(run_id)
-        self.fleets = SupervisedFleets(client, run_id, self.config, kafka, {k: env[k] for k in FLEET_ENV})
+        self.topics = events.Topics(run_id, self.config.spec)
+        fleet_env = {"DATABASE_URL": env["DATABASE_URL"],
+                     "AI_ENDPOINTS": Endpoints.on(env["AI_SERVICE_URL"], self.config.spec).to_json()}
+        self.fleets = SupervisedFleets(client, run_id, self.config, kafka, fleet_env)
         self.pipeline = Pipeline(run_id, self.topics, self.config, kafka, env["DATABASE_URL"])
         self._say = say
         self.load_started = 0.0
@@ -186,7 +188,7 @@ class Phase:
         provision_pipeline(self.config, self.topics, self.kafka)
         storage = Storage(self.env["DATABASE_URL"], pool_size=1)
         try:
-            storage.start_run(self.run_id, f"faults:{self.fault.name}", asdict(self.config))
+            storage.start_run(self.run_id, f"faults:{self.fault.name}", self.config.to_dict())
         finally:
             storage.close()
         heal_ai(self.env["AI_SERVICE_URL"], self.s)
@@ -232,9 +234,9 @@ class Phase:
             result["source_error"] = f"exit code {source.returncode}: see source-{self.fault.name}.log"
         if "source_error" in result:
             console.print(f"[yellow]{self.fault.name}: load source: {result['source_error']}")
-        injected_on_style = 1 if self.fault.name == "oversize" else 0
-        style = partition_counts(self.kafka.default, self.topics.style)
-        result["produced"] = sum(style) - injected_on_style
+        injected_on_measured = 1 if self.fault.name == "oversize" else 0
+        measured = partition_counts(self.kafka.default, self.topics.name(self.config.spec.load.measure))
+        result["produced"] = sum(measured) - injected_on_measured
         return result
 
     def drain(self, produced: int) -> None:
@@ -283,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.faults.split(",") if n not in by_name]
     if unknown:
         raise SystemExit(f"unknown faults {unknown}; choose from {list(by_name)}")
-    env = {k: os.environ[k] for k in (*FLEET_ENV, "AI_SERVICE_URL") if k in os.environ}
+    env = {k: os.environ[k] for k in FLEET_ENV if k in os.environ}
     kafka = KafkaAccess.from_environment()
-    if kafka is None or len(env) < len(FLEET_ENV) + 1 or int(os.environ.get("KAFKA_BROKERS", "1")) < 3:
+    if kafka is None or len(env) < len(FLEET_ENV) or int(os.environ.get("KAFKA_BROKERS", "1")) < 3:
         raise SystemExit("needs a three-broker stack's addresses: `make faults` starts one "
                          "(STACK=faults python -m infra.stack up --brokers 3; source its stack.env)")
     layout, s = current(), Settings()
@@ -320,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         if started_supervisord:
             supervisor.shutdown(paths)
     summary = {"run_id": run_id, "time_scale": s.time_scale, "capacity_rps": round(s.capacity_rps, 2),
-               "load_rps": s.load_rps, "settings": asdict(s), "config": asdict(s.config()),
+               "load_rps": s.load_rps, "settings": asdict(s), "config": s.config().to_dict(),
                "passed": all(not p["failures"] for p in phases), "phases": phases}
     folder = fault_report.write(summary)
     fault_report.print_table(summary, console)

@@ -64,11 +64,14 @@ def busiest_partitions(calls: list[tuple[str, int, float]]) -> dict[str, dict[st
 
 def refetch_amplification(database_url: str, kafka: KafkaConnection, run_id: str,
                           topics: Topics) -> float | None:
-    """Fetched bytes (last statistics of each member) / bytes of the AI topics' records."""
+    """Fetched bytes (last statistics of each AI stage's member) / bytes of the AI stages' input
+    records."""
+    ai_stages = topics.spec.ai_stages
     stats = rows(database_url, "SELECT DISTINCT ON (member) stats FROM client_stats WHERE run_id = %s "
-                 "AND member NOT LIKE 'intake%%' ORDER BY member, at DESC", (run_id,))
+                 "AND split_part(member, '-', 1) = ANY(%s) ORDER BY member, at DESC",
+                 (run_id, list(ai_stages)))
     fetched = sum(r[0]["rxbytes"] for r in stats)
-    unique = sum(topic_bytes(kafka, t) for t in (topics.style, topics.generate))
+    unique = sum(topic_bytes(kafka, topics.source_of(stage)) for stage in ai_stages)
     return round(fetched / unique, 4) if unique and fetched else None
 
 
@@ -95,8 +98,9 @@ def topic_bytes(kafka: KafkaConnection, topic: str) -> int:
 def scenario_figures(database_url: str, kafka: KafkaConnection, run_id: str, topics: Topics, produced: int,
                      ai_limit: int) -> dict[str, Any]:
     """Every figure of one scenario run: the standard ones and the benchmark's own."""
-    per_partition = partition_counts(kafka, topics.style)
-    standard, extras = standard_figures(database_url, run_id, produced, ai_limit, per_partition)
+    per_partition = partition_counts(kafka, topics.name(topics.spec.load.measure))
+    standard, extras = standard_figures(database_url, run_id, topics.spec.completing_stage, produced,
+                                        ai_limit, per_partition)
     first, last = extras["first_produced_s"], extras["last_terminal_s"]
     rebalances = rows(database_url, "SELECT count(*) FROM rebalance_events WHERE run_id = %s AND "
                        "event IN ('revoke', 'lost', 'max_poll_exceeded') AND at BETWEEN "

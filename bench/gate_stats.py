@@ -44,15 +44,12 @@ from measure.confidence import mean_bounds
 from pipeline_ops.gate import Thresholds, evaluate
 
 console = Console()
-SLOWER = 1.25  # generation latency factor: throughput x 0.8
+SLOWER = 1.25  # the slowest endpoint's latency factor: throughput x 0.8
 
 
-def configure_ai(base_url: str, p: presets.PresetParams, generate_factor: float) -> None:
-    requests.put(f"{base_url}/v1/config", timeout=10, json={
-        "time_scale": p.time_scale,
-        "check": {"latency_s": p.check_latency_s, "limit": p.concurrency, "error_rate": 0.0},
-        "generate": {"latency_s": p.generate_latency_s * generate_factor, "limit": p.concurrency,
-                     "error_rate": 0.0}}).raise_for_status()
+def configure_ai(base_url: str, p: presets.PresetParams, bottleneck_factor: float) -> None:
+    requests.put(f"{base_url}/v1/config", timeout=10,
+                 json=p.stand_in_settings(bottleneck_factor)).raise_for_status()
 
 
 def rate(errors: int, decisions: int) -> float | None:
@@ -103,7 +100,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     decisions: list[dict[str, Any]] = []
     started = time.monotonic()
     configure_ai(base, params, 1.0)
-    endpoints = Endpoints(f"{base}/v1/check", f"{base}/v1/generate")
+    endpoints = Endpoints.on(base, params.spec)
     with running_pipeline(config, kafka, env["DATABASE_URL"], endpoints,
                           run_id=run_id, scenario="gate-stats", fleet_processes=True) as pipeline:
         def trials(label: str) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ import requests
 from rich.console import Console
 
 from bench import figures, kafka_throughput, pause_benchmark, report
-from consumers import presets
+from consumers import pipeline_spec, presets
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline import new_run_id, remove_pipeline, running_pipeline
 from consumers.pipeline_config import Endpoints
@@ -36,11 +36,7 @@ STATS_INTERVAL_MS = 2000
 
 def configure_ai(base_url: str, p: presets.PresetParams) -> None:
     """Same limits for every scenario; counters reset so each scenario's are its own."""
-    requests.put(f"{base_url}/v1/config", timeout=10, json={
-        "time_scale": p.time_scale,
-        "check": {"latency_s": p.check_latency_s, "limit": p.concurrency, "error_rate": 0.0},
-        "generate": {"latency_s": p.generate_latency_s, "limit": p.concurrency, "error_rate": 0.0},
-    }).raise_for_status()
+    requests.put(f"{base_url}/v1/config", timeout=10, json=p.stand_in_settings()).raise_for_status()
     requests.post(f"{base_url}/v1/stats/reset", timeout=10).raise_for_status()
 
 
@@ -49,9 +45,10 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, kafka: Kafka
     config = replace(presets.build(name, p), stats_interval_ms=STATS_INTERVAL_MS)
     base = env["AI_SERVICE_URL"]
     configure_ai(base, p)
-    endpoints = Endpoints(f"{base}/v1/check", f"{base}/v1/generate")
-    # Worst case: every request on one partition, processed one at a time.
-    timeout_s = 60 + 1.5 * p.burst * (p.generate_latency_s + p.check_latency_s) * p.time_scale
+    endpoints = Endpoints.on(base, p.spec)
+    # Worst case: every request on one partition, processed one at a time by every AI stage.
+    calls_s = sum(p.spec.endpoint_of(stage).latency.mean_s for stage in p.spec.ai_stages)
+    timeout_s = 60 + 1.5 * p.burst * calls_s * p.time_scale
     console.rule(f"[bold]{name}")
     with running_pipeline(config, kafka, env["DATABASE_URL"], endpoints,
                           run_id=f"{bench_id}-{name}", scenario=name, fleet_processes=True) as pipeline:
@@ -64,7 +61,7 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, kafka: Kafka
     result = figures.scenario_figures(env["DATABASE_URL"], kafka.default, pipeline.run_id, pipeline.topics,
                                       len(sent.request_ids), p.concurrency)
     result["ai_service"] = {k: v for k, v in requests.get(f"{base}/v1/stats", timeout=10).json().items()
-                            if k in ("check", "generate")}
+                            if k in p.spec.endpoints}
     if not keep_topics:  # the rows stay in PostgreSQL; the next scenario gets an unburdened broker
         remove_pipeline(pipeline.topics, kafka)
     result["load_started"] = started
@@ -102,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=64, help="per AI endpoint")
     p.add_argument("--burst", type=int, default=0, help="requests (default 20 x concurrency)")
     p.add_argument("--flow-members", type=int, default=4)
+    p.add_argument("--pipeline", default=pipeline_spec.REFERENCE, help="the pipeline spec to benchmark")
     p.add_argument("--scenarios", default=",".join(presets.NAMES))
     p.add_argument("--perf-records", type=int, default=1_000_000)
     p.add_argument("--pause-seconds", type=float, default=10.0)
@@ -123,7 +121,8 @@ def main(argv: list[str] | None = None) -> Path:
     brokers = int(os.environ.get("KAFKA_BROKERS", "1"))
     params = presets.PresetParams(partitions=args.partitions, concurrency=args.concurrency,
                                    time_scale=args.scale, burst=args.burst or 20 * args.concurrency,
-                                   flow_members=args.flow_members, replication_factor=min(3, brokers))
+                                   flow_members=args.flow_members, replication_factor=min(3, brokers),
+                                   pipeline=args.pipeline)
     bench_id = new_run_id("bench")
     results = {name: run_scenario(name, params, bench_id, kafka, env, args.keep_topics)
                for name in args.scenarios.split(",")}

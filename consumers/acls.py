@@ -1,7 +1,8 @@
 """Least privilege on a secured cluster: what each role's principal may do with a run's topics.
 
-The load source may write the two topics requests enter by; each stage may read its source
-topic as its own consumer group and write its outputs and the dead-letter topic; nothing else.
+The load source may write the topics requests enter by; each stage of the run's pipeline may read
+its source topic as its own consumer group and write its routes' topics and the dead-letter
+topic; nothing else.
 Topics are per run, so the admin grants these when it provisions a run's topics, with LITERAL
 patterns (a prefixed pattern cannot say "the `.style` topic of any run"), and takes them back
 when it deletes them. An open cluster has no principals to grant to, and nothing is done.
@@ -26,7 +27,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from consumers.events import STAGES, Topics
+from consumers.events import Topics
 from consumers.kafka_connection import KafkaAccess
 
 Grant = tuple[ResourceType, str, AclOperation]
@@ -35,19 +36,26 @@ Grant = tuple[ResourceType, str, AclOperation]
 def grants(topics: Topics, role: str) -> list[Grant]:
     """The resources and operations one role needs for a run (READ and WRITE imply DESCRIBE)."""
     if role == "source":
-        return [(ResourceType.TOPIC, t, AclOperation.WRITE) for t in (topics.intake, topics.style)]
-    if role not in STAGES:
-        raise ValueError(f"unknown role {role!r}; roles: source, {', '.join(STAGES)}")
+        return [(ResourceType.TOPIC, t, AclOperation.WRITE) for t in topics.producing()]
+    if role not in topics.spec.stages:
+        raise ValueError(f"unknown role {role!r}; roles: source, {', '.join(topics.spec.stages)}")
     return [(ResourceType.TOPIC, topics.source_of(role), AclOperation.READ),
             (ResourceType.GROUP, topics.group_of(role), AclOperation.READ),
             *((ResourceType.TOPIC, t, AclOperation.WRITE) for t in topics.outputs_of(role))]
 
 
+def grantees(topics: Topics, access: KafkaAccess) -> dict[str, str]:
+    """role -> principal, for the run's roles (the source and its pipeline's stages) that run
+    as a principal of their own."""
+    return {role: principal for role, principal in access.grantees().items()
+            if role == "source" or role in topics.spec.stages}
+
+
 def bindings(topics: Topics, access: KafkaAccess) -> list[AclBinding]:
-    """ALLOW bindings for every role that runs as a principal of its own."""
+    """ALLOW bindings for every role of the run that runs as a principal of its own."""
     return [AclBinding(kind, name, ResourcePatternType.LITERAL, principal, "*", operation,
                        AclPermissionType.ALLOW)
-            for role, principal in access.grantees().items()
+            for role, principal in grantees(topics, access).items()
             for kind, name, operation in grants(topics, role)]
 
 
@@ -66,7 +74,7 @@ def grant(admin: AdminClient, topics: Topics, access: KafkaAccess, timeout_s: fl
 def _wait_applied(topics: Topics, access: KafkaAccess, brokers: list[str], deadline: float) -> None:
     """Until each broker shows each role its topics. A new client's first request goes to its
     only bootstrap broker, so one client per broker and role asks exactly that broker."""
-    for role in access.grantees():
+    for role in grantees(topics, access):
         names = [name for kind, name, _ in grants(topics, role) if kind == ResourceType.TOPIC]
         for broker in brokers:
             settings = access.of(role).client(**{"bootstrap.servers": broker})
@@ -82,9 +90,9 @@ def _wait_applied(topics: Topics, access: KafkaAccess, brokers: list[str], deadl
 
 def revoke(admin: AdminClient, topics: Topics, access: KafkaAccess, timeout_s: float = 30.0) -> int:
     """Delete every binding on the run's topics and groups; return how many were deleted."""
-    if not access.grantees():
+    if not grantees(topics, access):
         return 0
-    resources = {(kind, name) for role in access.grantees() for kind, name, _ in grants(topics, role)}
+    resources = {(kind, name) for role in grantees(topics, access) for kind, name, _ in grants(topics, role)}
     filters = [AclBindingFilter(kind, name, ResourcePatternType.LITERAL, None, None, AclOperation.ANY,
                                 AclPermissionType.ANY) for kind, name in sorted(resources)]
     return sum(len(future.result())

@@ -1,10 +1,12 @@
-"""Stand-in for the external generative-AI APIs, served over HTTP for tests and benchmarks.
+"""Stand-in for the external AI APIs, served over HTTP for tests and benchmarks.
 
 Consumers call it exactly as they would a real endpoint, so the pipeline's timeouts, retries
-and concurrency limits are exercised for real. The reference scenario: a checking AI
-(`POST /v1/check`, 0.5 s) and a generative AI (`POST /v1/generate`, 3 s), each serving at most
-64 requests at once and answering 429 with `Retry-After` beyond that. A global time-scale
-factor shrinks every duration so a test can run the scenario at 0.1x or 0.02x.
+and concurrency limits are exercised for real. It serves every endpoint the pipeline specs
+(`pipelines/*.yaml`) declare, at the spec's path (`POST /v1/check`, `POST /v1/moderate`, ...),
+with the spec's concurrency limit (429 with `Retry-After` beyond it), its latency (fixed, or
+lognormal with the spec's median and p99) and its `stand_in` rules: the request fields that must
+be non-empty strings and the answers, the first rule whose patterns match supplying the body. A
+global time-scale factor shrinks every duration so a test can run a scenario at 0.1x or 0.02x.
 
 Faults are injected per endpoint (`error_rate`: 500 after the latency; `hang_rate`: sleep
 `hang_s`, past any sane client timeout, then 504) and can be switched at run time through
@@ -12,11 +14,12 @@ Faults are injected per endpoint (`error_rate`: 500 after the latency; `hang_rat
 (`rate_limit_rps`, a token bucket of `rate_burst` requests, as real APIs meter requests per
 minute) answers 429 with the time until the next token as `Retry-After`; switching it on for
 a few seconds makes the 429 bursts a shared quota produces. `GET /v1/stats` reports what was
-served, including the highest concurrency seen (how tests verify that a consumer fleet never
-exceeds the API's limit) and how many request ids were served more than once
-(`duplicate_served`: the calls a client paid for twice, counted on the service's side).
+served per endpoint name, including the highest concurrency seen (how tests verify that a
+consumer fleet never exceeds the API's limit) and how many requests were served more than once
+(`duplicate_served`: the calls a client paid for twice, counted on the service's side). A
+request's identity is its endpoint's first required field (`request_id`, `message_id`, ...).
 
-    python -m consumers.ai_service --time-scale 0.1 --port 8600
+    python -m consumers.ai_service --pipelines all --time-scale 0.1 --port 8600
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ import random
 import re
 import signal
 import socket
+import string
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -42,15 +46,16 @@ from urllib.parse import urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from consumers.pipeline_spec import EndpointSpec, PipelineSpec, SpecError, available, load
+
 log = logging.getLogger(__name__)
 
-ENDPOINTS = ("check", "generate")
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal")
 COUNTERS = ("served", "rejected_429", "rate_limited", "errors_5xx", "hangs", "unauthorized",
             "bad_requests")
+SPEC_SETTINGS = ("path", "required", "answers")  # what the spec fixes: routing and answers
 MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_TOKEN_ENV = "AI_SERVICE_TOKEN"
-FORBIDDEN = re.compile(r"\bforbidden\b", re.IGNORECASE)
 
 
 class ConfigError(ValueError):
@@ -65,15 +70,36 @@ def _number(name: str, value: Any, minimum: float = 0.0, maximum: float | None =
         raise ConfigError(f"{name} must be in {bounds}, got {value!r}")
 
 
-@dataclass(frozen=True)
-class EndpointConfig:
-    """How one AI endpoint behaves; durations are real-scale seconds (the time scale applies)."""
+def _placeholders(template: str) -> set[str]:
+    """The request fields a body template names (`{request_id}` -> request_id)."""
+    try:
+        return {re.split(r"[.\[]", name, maxsplit=1)[0]
+                for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as exc:
+        raise ConfigError(f"answer template {template!r}: {exc}") from None
 
-    latency_s: float = 0.5
+
+def _route_key(path: str) -> str:
+    """A path as the router compares it: without trailing slashes."""
+    return path.rstrip("/") or "/"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EndpointConfig:
+    """How one AI endpoint behaves; durations are real-scale seconds (the time scale applies).
+
+    `path`, `required` and `answers` come from the spec's `stand_in` and stay plain tuples and
+    dicts so /v1/stats can show them; `answers` are {"when": {field: regex}, "body": {...}}.
+    """
+
+    path: str
+    required: tuple[str, ...] = ()  # non-empty string fields; the first is the request's identity
+    answers: tuple[dict[str, Any], ...]
+    latency_s: float = 0.5  # the median for lognormal
     limit: int = 64  # requests served at once; more are answered 429
-    distribution: str = "fixed"  # fixed | uniform (latency ± jitter) | lognormal (mean = latency)
+    distribution: str = "fixed"  # fixed | uniform (latency ± jitter) | lognormal (median = latency)
     jitter: float = 0.2  # uniform: fraction of the latency either side
-    sigma: float = 0.25  # lognormal: shape parameter
+    sigma: float = 0.25  # lognormal: shape, ln(p99 / median) / z(0.99)
     error_rate: float = 0.0  # fraction answered 500 after the latency
     hang_rate: float = 0.0  # fraction that sleep hang_s then answer 504 (checked before errors)
     hang_s: float = 30.0
@@ -82,6 +108,20 @@ class EndpointConfig:
     rate_burst: int = 1  # token bucket size: requests admitted back to back at the full rate
 
     def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path.startswith("/"):
+            raise ConfigError(f"path must start with '/', got {self.path!r}")
+        if not self.answers:
+            raise ConfigError(f"{self.path}: at least one answer rule is needed")
+        for rule in self.answers:
+            for name, pattern in rule["when"].items():
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ConfigError(f"{self.path}: when.{name} is not a regex: {exc}") from None
+            templates = [v for v in rule["body"].values() if isinstance(v, str)]
+            unknown = sorted(set().union(*map(_placeholders, templates)) - set(self.required))
+            if unknown:
+                raise ConfigError(f"{self.path}: an answer names {unknown}, which are not required fields")
         _number("latency_s", self.latency_s)
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 0:
             raise ConfigError(f"limit must be a non-negative integer, got {self.limit!r}")
@@ -101,23 +141,77 @@ class EndpointConfig:
         if isinstance(self.rate_burst, bool) or not isinstance(self.rate_burst, int) or self.rate_burst < 1:
             raise ConfigError(f"rate_burst must be an integer >= 1, got {self.rate_burst!r}")
 
+    @classmethod
+    def from_spec(cls, spec: EndpointSpec) -> EndpointConfig:
+        """The endpoint a spec declares, as the stand-in serves it."""
+        latency = spec.latency
+        return cls(path=spec.path, required=tuple(spec.stand_in.required),
+                   answers=tuple({"when": dict(a.when), "body": dict(a.body)} for a in spec.stand_in.answers),
+                   latency_s=latency.median_s, limit=spec.concurrency, distribution=latency.distribution,
+                   sigma=latency.sigma)
+
+    @property
+    def identity(self) -> str | None:
+        """The field duplicates are counted on: the first required one."""
+        return self.required[0] if self.required else None
+
     @property
     def retry_after(self) -> float:
         return self.latency_s if self.retry_after_s is None else self.retry_after_s
 
 
+# Endpoint names that would be ambiguous in /v1/stats or in a PUT /v1/config body.
+RESERVED_NAMES = frozenset({"service", "endpoint", "time_scale", *(f.name for f in fields(EndpointConfig))})
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
-    """The whole service: both endpoints, the time scale, optional bearer token and RNG seed."""
+    """The whole service: its endpoints by name, the time scale, optional bearer token and RNG seed."""
 
-    check: EndpointConfig = field(default_factory=lambda: EndpointConfig(latency_s=0.5))
-    generate: EndpointConfig = field(default_factory=lambda: EndpointConfig(latency_s=3.0))
+    endpoints: Mapping[str, EndpointConfig]
     time_scale: float = 1.0
     token: str | None = field(default=None, repr=False)
     seed: int | None = None
 
     def __post_init__(self) -> None:
         _check_time_scale(self.time_scale)
+        if not self.endpoints:
+            raise ConfigError("no endpoints to serve")
+        reserved = sorted(RESERVED_NAMES.intersection(self.endpoints))
+        if reserved:
+            raise ConfigError(f"endpoint names {reserved} are reserved (stats and settings use them)")
+        taken = sorted(c.path for c in self.endpoints.values() if _route_key(c.path) in ROUTES)
+        if taken:
+            raise ConfigError(f"paths {taken} are the service's own")
+        _refuse_shared_paths((repr(name), config) for name, config in self.endpoints.items())
+
+    @classmethod
+    def from_specs(cls, specs: Iterable[PipelineSpec], time_scale: float = 1.0, token: str | None = None,
+                   seed: int | None = None, **overrides: Any) -> ServiceConfig:
+        """Every endpoint the specs declare, with `overrides` (EndpointConfig settings) applied to all.
+
+        Specs may share an endpoint when they declare it alike; one name or one path declared
+        two ways is refused, naming both specs.
+        """
+        declared: dict[str, tuple[str, EndpointConfig]] = {}  # name -> (first spec, config)
+        for spec in specs:
+            for name, endpoint in spec.endpoints.items():
+                config = EndpointConfig.from_spec(endpoint)
+                first, known = declared.setdefault(name, (spec.name, config))
+                if known != config:
+                    raise ConfigError(f"endpoint {name!r} is declared differently by {first} and {spec.name}")
+        _refuse_shared_paths((f"{first}.{name}", config) for name, (first, config) in declared.items())
+        return cls({name: replace(config, **overrides) for name, (_, config) in declared.items()},
+                   time_scale=time_scale, token=token, seed=seed)
+
+
+def _refuse_shared_paths(labelled: Iterable[tuple[str, EndpointConfig]]) -> None:
+    """Requests are routed by path, so two endpoints cannot share one."""
+    owners: dict[str, str] = {}
+    for label, config in labelled:
+        owner = owners.setdefault(_route_key(config.path), label)
+        if owner != label:
+            raise ConfigError(f"{owner} and {label} both serve POST {config.path}")
 
 
 def _check_time_scale(value: Any) -> None:
@@ -127,11 +221,11 @@ def _check_time_scale(value: Any) -> None:
 
 
 def sample_latency(config: EndpointConfig, rng: random.Random) -> float:
-    """One real-scale latency drawn from the endpoint's distribution (lognormal keeps the mean)."""
+    """One real-scale latency drawn from the endpoint's distribution (lognormal: latency is the median)."""
     if config.distribution == "uniform":
         return max(0.0, config.latency_s * rng.uniform(1 - config.jitter, 1 + config.jitter))
-    if config.distribution == "lognormal" and config.latency_s > 0:
-        return config.latency_s * rng.lognormvariate(-config.sigma ** 2 / 2, config.sigma)
+    if config.distribution == "lognormal":
+        return config.latency_s * rng.lognormvariate(0.0, config.sigma)
     return config.latency_s
 
 
@@ -165,7 +259,7 @@ class Endpoint:
         self._lock = threading.Lock()
         self._rng = random.Random(f"{seed}:{name}") if seed is not None else random.Random()
         self._counts = dict.fromkeys(COUNTERS, 0)
-        self._served: Counter[str] = Counter()  # 200s per request id
+        self._served: Counter[str] = Counter()  # 200s per request identity
         self._in_flight = 0
         self._max_in_flight = 0
         self._clock = clock
@@ -189,11 +283,12 @@ class Endpoint:
         with self._lock:
             self._counts[counter] += 1
 
-    def served(self, request_id: str) -> None:
-        """A 200 answer for `request_id`: counted in total and per request id."""
+    def served(self, identity: str | None) -> None:
+        """A 200 answer: counted in total and per identity (when the endpoint's requests have one)."""
         with self._lock:
             self._counts["served"] += 1
-            self._served[request_id] += 1
+            if identity is not None:
+                self._served[identity] += 1
 
     def admit(self, scale: float) -> EndpointConfig | Refusal:
         """Pass the rate limit and take a concurrency slot, returning the config in force, or
@@ -244,7 +339,7 @@ class Endpoint:
         with self._lock:
             distinct = len(self._served)
             return {**self._counts, "distinct_served": distinct,
-                    "duplicate_served": self._counts["served"] - distinct,
+                    "duplicate_served": self._served.total() - distinct,
                     "in_flight": self._in_flight, "max_in_flight": self._max_in_flight,
                     "config": asdict(self._config)}
 
@@ -253,30 +348,37 @@ class BadRequest(ValueError):
     """A request body the endpoint cannot answer (400)."""
 
 
-def parse_request(endpoint: str, body: bytes) -> dict[str, Any]:
-    """The JSON body, checked for the fields a real API would insist on."""
+def parse_request(config: EndpointConfig, body: bytes) -> dict[str, Any]:
+    """The JSON body, checked for the fields the endpoint's spec insists on: the required ones
+    non-empty strings, the ones an answer rule matches strings when present."""
     try:
         payload = json.loads(body or b"null")
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"body is not JSON: {exc}") from exc
     if not isinstance(payload, dict):
         raise BadRequest("body must be a JSON object")
-    required = ("request_id", "style", "description") if endpoint == "generate" else ("request_id",)
-    for name in required:
+    for name in config.required:
         if not isinstance(payload.get(name), str) or not payload[name]:
             raise BadRequest(f"{name} must be a non-empty string")
-    if not isinstance(payload.get("description", ""), str):
-        raise BadRequest("description must be a string")
+    for name in {name for rule in config.answers for name in rule["when"]}:
+        if not isinstance(payload.get(name, ""), str):
+            raise BadRequest(f"{name} must be a string")
     return payload
 
 
-def answer(endpoint: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """The successful answer: a verdict for check, a result URL for generate."""
-    request_id = payload["request_id"]
-    if endpoint == "check":
-        rejected = FORBIDDEN.search(payload.get("description", "")) is not None
-        return {"request_id": request_id, "verdict": "rejected" if rejected else "approved"}
-    return {"request_id": request_id, "result_url": f"https://results.example/{request_id}.png"}
+def _echo(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The request id sent back with every answer, as the reference APIs do, when there is one."""
+    return {"request_id": payload["request_id"]} if "request_id" in payload else {}
+
+
+def answer(config: EndpointConfig, payload: dict[str, Any]) -> dict[str, Any]:
+    """The body of the first answer rule whose patterns all match the request, formatted with the
+    request's fields; a request no rule matches is refused, so a spec's gap shows as bad_requests."""
+    for rule in config.answers:
+        if all(re.search(pattern, payload.get(name, "")) for name, pattern in rule["when"].items()):
+            body = {k: v.format_map(payload) if isinstance(v, str) else v for k, v in rule["body"].items()}
+            return {**_echo(payload), **body}
+    raise BadRequest("no answer rule of the endpoint matches the request")
 
 
 def _seconds(value: float) -> str:
@@ -288,7 +390,8 @@ class StandIn:
     """The service's state and behaviour, independent of HTTP so it stays easy to reason about."""
 
     def __init__(self, config: ServiceConfig) -> None:
-        self.endpoints = {name: Endpoint(name, getattr(config, name), config.seed) for name in ENDPOINTS}
+        self.endpoints = {name: Endpoint(name, endpoint, config.seed)
+                          for name, endpoint in config.endpoints.items()}
         self._time_scale = config.time_scale
         self._token = config.token
         self._seed = config.seed
@@ -313,8 +416,10 @@ class StandIn:
         if not self.authorized(authorization):
             endpoint.count("unauthorized")
             return Reply(401, {"error": "unauthorized"}, {"WWW-Authenticate": "Bearer"})
+        declared = endpoint.config  # its path, required fields and answers never change at run time
         try:
-            payload = parse_request(name, body)
+            payload = parse_request(declared, body)
+            result = answer(declared, payload)
         except BadRequest as exc:
             endpoint.count("bad_requests")
             return Reply(400, {"error": "bad_request", "detail": str(exc)})
@@ -325,24 +430,24 @@ class StandIn:
             return Reply(429, {"error": error, "retry_after_s": config.retry_after_s},
                          {"Retry-After": _seconds(config.retry_after_s)})
         try:
-            return self._serve(endpoint, config, scale, payload)
+            return self._serve(endpoint, config, scale, payload, result)
         finally:
             endpoint.release()
 
     def _serve(self, endpoint: Endpoint, config: EndpointConfig, scale: float,
-               payload: dict[str, Any]) -> Reply:
+               payload: dict[str, Any], result: dict[str, Any]) -> Reply:
         outcome, duration = endpoint.plan(config)
         if outcome == "hang":
             endpoint.count("hangs")
         if self.stopping.wait(duration * scale):
             return Reply(503, {"error": "shutting_down"})
         if outcome == "hang":
-            return Reply(504, {"error": "upstream_timeout", "request_id": payload["request_id"]})
+            return Reply(504, {"error": "upstream_timeout", **_echo(payload)})
         if outcome == "error":
             endpoint.count("errors_5xx")
-            return Reply(500, {"error": "internal_error", "request_id": payload["request_id"]})
-        endpoint.served(payload["request_id"])
-        return Reply(200, answer(endpoint.name, payload))
+            return Reply(500, {"error": "internal_error", **_echo(payload)})
+        endpoint.served(payload[config.identity] if config.identity else None)
+        return Reply(200, result)
 
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = {name: ep.snapshot() for name, ep in self.endpoints.items()}
@@ -368,26 +473,30 @@ class StandIn:
                 self._time_scale = time_scale
 
     def _planned(self, changes: dict[str, Any]) -> tuple[float | None, dict[str, EndpointConfig]]:
+        """The changes per endpoint: `{name: {...}}` for one, `endpoint: name` beside settings for
+        one, settings alone for every endpoint."""
         time_scale = changes.pop("time_scale", None)
         if time_scale is not None:
             _check_time_scale(time_scale)
+        names = tuple(self.endpoints)
         target = changes.pop("endpoint", None)
-        if target is not None and target not in ENDPOINTS:
-            raise ConfigError(f"endpoint must be one of {ENDPOINTS}, got {target!r}")
-        per_endpoint: dict[str, dict[str, Any]] = {name: {} for name in ENDPOINTS}
-        for name in ENDPOINTS:
+        if target is not None and target not in names:
+            raise ConfigError(f"endpoint must be one of {names}, got {target!r}")
+        per_endpoint: dict[str, dict[str, Any]] = {name: {} for name in names}
+        for name in names:
             nested = changes.pop(name, {})
             if not isinstance(nested, dict):
                 raise ConfigError(f"{name} must be an object of endpoint settings")
             per_endpoint[name].update(nested)
-        for name in [target] if target else ENDPOINTS:
+        for name in [target] if target else names:
             per_endpoint[name].update(changes)
-        known = {f.name for f in fields(EndpointConfig)}
+        known = {f.name for f in fields(EndpointConfig)} - set(SPEC_SETTINGS)
         configs = {}
         for name, settings in per_endpoint.items():
             unknown = sorted(set(settings) - known)
             if unknown:
-                raise ConfigError(f"unknown settings {unknown}; known: {sorted(known)} and time_scale")
+                raise ConfigError(f"unknown settings {unknown} (the spec fixes {list(SPEC_SETTINGS)}); "
+                                  f"known: {sorted(known)}, time_scale and the endpoints {list(names)}")
             if settings:
                 configs[name] = replace(self.endpoints[name].config, **settings)
         return time_scale, configs
@@ -407,10 +516,11 @@ class _Collector:
                                          ("max_in_flight", "Highest concurrency since the last reset"),
                                          ("limit", "Concurrency limit; beyond it requests get 429"),
                                          ("duplicate_served",
-                                          "200 answers beyond the first per request id since the last reset"),
-                                         ("latency_seconds", "Configured latency after the time scale"))}
+                                          "200 answers beyond the first per request since the last reset"),
+                                         ("latency_seconds",
+                                          "Configured (median) latency after the time scale"))}
         stats = self._standin.stats()
-        for name in ENDPOINTS:
+        for name in self._standin.endpoints:
             snapshot = stats[name]
             for counter in COUNTERS:
                 requests.add_metric([name, counter], snapshot[counter])
@@ -448,8 +558,8 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         if body is None:
             return
-        path = urlsplit(self.path).path.rstrip("/") or "/"
-        methods = ROUTES.get(path)
+        path = _route_key(urlsplit(self.path).path)
+        methods = self.server.routes.get(path)
         if methods is None:
             self._send_json(Reply(404, {"error": "not_found", "path": path}))
         elif method not in methods:
@@ -485,12 +595,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _ai(self, name: str, body: bytes) -> None:
         self._send_json(self.standin.call(name, self.headers.get("Authorization"), body))
-
-    def _check(self, body: bytes) -> None:
-        self._ai("check", body)
-
-    def _generate(self, body: bytes) -> None:
-        self._ai("generate", body)
 
     def _stats(self, _body: bytes) -> None:
         if self._admin_allowed():
@@ -540,15 +644,20 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 Route = Callable[[_Handler, bytes], None]
-ROUTES: dict[str, dict[str, Route]] = {
-    "/v1/check": {"POST": _Handler._check},
-    "/v1/generate": {"POST": _Handler._generate},
+ROUTES: dict[str, dict[str, Route]] = {  # the service's own; each endpoint adds POST <its path>
     "/v1/stats": {"GET": _Handler._stats},
     "/v1/stats/reset": {"POST": _Handler._reset},
     "/v1/config": {"PUT": _Handler._config},
     "/healthz": {"GET": _Handler._health},
     "/metrics": {"GET": _Handler._metrics},
 }
+
+
+def _ai_route(name: str) -> Route:
+    """POST to one endpoint's path."""
+    def route(handler: _Handler, body: bytes) -> None:
+        handler._ai(name, body)
+    return route
 
 
 class AIServiceServer(ThreadingHTTPServer):
@@ -559,6 +668,8 @@ class AIServiceServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], standin: StandIn) -> None:
         self.standin = standin
+        self.routes = {**ROUTES, **{_route_key(endpoint.config.path): {"POST": _ai_route(name)}
+                                    for name, endpoint in standin.endpoints.items()}}
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
@@ -585,19 +696,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m consumers.ai_service",
                                 description=(__doc__ or "").split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--pipelines", default="all",
+                   help="specs whose endpoints are served: all, or a comma list of names or paths")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     p.add_argument("--port", type=int, default=8600, help="port to bind (0 picks a free one)")
     p.add_argument("--time-scale", type=float, default=1.0, help="factor applied to every duration")
-    p.add_argument("--check-latency", type=float, default=0.5, help="check latency, real-scale seconds")
-    p.add_argument("--generate-latency", type=float, default=3.0,
-                   help="generate latency, real-scale seconds")
-    p.add_argument("--limit", type=int, default=64, help="concurrency limit of each endpoint")
-    p.add_argument("--check-limit", type=int, help="concurrency limit of check (overrides --limit)")
-    p.add_argument("--generate-limit", type=int, help="concurrency limit of generate (overrides --limit)")
-    p.add_argument("--distribution", choices=DISTRIBUTIONS, default="fixed", help="latency distribution")
-    p.add_argument("--jitter", type=float, default=0.2, help="uniform: fraction either side of the latency")
-    p.add_argument("--sigma", type=float, default=0.25, help="lognormal: shape (the mean stays the latency)")
-    p.add_argument("--error-rate", type=float, default=0.0, help="fraction answered 500 (both endpoints)")
+    p.add_argument("--limit", type=int, help="concurrency limit of every endpoint, instead of each spec's")
+    p.add_argument("--error-rate", type=float, default=0.0, help="fraction answered 500 (every endpoint)")
     p.add_argument("--hang-rate", type=float, default=0.0, help="fraction that hang then get 504")
     p.add_argument("--hang-s", type=float, default=30.0, help="how long a hang lasts, real-scale seconds")
     p.add_argument("--token-env", default=DEFAULT_TOKEN_ENV,
@@ -608,16 +713,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServiceConfig:
-    """The service configuration the command line asks for."""
-    def endpoint(latency: float, limit: int | None) -> EndpointConfig:
-        return EndpointConfig(latency_s=latency, limit=args.limit if limit is None else limit,
-                              distribution=args.distribution, jitter=args.jitter, sigma=args.sigma,
-                              error_rate=args.error_rate, hang_rate=args.hang_rate, hang_s=args.hang_s)
-
-    return ServiceConfig(check=endpoint(args.check_latency, args.check_limit),
-                         generate=endpoint(args.generate_latency, args.generate_limit),
-                         time_scale=args.time_scale, token=os.environ.get(args.token_env) or None,
-                         seed=args.seed)
+    """The service configuration the command line asks for (raises SpecError or ConfigError)."""
+    names = available() if args.pipelines == "all" else [n.strip() for n in args.pipelines.split(",")]
+    overrides: dict[str, Any] = {"error_rate": args.error_rate, "hang_rate": args.hang_rate,
+                                 "hang_s": args.hang_s}
+    if args.limit is not None:
+        overrides["limit"] = args.limit
+    return ServiceConfig.from_specs([load(name) for name in names if name], time_scale=args.time_scale,
+                                    token=os.environ.get(args.token_env) or None, seed=args.seed,
+                                    **overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -627,15 +731,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         config = config_from_args(args)
-    except ConfigError as exc:
+    except (ConfigError, SpecError) as exc:
         parser.error(str(exc))
     server = serve(config, args.host, args.port)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     host, port = server.server_address[:2]
-    log.info("serving on %s port %s (time scale %s, auth %s)", host, port, config.time_scale,
-             "on" if config.token else "off")
+    log.info("serving on %s port %s (time scale %s, auth %s, endpoints %s)", host, port, config.time_scale,
+             "on" if config.token else "off",
+             ", ".join(f"{name} {e.path}" for name, e in config.endpoints.items()))
     while not stop.wait(0.5):
         pass
     log.info("stopping")

@@ -23,7 +23,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from consumers.events import STAGES, Topics
+from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import Pipeline
 from consumers.run_figures import standard_figures
@@ -115,7 +115,7 @@ class LagSampler:
         self.topics, self.every_s = topics, every_s
         self.consumers = {stage: Consumer(kafka.client(**{"enable.auto.commit": False,
                                                           "group.id": topics.group_of(stage)}))
-                          for stage in STAGES}
+                          for stage in topics.spec.stages}
         self.samples: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lag-sampler", daemon=True)
@@ -150,7 +150,8 @@ def run_step(pipeline: Pipeline, run_id: str, rate: float, objective: Objective,
         started = time.time()
         run.send(count, rate=rate)
     run.wait_terminal(count, timeout_s)
-    step_figures = standard_figures(pipeline.database_url, run_id, count, ai_limit, [])[0]
+    step_figures = standard_figures(pipeline.database_url, run_id,
+                                    pipeline.topics.spec.completing_stage, count, ai_limit, [])[0]
     lag = [(round(t - started, 2), n) for t, n in sampler.samples]
     trend = figures.lag_trend([(t, n) for t, n in lag if t >= objective.step_s / 2])
     p99 = None if step_figures["p99_ms"] is None else step_figures["p99_ms"] / 1000

@@ -34,11 +34,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from consumers import dead_letter, events, failures, metrics, profiles
+from consumers import dead_letter, events, failures, metrics, profiles, stages
 from consumers.ai_client import AIUnavailable
 from consumers.fetch_buffer import FetchBuffer
 from consumers.kafka_connection import KafkaConnection
 from consumers.offsets import OffsetTracker
+from consumers.pipeline_spec import Route
 from consumers.stages import RecordState, StageContext, handle
 from consumers.storage import Origin
 
@@ -236,7 +237,7 @@ class Member:
         origin = Origin(self.name, msg.topic(), msg.partition(), msg.offset())
         event: dict[str, Any] | None = None
         try:
-            event = events.parse(self.settings.stage, msg.value())
+            event = events.parse(self.ctx.topics.spec.validators[self.settings.stage], msg.value())
             handle(self.ctx, event, origin, state)
         except Exception as exc:
             verdict = failures.classify(exc)
@@ -256,7 +257,7 @@ class Member:
     def _dead_letter(self, msg: Message, origin: Origin, event: dict[str, Any] | None, reason: str,
                      detail: str, state: RecordState) -> None:
         """To the dead-letter topic (a reference when a copy would not fit) and the table."""
-        request_id = (event or {}).get("request_id")
+        key = self.ctx.key(event) if event is not None else None
         if not state.dead_letter_sent:
             record = dead_letter.build(
                 msg.value(), msg.key(), msg.headers(), reason=reason, detail=detail,
@@ -266,12 +267,14 @@ class Member:
             self.ctx.producer.send(self.ctx.topics.dead_letter, value=record.value or b"",
                                    key=record.key, headers=record.headers).result(30)
             state.dead_letter_sent = True
-        self.ctx.storage.record_dead_letter(self.settings.run_id, request_id, self.settings.stage,
+        spec = self.ctx.topics.spec
+        self.ctx.storage.record_dead_letter(spec.name, self.settings.run_id, key, self.settings.stage,
                                            f"{reason}: {detail}"[:1000], origin,
-                                           dead_letter.stored_payload(msg.value()))
-        if request_id and event and reason == "ai_unavailable":
-            self.ctx.send(self.ctx.topics.notify, events.notification(
-                request_id, event["run_id"], "failed", reason=reason))
+                                           dead_letter.stored_payload(msg.value()), self.ctx.entry)
+        notice = spec.failure_notice
+        if key is not None and notice is not None and reason == "ai_unavailable":
+            route = Route(to=notice.to, fields={**notice.fields, "reason": reason})
+            self.ctx.send(notice.to, stages.message(route, spec.key, key, event or {}))
         metrics.ERRORS.labels(**self.labels, reason=reason).inc()
 
     def _transient(self, msg: Message, exc: Exception) -> None:

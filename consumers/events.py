@@ -1,13 +1,14 @@
-"""The pipeline's events, their topics and their validation.
+"""Events: their topics, and their decoding and validation against a stage's event schema.
 
 Each stage reads one topic. An event that cannot be processed (not UTF-8 JSON, not an object,
-a missing or ill-typed field, a number out of range, too large or too deep, a duplicate key, a
-character PostgreSQL cannot store, an unknown style) raises `InvalidEvent` with a reason that
-the consumer puts on the dead-letter record, so the partition moves on and nothing is lost.
+too large or too deep, a duplicate key, a character PostgreSQL cannot store, or refused by the
+stage's JSON Schema from its pipeline spec) raises `InvalidEvent` with a reason that the
+consumer puts on the dead-letter record, so the partition moves on and nothing is lost.
 `parse` raises nothing else, whatever the bytes. Reasons: `empty`, `oversize`, `malformed_json`
 (not UTF-8, not JSON, or not an object), `too_deep`, `duplicate_key`, `non_finite_number`,
-`out_of_range`, `nul_character`, `invalid_unicode`, `missing_field`, `wrong_type` (including a
-request_id that is not a canonical UUID), `unknown_style`.
+`out_of_range` (also a schema's minimum/maximum), `nul_character`, `invalid_unicode`, and from the
+schema `missing_field`, `wrong_type` (type, pattern or format), `unknown_<field>` (a value not in
+the field's enum) and `invalid` (any other schema keyword).
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from jsonschema import Validator
+from jsonschema.exceptions import ValidationError, best_match
+
+from consumers.pipeline_spec import DEAD_LETTER, PipelineSpec
 
 MAX_EVENT_BYTES = 64 * 1024
 # Events are flat objects (depth 1); the bound leaves room for nested extra fields and keeps
@@ -29,16 +33,6 @@ MAX_DEPTH = 8
 # Longer integer literals lie beyond 64 bits: no field needs them, and converting them costs time
 # quadratic in their length (why CPython caps int() at 4300 digits).
 MAX_INT_LITERAL = 20
-# produced_at bounds, epoch seconds. 2000-01-01: earlier than anything this platform produced,
-# so a replay of retained records is never refused, while 0, negatives and other defaults are.
-# 2100-01-01: milliseconds or microseconds sent as seconds (1.7e12 s is past the year 50,000) land
-# beyond it while any real clock skew stays inside. Both are well inside what `datetime` (years
-# 1-9999) and PostgreSQL's timestamptz can represent, so the stored timestamp never fails.
-MIN_PRODUCED_AT = 946_684_800.0  # 2000-01-01T00:00:00Z
-MAX_PRODUCED_AT = 4_102_444_800.0  # 2100-01-01T00:00:00Z
-STYLES = ("minimal", "corporate", "playful", "academic", "dark")
-STAGES = ("intake", "check", "generate")
-
 # A JSON string (unrolled loop: linear time) and the brackets left once strings are removed.
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _BRACKETS = re.compile(r"[\[\]{}]")
@@ -56,57 +50,37 @@ class InvalidEvent(ValueError):
 
 @dataclass(frozen=True)
 class Topics:
-    """The topics of one pipeline, derived from a prefix so runs can be kept apart."""
+    """The topics of one run of a pipeline: each spec topic as `<prefix>.<name>`, so runs are
+    kept apart, plus the run's dead-letter topic."""
 
     prefix: str
+    spec: PipelineSpec
 
-    @property
-    def intake(self) -> str:
-        return f"{self.prefix}.intake"
-
-    @property
-    def style(self) -> str:
-        return f"{self.prefix}.style"
-
-    @property
-    def generate(self) -> str:
-        return f"{self.prefix}.generate"
-
-    @property
-    def notify(self) -> str:
-        return f"{self.prefix}.notify"
+    def name(self, topic: str) -> str:
+        return f"{self.prefix}.{topic}"
 
     @property
     def dead_letter(self) -> str:
-        return f"{self.prefix}.dlq"
+        return self.name(DEAD_LETTER)
 
     def source_of(self, stage: str) -> str:
         """The topic a stage consumes."""
-        return {"intake": self.intake, "check": self.style, "generate": self.generate}[stage]
+        return self.name(self.spec.stages[stage].source)
 
     def outputs_of(self, stage: str) -> list[str]:
-        """The topics a stage writes: its downstream events and the dead-letter topic."""
-        downstream = {"intake": [self.notify], "check": [self.generate, self.notify],
-                      "generate": [self.notify]}[stage]
-        return [*downstream, self.dead_letter]
+        """The topics a stage writes: its routes' topics and the dead-letter topic."""
+        return [*(self.name(t) for t in self.spec.outputs_of(stage)), self.dead_letter]
 
     def group_of(self, stage: str) -> str:
         """The consumer group of a stage's fleet."""
         return f"{self.prefix}.{stage}"
 
+    def producing(self) -> list[str]:
+        """The topics the load source writes."""
+        return [self.name(t) for t in self.spec.producing_topics()]
+
     def all(self) -> list[str]:
-        return [self.intake, self.style, self.generate, self.notify, self.dead_letter]
-
-
-# Required fields per stage and their types.
-SCHEMAS: dict[str, dict[str, type]] = {
-    "intake": {"request_id": str, "run_id": str, "user_id": str, "object_id": str,
-               "produced_at": float},
-    "check": {"request_id": str, "run_id": str, "style": str, "description": str,
-              "produced_at": float},
-    "generate": {"request_id": str, "run_id": str, "style": str, "description": str,
-                 "produced_at": float},
-}
+        return [*(self.name(t) for t in self.spec.topics), self.dead_letter]
 
 
 def _int(literal: str) -> int:
@@ -187,8 +161,8 @@ def _decode(raw: bytes) -> Any:
         raise InvalidEvent("malformed_json", str(exc)) from None
 
 
-def parse(stage: str, raw: bytes | None) -> dict[str, Any]:
-    """Decode and validate an event for `stage`; raise InvalidEvent with the reason."""
+def parse(validator: Validator, raw: bytes | None) -> dict[str, Any]:
+    """Decode an event and validate it with a stage's schema; raise InvalidEvent with the reason."""
     if not raw:
         raise InvalidEvent("empty", "record has no value" if raw is None else "record value is empty")
     if len(raw) > MAX_EVENT_BYTES:
@@ -198,45 +172,27 @@ def parse(stage: str, raw: bytes | None) -> dict[str, Any]:
         raise InvalidEvent("malformed_json", f"expected an object, got {type(event).__name__}")
     if b"\\u" in raw:  # strict JSON and UTF-8 let U+0000 and surrogates in only as \u escapes
         _check_storable(event)
-    for name, kind in SCHEMAS[stage].items():
-        if name not in event:
-            raise InvalidEvent("missing_field", name)
-        value = event[name]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise InvalidEvent("wrong_type", f"{name} must be {kind.__name__}")
-    try:
-        canonical = str(uuid.UUID(event["request_id"])) == event["request_id"]
-    except ValueError:
-        canonical = False
-    if not canonical:
-        # Another spelling of the same UUID would be another request row.
-        raise InvalidEvent("wrong_type", "request_id must be a UUID in canonical form")
-    if "style" in SCHEMAS[stage] and event["style"] not in STYLES:
-        raise InvalidEvent("unknown_style", f"{event['style'][:40]!r} not in {', '.join(STYLES)}")
-    if not MIN_PRODUCED_AT <= event["produced_at"] < MAX_PRODUCED_AT:
-        raise InvalidEvent("out_of_range", f"produced_at {event['produced_at']!r} outside "
-                                           f"[{MIN_PRODUCED_AT:.0f}, {MAX_PRODUCED_AT:.0f})")
+    error = best_match(validator.iter_errors(event))
+    if error is not None:
+        raise _refusal(error)
     return event
+
+
+def _refusal(error: ValidationError) -> InvalidEvent:
+    """The reason a schema refused an event, in the consumer's vocabulary."""
+    at = ".".join(str(p) for p in error.absolute_path)
+    if error.validator == "required":
+        missing = next(f for f in error.validator_value if f not in error.instance)
+        return InvalidEvent("missing_field", f"{at + '.' if at else ''}{missing}")
+    if error.validator in ("type", "pattern", "format"):
+        return InvalidEvent("wrong_type", f"{at or 'event'}: {error.message[:200]}")
+    if error.validator == "enum":
+        return InvalidEvent(f"unknown_{at or 'value'}", f"{str(error.instance)[:40]!r} not in "
+                                                       f"{', '.join(map(str, error.validator_value))}")
+    if error.validator in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return InvalidEvent("out_of_range", f"{at}: {error.message[:200]}")
+    return InvalidEvent("invalid", f"{at or 'event'}: {error.message[:200]}")
 
 
 def encode(event: dict[str, Any]) -> bytes:
     return json.dumps(event, separators=(",", ":")).encode()
-
-
-def intake_event(run_id: str, user_id: str, object_id: str, request_id: str | None = None) -> dict:
-    """The storage-upload notification that starts a request."""
-    return {"request_id": request_id or str(uuid.uuid4()), "run_id": run_id, "user_id": user_id,
-            "object_id": object_id, "produced_at": time.time()}
-
-
-def style_event(run_id: str, request_id: str, style: str, description: str) -> dict:
-    """The user's style choice, sent by the bot."""
-    return {"request_id": request_id, "run_id": run_id, "style": style,
-            "description": description, "produced_at": time.time()}
-
-
-def notification(request_id: str, run_id: str, kind: str, **fields: Any) -> dict:
-    """A message for the bot: `choose_style`, `rejected`, `result` or `failed`."""
-    return {"request_id": request_id, "run_id": run_id, "kind": kind, "at": time.time(), **fields}

@@ -11,6 +11,7 @@ librdkafka and HTTP calls, which release the GIL, so threads are enough for doze
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -20,11 +21,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from consumers import events, kafka_connection, metrics, profiles
+from consumers import events, kafka_connection, metrics, pipeline_spec, profiles
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
 from consumers.consumer import Member, MemberSettings
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline_config import Endpoints, PipelineConfig
+from consumers.pipeline_spec import HttpWork
 from consumers.producer import KeyedProducer
 from consumers.stages import StageContext
 from consumers.storage import Storage
@@ -48,9 +50,9 @@ class FleetSettings:
     members: int
     prefix: str
     database_url: str
+    pipeline: str = pipeline_spec.REFERENCE
     key_strategy: str = "uuid"  # keys of the events this stage sends downstream
-    check_url: str | None = None
-    generate_url: str | None = None
+    ai_url: str | None = None  # the stage's AI endpoint, when its work calls one
     ai_timeout_s: float = 10.0
     ai_auth_header: str | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -66,7 +68,7 @@ class FleetSettings:
 
 
 class Fleet:
-    """The members of one stage, sharing a producer, a database pool and HTTP clients."""
+    """The members of one stage, sharing a producer, a database pool and an HTTP client."""
 
     def __init__(self, settings: FleetSettings) -> None:
         self.settings = settings
@@ -78,10 +80,8 @@ class Fleet:
         self.producer = KeyedProducer(s.member.kafka, profile=s.member.profile,
                                       key_strategy=s.key_strategy)
         self.ctx = StageContext(
-            stage=s.member.stage, topics=events.Topics(s.prefix), storage=self.storage,
-            producer=self.producer,
-            check_ai=self._client(s.check_url, concurrency),
-            generate_ai=self._client(s.generate_url, concurrency),
+            stage=s.member.stage, topics=events.Topics(s.prefix, pipeline_spec.load(s.pipeline)),
+            storage=self.storage, producer=self.producer, ai=self._client(s.ai_url, concurrency),
             claim_lease_s=s.claim_lease_s,
         )
         self.members = [Member(member_name(s.member.stage, i, s.instance), s.member, self.ctx)
@@ -138,9 +138,8 @@ class Fleet:
             thread.join(max(0.1, deadline - time.monotonic()))
         alive = [t.name for t in self._threads if t.is_alive()]
         self.producer.close()
-        for client in (self.ctx.check_ai, self.ctx.generate_ai):
-            if client is not None:
-                client.close()
+        if self.ctx.ai is not None:
+            self.ctx.ai.close()
         self.storage.close()
         if alive:
             raise RuntimeError(f"members still running after the shutdown deadline: {alive}")
@@ -167,14 +166,13 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
         group_protocol=config.group_protocol, batch_size=stage_cfg.batch_size,
         window=stage_cfg.window, buffer=4 * stage_cfg.window,
         revoke_deadline_s=config.shutdown_deadline_s, stats_interval_ms=config.stats_interval_ms)
+    work = topics.spec.stages[stage].work
     return FleetSettings(
         member=member, members=stage_cfg.members, prefix=topics.prefix, database_url=database_url,
-        key_strategy=config.key_strategy, check_url=endpoints.check_url,
-        generate_url=endpoints.generate_url, ai_timeout_s=config.ai_timeout_s,
-        ai_auth_header=endpoints.auth_header,
-        retry=RetryPolicy(max_attempts=config.max_attempts,
-                          backoff_base_s=config.backoff_base_s * max(config.time_scale, 0.05)),
-        shutdown_deadline_s=config.shutdown_deadline_s)
+        pipeline=config.pipeline, key_strategy=config.key_strategy,
+        ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
+        ai_timeout_s=config.ai_timeout(stage), ai_auth_header=endpoints.auth_header,
+        retry=config.retry(stage), shutdown_deadline_s=config.shutdown_deadline_s)
 
 
 def config_from_args(args: argparse.Namespace) -> PipelineConfig:
@@ -188,12 +186,12 @@ def config_from_args(args: argparse.Namespace) -> PipelineConfig:
                                    ("time_scale", args.time_scale), ("key_strategy", args.keys),
                                    ("stats_interval_ms", args.stats_interval_ms))
                  if v is not None}
-    return replace(config, **overrides, **{args.stage: stage})
+    return replace(config, **overrides).with_stages(**{args.stage: stage})
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", choices=events.STAGES, required=True)
+    p.add_argument("--stage", required=True, help="a stage of the configuration's pipeline")
     p.add_argument("--run-id", required=True, help="run the records are written under")
     p.add_argument("--prefix", help="topic prefix of the pipeline (default: the run id)")
     p.add_argument("--config", default="{}",
@@ -210,8 +208,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stats-interval-ms", type=int)
     kafka_connection.add_argument(p)
     p.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
-    p.add_argument("--check-url", default=os.environ.get("AI_CHECK_URL"))
-    p.add_argument("--generate-url", default=os.environ.get("AI_GENERATE_URL"))
+    p.add_argument("--ai-endpoints", default=os.environ.get("AI_ENDPOINTS", "{}"),
+                   help="JSON object: the URL of each AI endpoint the pipeline spec names")
     p.add_argument("--ai-token-env", default="AI_SERVICE_TOKEN",
                    help="environment variable holding the bearer token (unset: no auth header)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
@@ -231,11 +229,14 @@ def main() -> None:
     if not args.database_url:
         p.error("set --database-url or DATABASE_URL (or source .local/stack.env)")
     token = os.environ.get(args.ai_token_env) if args.ai_token_env else None
-    endpoints = Endpoints(args.check_url or "", args.generate_url or "",
-                          f"Bearer {token}" if token else None)
-    config = config_from_args(args)
+    endpoints = Endpoints(json.loads(args.ai_endpoints), f"Bearer {token}" if token else None)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:  # a --stage the pipeline does not have, a refused spec
+        p.error(str(exc))
     metrics.serve(args.metrics_port, args.metrics_host)
-    settings = settings_for(config, args.stage, args.run_id, events.Topics(args.prefix or args.run_id),
+    settings = settings_for(config, args.stage, args.run_id,
+                            events.Topics(args.prefix or args.run_id, config.spec),
                             kafka, args.database_url, endpoints)
     fleet = Fleet(replace(settings, instance=args.instance))
     stop = threading.Event()

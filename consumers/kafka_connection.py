@@ -25,11 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.events import STAGES
-
 ENV = "KAFKA_CLIENT_CONFIG"
 BOOTSTRAP_ENV = "KAFKA_BOOTSTRAP_SERVERS"
-ROLES = ("source", *STAGES)  # the load source and each stage's fleet
 HIDDEN = "***"
 # What a connection is made of; anything else in a client configuration (group.id, offsets,
 # batching) belongs to the client or its profile, not to the cluster.
@@ -216,8 +213,10 @@ class KafkaAccess:
         default = KafkaConnection.from_environment(environ)
         if default is None:
             return None
-        roles = {role: conn for role in ROLES
-                 if (conn := KafkaConnection.from_environment(environ, role_env(role))) is not None}
+        environ = os.environ if environ is None else environ
+        prefix = f"{ENV}_"
+        roles = {name.removeprefix(prefix).lower(): conn for name in environ if name.startswith(prefix)
+                 if (conn := KafkaConnection.from_environment(environ, name)) is not None}
         return cls(default, roles)
 
     def __repr__(self) -> str:

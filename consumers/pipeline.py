@@ -1,4 +1,4 @@
-"""One whole pipeline run: topics, the three stage fleets, load, and waiting for the outcome.
+"""One whole pipeline run: topics, a fleet per stage of its spec, load, and waiting for the outcome.
 
 Tests, benchmarks and the Airflow operators all drive the pipeline through this module, so a
 configuration means the same thing wherever it is run. Completion is read from PostgreSQL
@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import psycopg2
 from rich.progress import Progress
@@ -51,11 +51,13 @@ class Pipeline:
             return dict(cur.fetchall())
 
     def settled(self) -> int:
-        """Requests that reached a terminal status and whose intake is recorded too: the upload
-        notification and the style choice travel separately, so either can finish first."""
+        """Requests that reached a terminal status and that every entry stage took: a request's
+        events may enter by several topics (the reference pipeline's upload and style choice),
+        and any of them can finish first."""
         with psycopg2.connect(self.database_url) as conn, conn.cursor() as cur:
             cur.execute("SELECT count(*) FROM requests WHERE run_id = %s AND status = ANY(%s) "
-                        "AND received_at IS NOT NULL", (self.run_id, list(TERMINAL)))
+                        "AND entries >= %s",
+                        (self.run_id, list(TERMINAL), len(self.topics.spec.entry_stages)))
             return cur.fetchone()[0]
 
     def wait_terminal(self, expected: int, timeout_s: float, progress: bool = False) -> dict[str, int]:
@@ -92,24 +94,25 @@ def remove_pipeline(topics: events.Topics, kafka: KafkaAccess) -> list[str]:
 
 @contextmanager
 def running_pipeline(config: PipelineConfig, kafka: KafkaAccess, database_url: str, endpoints: Endpoints,
-                     run_id: str | None = None, stages: tuple[str, ...] = events.STAGES,
+                     run_id: str | None = None, stages: tuple[str, ...] | None = None,
                      scenario: str = "", fleet_processes: bool = False) -> Iterator[Pipeline]:
-    """Provision fresh topics, start the stage fleets, yield, and stop the fleets gracefully.
+    """Provision fresh topics, start the stage fleets (`stages`, default every stage of the
+    configuration's pipeline), yield, and stop the fleets gracefully.
 
     `fleet_processes` runs each stage's fleet in a child process, as deployments do (benchmarks);
     in-process fleets (the default) let tests reach into the members.
     """
     run_id = run_id or new_run_id()
-    topics = events.Topics(run_id)
+    topics = events.Topics(run_id, config.spec)
     provision_pipeline(config, topics, kafka)
     storage = Storage(database_url, pool_size=1)
     try:
-        storage.start_run(run_id, scenario, asdict(config))
+        storage.start_run(run_id, scenario, config.to_dict())
     finally:
         storage.close()
     pipeline = Pipeline(run_id, topics, config, kafka, database_url)
     with ExitStack() as stack:
-        for stage in stages:
+        for stage in topics.spec.stage_names if stages is None else stages:
             settings = settings_for(config, stage, run_id, topics, kafka, database_url, endpoints)
             fleet = FleetProcess(settings) if fleet_processes else Fleet(settings)
             # A classic group settles one join round at a time: allow more for large fleets.

@@ -1,4 +1,4 @@
-"""What defines a candidate configuration of the pipeline, and how it maps to each stage's fleet.
+"""What defines a candidate configuration of a pipeline, and how it maps to each stage's fleet.
 
 A `PipelineConfig` is plain data (it round-trips through JSON), so the same configuration is
 stored in the registry, passed to deployed fleet processes and compared by the benchmark.
@@ -7,9 +7,15 @@ stored in the registry, passed to deployed fleet processes and compared by the b
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from consumers import pipeline_spec
+from consumers.ai_client import RetryPolicy
+
+MIN_AI_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -24,8 +30,15 @@ class StageConfig:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """Everything that defines a candidate configuration of the pipeline."""
+    """Everything that defines a candidate configuration of a pipeline.
 
+    `stages` holds the stages configured explicitly; any other stage of the pipeline consumes
+    with `default_stage` (its JSON form puts each stage beside the global settings, e.g.
+    `{"partitions": 16, "check": {"mode": "flow", "window": 16}}`). The AI settings left None
+    take the stage's values from the pipeline spec.
+    """
+
+    pipeline: str = pipeline_spec.REFERENCE
     partitions: int = 8
     replication_factor: int | None = None
     profile: str = "durability"
@@ -33,31 +46,63 @@ class PipelineConfig:
     producer_profile: str | None = None  # default: same as `profile`
     group_protocol: str = "classic"
     time_scale: float = 1.0
-    intake: StageConfig = StageConfig(mode="bounded", members=1, batch_size=50)
-    check: StageConfig = StageConfig()
-    generate: StageConfig = StageConfig()
-    max_attempts: int = 4
-    ai_timeout_s: float = 10.0
-    backoff_base_s: float = 0.2
+    stages: Mapping[str, StageConfig] = field(default_factory=dict)
+    max_attempts: int | None = None
+    ai_timeout_s: float | None = None
+    backoff_base_s: float | None = None
     stats_interval_ms: int = 0
     shutdown_deadline_s: float = 30.0
 
+    @property
+    def spec(self) -> pipeline_spec.PipelineSpec:
+        return pipeline_spec.load(self.pipeline)
+
+    def ai_timeout(self, stage: str) -> float:
+        """Seconds one AI try may take: the configured value, or the spec's at this time scale
+        (never under MIN_AI_TIMEOUT_S: a timed-out call may still be served, and paid for)."""
+        if self.ai_timeout_s is not None:
+            return self.ai_timeout_s
+        return max(MIN_AI_TIMEOUT_S, self.spec.stages[stage].timeout_s * self.time_scale)
+
+    def retry(self, stage: str) -> RetryPolicy:
+        """The stage's retry policy: the spec's, with the configured overrides; the backoff
+        shrinks with the time scale like the latencies it waits out."""
+        declared = self.spec.stages[stage].retry
+        base = declared.backoff_base_s if self.backoff_base_s is None else self.backoff_base_s
+        return RetryPolicy(max_attempts=self.max_attempts or declared.max_attempts,
+                           backoff_base_s=base * max(self.time_scale, 0.05))
+
     def stage(self, name: str) -> StageConfig:
-        return {"intake": self.intake, "check": self.check, "generate": self.generate}[name]
+        """How stage `name` consumes: configured, or the default (a stage without AI work reads
+        in bounded batches; an AI stage in flow mode)."""
+        if name in self.stages:
+            return self.stages[name]
+        if name not in self.spec.stages:
+            raise ValueError(f"{self.pipeline} has no stage {name!r}; stages: {list(self.spec.stages)}")
+        return StageConfig() if name in self.spec.ai_stages else StageConfig(mode="bounded", batch_size=50)
+
+    def with_stages(self, **stages: StageConfig) -> PipelineConfig:
+        return replace(self, stages={**self.stages, **stages})
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stages"}
+        return {**data, **{name: asdict(stage) for name, stage in self.stages.items()}}
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
         """Build from a (possibly partial) dict; unknown keys are an error, not ignored."""
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
+        known = {f.name for f in fields(cls)} - {"stages"}
+        pipeline = data.get("pipeline", pipeline_spec.REFERENCE)
+        stage_names = set(pipeline_spec.load(pipeline).stages)
+        unknown = sorted(set(data) - known - stage_names)
         if unknown:
-            raise ValueError(f"unknown configuration keys {unknown}; known: {sorted(known)}")
-        stages = {name: StageConfig(**data[name]) for name in ("intake", "check", "generate")
-                  if isinstance(data.get(name), dict)}
-        return replace(cls(), **{**data, **stages})
+            raise ValueError(f"unknown configuration keys {unknown}; known: {sorted(known)} and the "
+                             f"stages of {pipeline}: {sorted(stage_names)}")
+        stages = {name: StageConfig(**data[name]) for name in stage_names if isinstance(data.get(name), dict)}
+        return cls(**{k: v for k, v in data.items() if k in known}, stages=stages)
 
     @classmethod
     def from_argument(cls, text: str) -> PipelineConfig:
@@ -69,8 +114,15 @@ class PipelineConfig:
 
 @dataclass
 class Endpoints:
-    """Where the AI services are, as a real deployment would configure them."""
+    """Where each AI endpoint is (by the spec's endpoint name), as a deployment configures them."""
 
-    check_url: str
-    generate_url: str
+    urls: dict[str, str]
     auth_header: str | None = None
+
+    @classmethod
+    def on(cls, base_url: str, spec: pipeline_spec.PipelineSpec, auth_header: str | None = None) -> Endpoints:
+        """Every endpoint of `spec` served under one base URL (the stand-in serves them all)."""
+        return cls({name: base_url.rstrip("/") + e.path for name, e in spec.endpoints.items()}, auth_header)
+
+    def to_json(self) -> str:
+        return json.dumps(self.urls, sort_keys=True)

@@ -1,5 +1,6 @@
-"""Named pipeline configurations, built from shared parameters: the benchmark compares them
-side by side and the tuning DAG offers them as candidates.
+"""Named configurations of a pipeline, built from shared parameters: the benchmark compares them
+side by side and the tuning DAG offers them as candidates. The consumer modes apply to the
+stages that call an AI endpoint; the others read with one flow member.
 
 baseline     no keys (sticky partitions), client defaults, 500-record batches processed before
              committing: the reference article's starting point
@@ -12,7 +13,9 @@ flow-kip848  `flow` with the KIP-848 consumer group protocol (`group.protocol=co
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
+from consumers import pipeline_spec
 from consumers.pipeline_config import PipelineConfig, StageConfig
 
 NAMES = ("baseline", "tuned", "flow", "flow-kip848")
@@ -20,7 +23,7 @@ NAMES = ("baseline", "tuned", "flow", "flow-kip848")
 
 @dataclass(frozen=True)
 class PresetParams:
-    """What every preset shares: partitions, AI limits, time scale and load."""
+    """What every preset shares: the pipeline, partitions, AI limits, time scale and load."""
 
     partitions: int = 64
     concurrency: int = 64  # per AI endpoint
@@ -28,32 +31,58 @@ class PresetParams:
     burst: int = 1280
     flow_members: int = 4
     replication_factor: int = 1
-    check_latency_s: float = 0.5
-    generate_latency_s: float = 3.0
+    pipeline: str = pipeline_spec.REFERENCE
+
+    @property
+    def spec(self) -> pipeline_spec.PipelineSpec:
+        return pipeline_spec.load(self.pipeline)
+
+    @property
+    def slowest_call_s(self) -> float:
+        """The mean latency of the slowest endpoint (real scale): the pipeline's bottleneck."""
+        return max(e.latency.mean_s for e in self.spec.endpoints.values())
+
+    @property
+    def slowest_p99_s(self) -> float:
+        """The highest p99 latency of the endpoints (real scale): what a timeout must clear."""
+        return max(e.latency.p99_s or e.latency.median_s for e in self.spec.endpoints.values())
 
     @property
     def ai_capacity_rps(self) -> float:
-        """The physical limit: generative concurrency / generative latency (scaled)."""
-        return self.concurrency / (self.generate_latency_s * self.time_scale)
+        """The physical limit: concurrency / the slowest endpoint's mean latency (scaled)."""
+        return self.concurrency / (self.slowest_call_s * self.time_scale)
+
+    def stand_in_settings(self, bottleneck_factor: float = 1.0) -> dict[str, Any]:
+        """`PUT /v1/config` of the stand-in: every endpoint at its spec's latency (the slowest
+        one's times `bottleneck_factor`, to make a slower candidate), this concurrency, no
+        injected faults, this time scale."""
+        slowest = max(self.spec.endpoints, key=lambda name: self.spec.endpoints[name].latency.mean_s)
+        return {"time_scale": self.time_scale,
+                **{name: {"latency_s": e.latency.median_s * (bottleneck_factor if name == slowest else 1.0),
+                          "limit": self.concurrency, "error_rate": 0.0}
+                   for name, e in self.spec.endpoints.items()}}
 
 
 def build(name: str, p: PresetParams) -> PipelineConfig:
     """The PipelineConfig of a named preset."""
-    common = PipelineConfig(partitions=p.partitions, replication_factor=p.replication_factor,
-                            time_scale=p.time_scale, max_attempts=6,
-                            ai_timeout_s=max(1.0, 4 * p.generate_latency_s * p.time_scale),
-                            intake=StageConfig("flow", members=1, window=32))
+    spec = p.spec
+    common = PipelineConfig(pipeline=p.pipeline, partitions=p.partitions,
+                            replication_factor=p.replication_factor, time_scale=p.time_scale,
+                            max_attempts=6, ai_timeout_s=max(1.0, 4 * p.slowest_p99_s * p.time_scale),
+                            stages={s: StageConfig("flow", members=1, window=32)
+                                    for s in spec.stage_names if s not in spec.ai_stages})
     # One member per partition for the one-at-a-time modes: as many as can be busy at once.
     members = min(p.partitions, p.concurrency)
     window = max(1, p.concurrency // p.flow_members)
-    flow = replace(common, check=StageConfig("flow", members=p.flow_members, window=window),
-                   generate=StageConfig("flow", members=p.flow_members, window=window))
+
+    def ai_stages(stage: StageConfig) -> dict[str, StageConfig]:
+        return dict.fromkeys(spec.ai_stages, stage)
+
+    flow = common.with_stages(**ai_stages(StageConfig("flow", members=p.flow_members, window=window)))
     configs = {
-        "baseline": replace(common, key_strategy="none", profile="latency",
-                            check=StageConfig("baseline", members=members),
-                            generate=StageConfig("baseline", members=members)),
-        "tuned": replace(common, check=StageConfig("bounded", members=members, batch_size=1),
-                         generate=StageConfig("bounded", members=members, batch_size=1)),
+        "baseline": replace(common, key_strategy="none", profile="latency").with_stages(
+            **ai_stages(StageConfig("baseline", members=members))),
+        "tuned": common.with_stages(**ai_stages(StageConfig("bounded", members=members, batch_size=1))),
         "flow": flow,
         "flow-kip848": replace(flow, group_protocol="consumer"),
     }

@@ -4,10 +4,12 @@ Partition counts come from `--partitions` or from the sizing formula of
 `measure/sizing.py` (the one place it is written) given measured rates.
 
     python -m consumers.provisioning --prefix demo --profile durability --partitions 64
+    python -m consumers.provisioning --pipeline text_moderation --prefix t1 --partitions 16
     python -m consumers.provisioning --prefix demo --target-rps 21.3 \\
         --produce-rps-per-partition 5000 --consume-rps-per-partition 21.3
 
-Idempotent: an existing topic with the requested shape is left alone, one with fewer
+The topics are the pipeline spec's (a spec with a mistake is refused before anything is
+created). Idempotent: an existing topic with the requested shape is left alone, one with fewer
 partitions is grown (never shrunk; growing moves keys to other partitions, so it warns), and
 topic configs are brought to the profile's values. Impossible requests fail with a clear
 message before anything is changed.
@@ -28,7 +30,7 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from consumers import acls, events, kafka_connection, profiles
+from consumers import acls, events, kafka_connection, pipeline_spec, profiles
 from consumers.kafka_connection import KafkaConnection
 from measure.sizing import SizingInput, size
 
@@ -133,6 +135,8 @@ def _reconcile(admin: AdminClient, topic: str, meta, partitions: int, configs: d
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pipeline", default=pipeline_spec.REFERENCE,
+                   help="the pipeline spec whose topics to create: a name in pipelines/ or a path")
     p.add_argument("--prefix", required=True, help="pipeline topic prefix")
     p.add_argument("--profile", choices=list(profiles.PROFILES), default="durability")
     p.add_argument("--partitions", type=int, help="partitions (or size them from the rates below)")
@@ -152,11 +156,11 @@ def main() -> None:
         print("\n".join(sizing["reasoning"]))
     try:
         access = kafka_connection.from_args(args, p)
-        topics = events.Topics(args.prefix)
+        topics = events.Topics(args.prefix, pipeline_spec.load(args.pipeline))
         admin = access.default.admin()
         reports = provision(admin, topics.all(), partitions, args.profile, args.replication_factor)
         acls.grant(admin, topics, access)
-    except ProvisioningError as exc:
+    except (ProvisioningError, pipeline_spec.SpecError) as exc:
         raise SystemExit(f"error: {exc}") from None
     for r in reports:
         print(f"{r.topic}: {r.action}, {r.partitions} partitions, RF {r.replication_factor}")

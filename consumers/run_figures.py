@@ -29,16 +29,16 @@ def rows(database_url: str, sql: str, params: tuple | dict = ()) -> list[tuple]:
 SPAN_SQL = """
 SELECT extract(epoch FROM min(r.produced_at)),
        extract(epoch FROM greatest(
-         max(r.generated_at) FILTER (WHERE r.status = 'completed'),
-         max(r.checked_at) FILTER (WHERE r.status = 'rejected'),
-         (SELECT max(d.at) FROM dead_letters d JOIN requests dr ON dr.request_id = d.request_id
+         max(r.finished_at) FILTER (WHERE r.status IN ('completed', 'rejected')),
+         (SELECT max(d.at) FROM dead_letters d
+          JOIN requests dr ON (dr.pipeline, dr.request_id) = (d.pipeline, d.request_id)
           WHERE dr.run_id = %(run)s AND dr.status = 'dead_lettered')))
 FROM requests r WHERE r.run_id = %(run)s
 """
 
 COMPLETIONS_SQL = """
 SELECT extract(epoch FROM completed_at) FROM stage_results
-WHERE run_id = %(run)s AND stage = 'generate' ORDER BY completed_at
+WHERE run_id = %(run)s AND stage = %(final_stage)s ORDER BY completed_at
 """
 
 OK_CALLS_SQL = """
@@ -65,19 +65,22 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def completion_times(database_url: str, run_id: str) -> list[float]:
-    return [float(r[0]) for r in rows(database_url, COMPLETIONS_SQL, {"run": run_id})]
+def completion_times(database_url: str, run_id: str, final_stage: str) -> list[float]:
+    """When the pipeline's completing stage recorded each result."""
+    found = rows(database_url, COMPLETIONS_SQL, {"run": run_id, "final_stage": final_stage})
+    return [float(r[0]) for r in found]
 
 
-def standard_figures(database_url: str, run_id: str, produced: int, ai_limit: int,
+def standard_figures(database_url: str, run_id: str, final_stage: str, produced: int, ai_limit: int,
                      per_partition: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
     """measure.figures.run_figures of a run from its rows, and the rows' extras the benchmark
-    adds (completion times, 'ok' calls, latencies, the span's ends)."""
+    adds (completion times, 'ok' calls, latencies, the span's ends); `final_stage` is the spec's
+    completing stage."""
     run = {"run": run_id}
     status = dict(rows(database_url, "SELECT status, count(*) FROM requests WHERE run_id = %s "
                         "GROUP BY status", (run_id,)))
     first, last = (_float(v) for v in rows(database_url, SPAN_SQL, run)[0])
-    times = completion_times(database_url, run_id)
+    times = completion_times(database_url, run_id, final_stage)
     calls = [(stage, partition, float(s)) for stage, partition, s in rows(database_url, OK_CALLS_SQL, run)]
     per_stage: dict[str, list[float]] = defaultdict(list)
     for stage, _, seconds in calls:
@@ -103,9 +106,10 @@ def burst_figures(pipeline: Pipeline, run_id: str, count: int, ai_limit: int,
                   timeout_s: float) -> dict[str, Any]:
     """Send a burst through a running deployment under a run id of its own (same topics and
     fleets), wait until each request settled, and return its standard figures (skew from the
-    partitions the source's style events landed on)."""
+    partitions the source's events on the spec's measured topic landed on)."""
     run = replace(pipeline, run_id=run_id)
     sent = run.send(count)
     run.wait_terminal(count, timeout_s)
     per_partition = sent.per_partition(pipeline.config.partitions)
-    return standard_figures(pipeline.database_url, run_id, len(sent.request_ids), ai_limit, per_partition)[0]
+    return standard_figures(pipeline.database_url, run_id, pipeline.topics.spec.completing_stage,
+                            len(sent.request_ids), ai_limit, per_partition)[0]

@@ -1,11 +1,12 @@
-"""The event source: requests of the reference scenario, as a burst or at a steady rate.
+"""The event source: a pipeline's requests, as a burst or at a steady rate.
 
     python -m consumers.source --prefix demo --run-id r1 --burst 1280
-    python -m consumers.source --prefix demo --run-id r1 --rate 20 --duration 60 --keys none
+    python -m consumers.source --pipeline text_moderation --prefix t1 --run-id t1 --rate 20 --duration 60
 
-Each request is an upload notification on `<prefix>.intake` followed by the user's style
-choice on `<prefix>.style` (the AI stages' input). Every send is acknowledged before the
-source reports success; a delivery failure stops it with the error.
+The pipeline spec's load generator builds each request's events (for the reference pipeline:
+an upload notification on `<prefix>.intake`, then the user's style choice on `<prefix>.style`).
+Every send is acknowledged before the source reports success; a delivery failure stops it with
+the error.
 """
 
 from __future__ import annotations
@@ -22,38 +23,25 @@ from dataclasses import asdict, dataclass
 from rich.console import Console
 from rich.progress import Progress
 
-from consumers import events, kafka_connection
+from consumers import events, kafka_connection, pipeline_spec
 from consumers.kafka_connection import KafkaConnection
 from consumers.producer import KeyedProducer
 
 
 @dataclass
 class SourceReport:
-    """What was sent: request ids in order and the partition each style event landed on."""
+    """What was sent: request keys in order and the partition each event on the spec's measured
+    topic landed on (the AI stages' input: its spread is the load's skew)."""
 
     request_ids: list[str]
-    style_partitions: list[int]
+    partitions_measured: list[int]
     seconds: float
 
     def per_partition(self, partitions: int) -> list[int]:
         counts = [0] * partitions
-        for p in self.style_partitions:
+        for p in self.partitions_measured:
             counts[p] += 1
         return counts
-
-
-def descriptions(rng: random.Random, reject_share: float) -> str:
-    """A slide-deck description; the stand-in checking AI rejects those saying 'forbidden'."""
-    topic = rng.choice(["quarterly results", "team offsite", "product launch", "thesis defence"])
-    return f"forbidden {topic}" if rng.random() < reject_share else f"slides about the {topic}"
-
-
-def _request(rng: random.Random, run_id: str, i: int, reject_share: float) -> tuple[dict, dict]:
-    """One request: the upload notification and the user's style choice for it."""
-    intake = events.intake_event(run_id, f"user-{rng.randrange(10_000)}", f"upload/{i}.png")
-    style = events.style_event(run_id, intake["request_id"], rng.choice(events.STYLES),
-                               descriptions(rng, reject_share))
-    return intake, style
 
 
 def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, count: int,
@@ -61,34 +49,43 @@ def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, c
                   progress: bool = True) -> SourceReport:
     """Send `count` requests, as a burst or at `rate` per second; wait for every ack.
 
-    A burst is built first and then sent back to back (all uploads, then all style choices),
-    so its send rate is the client's, not the event builder's: that is what puts a keyless
-    burst into few sticky-partitioning windows.
+    A burst is built first and then sent back to back, each request's first events before any
+    second ones (all uploads, then all style choices), so its send rate is the client's, not the
+    event builder's: that is what puts a keyless burst into few sticky-partitioning windows.
     """
+    spec = topics.spec
+    generator = pipeline_spec.resolve(spec.load.generator)
     rng = random.Random(seed)
-    futures: list[Future] = []
+    measured: list[Future] = []
+
+    def send(topic: str, event: dict) -> None:
+        future = producer.send(topics.name(topic), event)
+        if topic == spec.load.measure:
+            measured.append(future)
+
     started = time.monotonic()
     with Progress(disable=not progress, transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("sending requests", total=count)
+        requests: list[list[tuple[str, dict]]] = []
         if rate:
-            requests = []
             for i in range(count):
                 delay = started + i / rate - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)
-                requests.append(_request(rng, run_id, i, reject_share))
-                producer.send(topics.intake, requests[-1][0])
-                futures.append(producer.send(topics.style, requests[-1][1]))
+                requests.append(generator(rng, run_id, i, reject_share))
+                for topic, event in requests[-1]:
+                    send(topic, event)
                 bar.advance(task)
         else:
-            requests = [_request(rng, run_id, i, reject_share) for i in range(count)]
-            for intake, _ in requests:
-                producer.send(topics.intake, intake)
-            futures = [producer.send(topics.style, style) for _, style in requests]
+            requests = [generator(rng, run_id, i, reject_share) for i in range(count)]
+            for position in range(max(map(len, requests), default=0)):
+                for request in requests:
+                    if position < len(request):
+                        send(*request[position])
             bar.update(task, completed=count)
         producer.flush(60)
-    partitions = [f.result(60)[0] for f in futures]
-    return SourceReport([intake["request_id"] for intake, _ in requests], partitions,
+    partitions = [f.result(60)[0] for f in measured]
+    return SourceReport([request[0][1][spec.key] for request in requests], partitions,
                         time.monotonic() - started)
 
 
@@ -97,7 +94,7 @@ def _send_with_own_producer(kafka: KafkaConnection, profile: str, key_strategy: 
                             progress: bool) -> SourceReport:
     producer = KeyedProducer(kafka, profile=profile, key_strategy=key_strategy)
     try:
-        producer.prepare([topics.intake, topics.style])
+        producer.prepare(topics.producing())
         return send_requests(producer, topics, run_id, count, rate=rate, reject_share=reject_share,
                              progress=progress)
     finally:
@@ -116,7 +113,8 @@ def send_in_process(kafka: KafkaConnection, profile: str, key_strategy: str, top
     runner's main module cannot be re-imported by a spawned child).
     """
     load = ["--rate", str(rate), "--duration", str(count / rate)] if rate else ["--burst", str(count)]
-    cmd = [sys.executable, "-m", "consumers.source", "--prefix", topics.prefix, "--run-id", run_id,
+    cmd = [sys.executable, "-m", "consumers.source", "--pipeline", topics.spec.name,
+           "--prefix", topics.prefix, "--run-id", run_id,
            *load, "--keys", key_strategy, "--profile", profile, "--reject-share", str(reject_share),
            "--json", *([] if progress else ["--quiet"])]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False,
@@ -128,6 +126,7 @@ def send_in_process(kafka: KafkaConnection, profile: str, key_strategy: str, top
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pipeline", default=pipeline_spec.REFERENCE, help="a spec's name or path")
     p.add_argument("--prefix", required=True)
     p.add_argument("--run-id", required=True)
     load = p.add_mutually_exclusive_group(required=True)
@@ -136,21 +135,22 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=60.0, help="seconds, with --rate")
     p.add_argument("--keys", default="uuid", help="uuid | none | field:<name>")
     p.add_argument("--profile", default="durability")
-    p.add_argument("--reject-share", type=float, default=0.0, help="share of requests the check rejects")
+    p.add_argument("--reject-share", type=float, default=0.0,
+                   help="share of requests the pipeline's generator makes to be refused")
     kafka_connection.add_argument(p)
     p.add_argument("--json", action="store_true", help="print the report (request ids, partitions) as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args()
     count = args.burst if args.burst else round(args.rate * args.duration)
     kafka = kafka_connection.from_args(args, p).of("source")
-    report = _send_with_own_producer(kafka, args.profile, args.keys, events.Topics(args.prefix),
-                                     args.run_id, count, args.rate, args.reject_share,
-                                     progress=not args.quiet)
+    topics = events.Topics(args.prefix, pipeline_spec.load(args.pipeline))
+    report = _send_with_own_producer(kafka, args.profile, args.keys, topics, args.run_id, count,
+                                     args.rate, args.reject_share, progress=not args.quiet)
     if args.json:
         print(json.dumps(asdict(report)))
         return
     print(f"sent {len(report.request_ids)} requests in {report.seconds:.2f}s "
-          f"to {len(set(report.style_partitions))} partition(s)")
+          f"to {len(set(report.partitions_measured))} partition(s) of {topics.spec.load.measure}")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,20 @@
-"""What each stage does with one valid event.
+"""What a stage does with one valid event, as its pipeline spec says (`consumers.pipeline_spec`).
 
-intake   : write the request row, ask the user (via the bot topic) to pick a style
-check    : call the checking AI, store the verdict, pass approved requests to `generate`,
-           tell the user about rejected ones
-generate : call the generative AI, store the result link, send it to the user
+Every stage of every pipeline runs the same steps:
 
-At most one AI call per (request, stage): before calling, the stage claims the pair in
+1. take the request: merge the fields the stage records into the request row (creating it if
+   this event arrives first) and move its status forward;
+2. a join stage stops here until every field it waits for is on the row;
+3. the work: none, a Python callable, or an AI call;
+4. record the result, once, with the status its routes give the request;
+5. send the outcome to every route whose condition holds, and wait for the acknowledgements.
+
+At most one AI call per (pipeline, key, stage): before calling, the stage claims the triple in
 PostgreSQL (`Storage.claim`), so a second copy of the same request waits for the first one's
 result instead of calling too, and a member that died mid-call is taken over once its lease
 expires. Every try is written before it is sent and completed after, so an interrupted call is
 still counted. A stage whose result is already recorded does not call again but re-sends its
-downstream event, which is idempotent downstream: an event lost between the two writes is
+routes' events, which is idempotent downstream: an event lost between the two writes is
 therefore never lost.
 
 Failures raise; `consumers.failures` says which are the record's fault (dead-lettered) and
@@ -21,15 +25,18 @@ answer already received rather than calling again.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers import events
+from consumers import pipeline_spec
 from consumers.ai_client import REQUEST_FAILURES, AIClient, AIUnavailable, Try
+from consumers.events import Topics
 from consumers.failures import AIBusy, ClaimHeld
+from consumers.pipeline_spec import HttpWork, PythonWork, Route, StageSpec
 from consumers.producer import KeyedProducer
-from consumers.storage import Origin, Storage
+from consumers.storage import Key, Origin, Status, Storage
 
 DELIVERY_TIMEOUT_S = 30.0
 
@@ -39,16 +46,33 @@ class StageContext:
     """Everything a stage handler needs; shared by the members of one fleet."""
 
     stage: str
-    topics: events.Topics
+    topics: Topics
     storage: Storage
     producer: KeyedProducer
-    check_ai: AIClient | None = None
-    generate_ai: AIClient | None = None
+    ai: AIClient | None = None  # the stage's endpoint, when its work is an AI call
     claim_lease_s: float = 30.0  # longer than one try plus the backoff before the next
+
+    @property
+    def spec(self) -> StageSpec:
+        return self.topics.spec.stages[self.stage]
+
+    @property
+    def entry(self) -> bool:
+        return self.stage in self.topics.spec.entry_stages
+
+    def key(self, event: dict[str, Any]) -> Key:
+        return Key(self.topics.spec.name, event[self.topics.spec.key], event["run_id"])
+
+    def status(self, name: str | None, route: bool) -> Status | None:
+        """A status ranked by the stage's place in the spec (a route's above the stage's own)."""
+        if name is None:
+            return None
+        rank = 2 * self.topics.spec.stage_names.index(self.stage) + int(route)
+        return Status(name, rank, settles=name in pipeline_spec.TERMINAL_STATUSES)
 
     def send(self, topic: str, event: dict[str, Any]) -> None:
         """Send downstream and wait for the acknowledgement: a record only completes after it."""
-        self.producer.send(topic, event).result(DELIVERY_TIMEOUT_S)
+        self.producer.send(self.topics.name(topic), event).result(DELIVERY_TIMEOUT_S)
 
 
 @dataclass
@@ -56,25 +80,53 @@ class RecordState:
     """What handling one record has achieved so far, kept across its retries."""
 
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this handling's claim owner
-    result: str | None = None  # the AI's answer, once received
+    result: dict[str, Any] | None = None  # the work's kept fields, once received
     failure: AIUnavailable | None = None  # the AI's final failure, once known
     tries: list[Try] = field(default_factory=list)
     unwritten: list[tuple[int, float, str, int | None]] = field(default_factory=list)
-    intake_first: bool = False
+    recorded_first: bool = False  # this handling recorded the stage's result
     dead_letter_sent: bool = False
     skipped_duplicate: bool = False
 
 
 def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
-    """Run the stage's work for one validated event."""
-    {"intake": _intake, "check": _check, "generate": _generate}[ctx.stage](ctx, event, origin, state)
+    """Run the stage's steps for one validated event."""
+    spec, key = ctx.spec, ctx.key(event)
+    row = ctx.storage.take(key, event["produced_at"], {f: event[f] for f in spec.record if f in event},
+                           ctx.status(spec.status, route=False))
+    if any(f not in row for f in spec.join):
+        return  # the other half of the join records it
+    outcome = {**event, **row} if spec.join else dict(event)
+    _work(ctx, spec, key, outcome, origin, state)
+    outcome.update(state.result or {})
+    routes = [r for r in spec.routes if r.matches(outcome)]
+    status = next((ctx.status(r.status, route=True) for r in routes if r.status), None)
+    state.recorded_first = ctx.storage.record_result(key, ctx.stage, state.result, origin, status,
+                                                     ctx.entry) or state.recorded_first
+    for route in routes:
+        if state.recorded_first or not route.once:
+            ctx.send(route.to, message(route, ctx.topics.spec.key, key, outcome))
+    if status is not None and status.settles:
+        ctx.storage.mark_notified(key)
 
 
-def _intake(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
-    state.intake_first = ctx.storage.record_intake(event, origin) or state.intake_first
-    if state.intake_first:
-        ctx.send(ctx.topics.notify, events.notification(event["request_id"], event["run_id"],
-                                                        "choose_style", user_id=event["user_id"]))
+def message(route: Route, key_field: str, key: Key, outcome: dict[str, Any]) -> dict[str, Any]:
+    """The event a route sends: the outcome forwarded, or a new one with the route's fields."""
+    if route.forward:
+        return outcome
+    fields = {name: outcome.get(value[1:]) if isinstance(value, str) and value.startswith("$") else value
+              for name, value in route.fields.items()}
+    return {key_field: key.request_id, "run_id": key.run_id, **fields, "at": time.time()}
+
+
+def _work(ctx: StageContext, spec: StageSpec, key: Key, outcome: dict[str, Any], origin: Origin,
+          state: RecordState) -> None:
+    """Put the work's kept fields in `state.result`, unless an earlier try of the record did
+    (a stage without work keeps none)."""
+    if isinstance(spec.work, PythonWork) and state.result is None:
+        state.result = dict(pipeline_spec.resolve(spec.work.callable)(outcome))
+    elif isinstance(spec.work, HttpWork):
+        _ai_result(ctx, spec.work, key, outcome, origin, state)
 
 
 @dataclass
@@ -82,16 +134,14 @@ class _AttemptLog:
     """Writes each try's row before it is sent (renewing the claim) and keeps its ending."""
 
     ctx: StageContext
-    stage: str
-    event: dict[str, Any]
+    key: Key
     origin: Origin
     state: RecordState
     _ids: dict[int, int] = field(default_factory=dict)
 
     def started(self, attempt: int, at: float) -> None:
         self._ids[attempt] = self.ctx.storage.start_attempt(
-            self.event["run_id"], self.event["request_id"], self.stage, self.origin,
-            self.state.owner, self.ctx.claim_lease_s, attempt, at)
+            self.key, self.ctx.stage, self.origin, self.state.owner, self.ctx.claim_lease_s, attempt, at)
 
     def ended(self, attempt: Try) -> None:
         self.state.tries.append(attempt)
@@ -99,58 +149,40 @@ class _AttemptLog:
                                      attempt.http_status))
 
 
-def _ai_result(ctx: StageContext, client: AIClient | None, stage: str, answer_field: str,
-               event: dict[str, Any], origin: Origin, state: RecordState) -> str:
-    """The stage's AI answer: recorded already, received before a retry, or called for now."""
+def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any], origin: Origin,
+               state: RecordState) -> None:
+    """The stage's kept AI answer: recorded already, received by an earlier try of the record
+    (kept even when writing its attempt rows failed), or called for now."""
     if state.result is None and state.failure is None:
-        claim = ctx.storage.claim(event["request_id"], stage, state.owner, ctx.claim_lease_s)
+        claim = ctx.storage.claim(key, ctx.stage, state.owner, ctx.claim_lease_s)
         if claim.done is not None:
-            ctx.storage.record_skip(event["run_id"], event["request_id"], stage, origin)
+            ctx.storage.record_skip(key, ctx.stage, origin)
             state.skipped_duplicate = True
-            return claim.done
+            state.result = claim.done
+            return
         if not claim.ours:
-            raise ClaimHeld(f"{stage} of {event['request_id']} is being called by another member")
-        if client is None:
-            raise RuntimeError(f"stage {stage} has no AI endpoint configured")
+            raise ClaimHeld(f"{ctx.stage} of {key.request_id} is being called by another member")
+        if ctx.ai is None:
+            raise RuntimeError(f"stage {ctx.stage} has no URL for endpoint {work.endpoint}")
         try:
-            body = client.call({"request_id": event["request_id"], "style": event["style"],
-                                "description": event["description"]},
-                               _AttemptLog(ctx, stage, event, origin, state))
+            body = ctx.ai.call({name: event.get(source) for name, source in work.request.items()},
+                               _AttemptLog(ctx, key, origin, state))
         except AIUnavailable as exc:
             own = sum(t.outcome in REQUEST_FAILURES for t in state.tries)
-            if exc.final or own >= client.policy.max_attempts:
+            if exc.final or own >= ctx.ai.policy.max_attempts:
                 state.failure = exc  # the request had its tries: its own fault
             ctx.storage.end_attempts(state.unwritten)
             state.unwritten.clear()
             if state.failure is None:
-                raise AIBusy(f"{exc.reason}; {own} of {client.policy.max_attempts} tries were "
+                raise AIBusy(f"{exc.reason}; {own} of {ctx.ai.policy.max_attempts} tries were "
                              "the request's own failures") from exc
             raise
-        if not isinstance(body.get(answer_field), str):
-            state.failure = AIUnavailable(f"answer from {stage} without {answer_field!r}")
+        missing = [name for name in work.keep if name not in body]
+        if missing:
+            state.failure = AIUnavailable(f"answer from {work.endpoint} without {missing}")
         else:
-            state.result = body[answer_field]
+            state.result = {name: body[name] for name in work.keep}
     ctx.storage.end_attempts(state.unwritten)
     state.unwritten.clear()
     if state.failure is not None:
         raise state.failure
-    ctx.storage.record_result(stage, event, state.result, origin)
-    return state.result
-
-
-def _check(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
-    ctx.storage.record_style(event)
-    verdict = _ai_result(ctx, ctx.check_ai, "check", "verdict", event, origin, state)
-    if verdict == "approved":
-        ctx.send(ctx.topics.generate, {**event})
-    else:
-        ctx.send(ctx.topics.notify, events.notification(event["request_id"], event["run_id"],
-                                                        "rejected", verdict=verdict))
-        ctx.storage.mark_notified(event["request_id"])
-
-
-def _generate(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
-    url = _ai_result(ctx, ctx.generate_ai, "generate", "result_url", event, origin, state)
-    ctx.send(ctx.topics.notify, events.notification(event["request_id"], event["run_id"],
-                                                    "result", url=url))
-    ctx.storage.mark_notified(event["request_id"])

@@ -1,9 +1,17 @@
-"""PostgreSQL persistence of the pipeline's run records (schema in infra/migrations).
+"""PostgreSQL persistence of every pipeline's run records (schema in infra/migrations).
 
-Results are idempotent by (request id, stage): `stage_results` has that primary key and every
-write is `ON CONFLICT DO NOTHING`, so re-consumption never duplicates a result. `stage_claims`
-makes sure at most one member calls the AI for a (request id, stage) at a time, and
-`ai_attempts` keeps one row per try, written before it is sent, so every call is counted.
+One layout for every pipeline spec, keyed by (pipeline, key, stage), where the key is the value
+of the spec's key field (the `request_id` column). A request row keeps what the stages record
+about it (`fields`, merged, so events arriving on separate topics are joined by key), its
+status and how many entry stages took it. Results are idempotent by (pipeline, key, stage):
+`stage_results` has that primary key and every write is `ON CONFLICT DO NOTHING`, so
+re-consumption never duplicates a result. `stage_claims` makes sure at most one member calls the
+AI for a (pipeline, key, stage) at a time, and `ai_attempts` keeps one row per try, written
+before it is sent, so every call is counted.
+
+Statuses only move forward: each carries a rank (the stage's position in the spec), a lower
+rank never overwrites a higher one, and a settled status (completed, rejected) is final; a
+dead letter settles the request unless it had already settled.
 """
 
 from __future__ import annotations
@@ -34,10 +42,28 @@ class Origin:
 
 
 @dataclass(frozen=True)
+class Key:
+    """Which request of which pipeline: every write names one."""
+
+    pipeline: str
+    request_id: str
+    run_id: str
+
+
+@dataclass(frozen=True)
+class Status:
+    """A status and its rank; `settles` when it is completed or rejected."""
+
+    name: str
+    rank: int
+    settles: bool = False
+
+
+@dataclass(frozen=True)
 class Claim:
     """The answer to a claim: the stage's recorded result, or whether the call is ours to make."""
 
-    done: str | None = None
+    done: dict[str, Any] | None = None
     ours: bool = False
 
 
@@ -49,12 +75,14 @@ def ts(epoch_s: float | None) -> datetime | None:
     return datetime.fromtimestamp(epoch_s, UTC) if epoch_s is not None else None
 
 
-# What a stage result sets on the request row.
-_REQUEST_UPDATES = {
-    "check": "verdict = %(detail)s, checked_at = now(), "
-             "status = CASE WHEN %(detail)s = 'approved' THEN 'generating' ELSE 'rejected' END",
-    "generate": "result_url = %(detail)s, generated_at = now(), status = 'completed'",
-}
+DEAD_LETTERED_RANK = 1_000_000  # above every stage's: only a settled status outranks it
+SETTLED = ("completed", "rejected")
+
+# The request row's status moves to %(status)s unless it is settled or ranked higher.
+_FORWARD = ("status = CASE WHEN requests.status = ANY(%(settled)s) OR requests.status_rank > %(rank)s "
+            "THEN requests.status ELSE %(status)s END, "
+            "status_rank = CASE WHEN requests.status = ANY(%(settled)s) THEN requests.status_rank "
+            "ELSE greatest(requests.status_rank, %(rank)s) END")
 
 
 class Storage:
@@ -97,82 +125,81 @@ class Storage:
         with self._tx() as cur:
             cur.execute("UPDATE runs SET finished_at = now() WHERE run_id = %s", (run_id,))
 
-    def record_intake(self, event: dict[str, Any], origin: Origin) -> bool:
-        """The request row from the upload notification; True the first time only."""
+    def take(self, key: Key, produced_at: float, fields: dict[str, Any], status: Status | None) -> dict:
+        """A stage takes the request: create its row or merge `fields` into it (whichever event
+        arrives first), move its status forward; return every field the row holds now."""
+        params = {"p": key.pipeline, "r": key.request_id, "run": key.run_id, "at": ts(produced_at),
+                  "fields": json.dumps(fields), "status": status.name if status else None,
+                  "rank": status.rank if status else -1, "settled": list(SETTLED)}
         with self._tx() as cur:
             cur.execute(
-                "INSERT INTO requests (request_id, run_id, user_id, object_id, status, produced_at, "
-                "received_at) VALUES (%s, %s, %s, %s, 'awaiting_style', %s, now()) "
-                "ON CONFLICT (request_id) DO UPDATE SET user_id = EXCLUDED.user_id, "
-                "object_id = EXCLUDED.object_id, produced_at = EXCLUDED.produced_at, "
-                "received_at = COALESCE(requests.received_at, EXCLUDED.received_at)",
-                (event["request_id"], event["run_id"], event["user_id"], event["object_id"],
-                 ts(event["produced_at"])))
-            return self._insert_result(cur, "intake", event, "ok", None, origin)
+                "INSERT INTO requests (pipeline, request_id, run_id, status, status_rank, produced_at, "
+                "fields) VALUES (%(p)s, %(r)s, %(run)s, coalesce(%(status)s, 'received'), "
+                "greatest(%(rank)s, 0), %(at)s, %(fields)s) ON CONFLICT (pipeline, request_id) DO UPDATE "
+                "SET fields = requests.fields || EXCLUDED.fields, "
+                "produced_at = least(requests.produced_at, EXCLUDED.produced_at), "
+                f"{_FORWARD.replace('%(status)s', 'coalesce(%(status)s, requests.status)')} "
+                "RETURNING fields", params)
+            return cur.fetchone()[0]
 
-    def record_style(self, event: dict[str, Any]) -> None:
-        """The user's style choice on the request row (it may arrive before the intake)."""
+    def record_result(self, key: Key, stage: str, result: dict[str, Any] | None, origin: Origin,
+                      status: Status | None, entry: bool) -> bool:
+        """A stage's result, once, with what it does to the request row (the kept fields, the
+        status, an entry stage's count); True when this call recorded it, False for a duplicate."""
         with self._tx() as cur:
             cur.execute(
-                "INSERT INTO requests (request_id, run_id, status, style, description, styled_at) "
-                "VALUES (%s, %s, 'checking', %s, %s, %s) ON CONFLICT (request_id) DO UPDATE SET "
-                "style = EXCLUDED.style, description = EXCLUDED.description, "
-                "styled_at = COALESCE(requests.styled_at, EXCLUDED.styled_at), "
-                "status = CASE WHEN requests.status IN ('awaiting_style', 'checking') "
-                "THEN 'checking' ELSE requests.status END",
-                (event["request_id"], event["run_id"], event["style"], event["description"],
-                 ts(event["produced_at"])))
-
-    def record_result(self, stage: str, event: dict[str, Any], detail: str, origin: Origin) -> bool:
-        """A stage's result, once; True when this call recorded it, False for a duplicate."""
-        with self._tx() as cur:
-            first = self._insert_result(cur, stage, event, "ok", detail, origin)
+                "INSERT INTO stage_results (pipeline, request_id, stage, run_id, outcome, result, member, "
+                "topic, kafka_partition, kafka_offset) VALUES (%s, %s, %s, %s, 'ok', %s, %s, %s, %s, %s) "
+                "ON CONFLICT (pipeline, request_id, stage) DO NOTHING RETURNING 1",
+                (key.pipeline, key.request_id, stage, key.run_id,
+                 None if result is None else json.dumps(result), origin.member, origin.topic,
+                 origin.partition, origin.offset))
+            first = cur.fetchone() is not None
             if first:
-                cur.execute(f"UPDATE requests SET {_REQUEST_UPDATES[stage]} "
-                            "WHERE request_id = %(request_id)s",
-                            {"detail": detail, "request_id": event["request_id"]})
+                cur.execute(
+                    "UPDATE requests SET fields = fields || %(fields)s, entries = entries + %(entry)s, "
+                    "finished_at = CASE WHEN %(settles)s AND NOT status = ANY(%(settled)s) THEN now() "
+                    f"ELSE finished_at END, {_FORWARD.replace('requests.', '')} "
+                    "WHERE pipeline = %(p)s AND request_id = %(r)s",
+                    {"p": key.pipeline, "r": key.request_id, "fields": json.dumps(result or {}),
+                     "entry": int(entry), "settles": bool(status and status.settles),
+                     # no status: rank -1 is below every row's, so the row keeps its own
+                     "status": status.name if status else "", "rank": status.rank if status else -1,
+                     "settled": list(SETTLED)})
             return first
 
-    @staticmethod
-    def _insert_result(cur: Any, stage: str, event: dict[str, Any], outcome: str,
-                       detail: str | None, origin: Origin) -> bool:
-        cur.execute(
-            "INSERT INTO stage_results (request_id, stage, run_id, outcome, detail, member, topic, "
-            "kafka_partition, kafka_offset) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT (request_id, stage) DO NOTHING RETURNING 1",
-            (event["request_id"], stage, event["run_id"], outcome, detail, origin.member,
-             origin.topic, origin.partition, origin.offset))
-        return cur.fetchone() is not None
-
-    def mark_notified(self, request_id: str) -> None:
+    def mark_notified(self, key: Key) -> None:
+        """The settling route's messages were acknowledged: the end of the request's latency."""
         with self._tx() as cur:
             cur.execute("UPDATE requests SET notified_at = coalesce(notified_at, now()) "
-                        "WHERE request_id = %s", (request_id,))
+                        "WHERE pipeline = %s AND request_id = %s", (key.pipeline, key.request_id))
 
-    def claim(self, request_id: str, stage: str, owner: str, lease_s: float) -> Claim:
-        """Claim (request, stage) before calling its AI, unless its result is already recorded.
+    def claim(self, key: Key, stage: str, owner: str, lease_s: float) -> Claim:
+        """Claim (key, stage) before calling its AI, unless its result is already recorded.
 
         The claim is `owner`'s when nobody holds it, when `owner` holds it already, or when the
         holder's lease has expired (a member that died mid-call): then it is taken over.
         """
         with self._tx() as cur:
-            cur.execute("SELECT coalesce(detail, outcome) FROM stage_results "
-                        "WHERE request_id = %s AND stage = %s", (request_id, stage))
+            cur.execute("SELECT coalesce(result, '{}'::jsonb) FROM stage_results "
+                        "WHERE pipeline = %s AND request_id = %s AND stage = %s",
+                        (key.pipeline, key.request_id, stage))
             row = cur.fetchone()
             if row is not None:
                 return Claim(done=row[0])
             cur.execute(
-                "INSERT INTO stage_claims (request_id, stage, owner, lease_until) "
-                "VALUES (%(r)s, %(s)s, %(o)s, now() + make_interval(secs => %(l)s)) "
-                "ON CONFLICT (request_id, stage) DO UPDATE SET owner = EXCLUDED.owner, "
+                "INSERT INTO stage_claims (pipeline, request_id, stage, owner, lease_until) "
+                "VALUES (%(p)s, %(r)s, %(s)s, %(o)s, now() + make_interval(secs => %(l)s)) "
+                "ON CONFLICT (pipeline, request_id, stage) DO UPDATE SET owner = EXCLUDED.owner, "
                 "lease_until = EXCLUDED.lease_until, "
                 "takeovers = stage_claims.takeovers + (stage_claims.owner <> EXCLUDED.owner)::int "
                 "WHERE stage_claims.owner = EXCLUDED.owner OR stage_claims.lease_until < now() "
-                "RETURNING 1", {"r": request_id, "s": stage, "o": owner, "l": lease_s})
+                "RETURNING 1", {"p": key.pipeline, "r": key.request_id, "s": stage, "o": owner,
+                                "l": lease_s})
             return Claim(ours=cur.fetchone() is not None)
 
-    def start_attempt(self, run_id: str, request_id: str, stage: str, origin: Origin, owner: str,
-                      lease_s: float, attempt: int, started: float) -> int:
+    def start_attempt(self, key: Key, stage: str, origin: Origin, owner: str, lease_s: float,
+                      attempt: int, started: float) -> int:
         """Renew the claim and write the attempt row before the try is sent; the row's id.
 
         Raises `ClaimLost` when the lease expired and another member took the claim over: the
@@ -180,16 +207,16 @@ class Storage:
         """
         with self._tx() as cur:
             cur.execute("UPDATE stage_claims SET lease_until = now() + make_interval(secs => %s) "
-                        "WHERE request_id = %s AND stage = %s AND owner = %s RETURNING 1",
-                        (lease_s, request_id, stage, owner))
+                        "WHERE pipeline = %s AND request_id = %s AND stage = %s AND owner = %s RETURNING 1",
+                        (lease_s, key.pipeline, key.request_id, stage, owner))
             if cur.fetchone() is None:
-                raise ClaimLost(f"{stage} claim of {request_id} taken over by another member")
+                raise ClaimLost(f"{stage} claim of {key.request_id} taken over by another member")
             cur.execute(
-                "INSERT INTO ai_attempts (run_id, request_id, stage, attempt, member, topic, "
+                "INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
                 "kafka_partition, kafka_offset, started_at, outcome) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, 'started') RETURNING id",
-                (run_id, request_id, stage, attempt, origin.member, origin.topic, origin.partition,
-                 origin.offset, ts(started)))
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'started') RETURNING id",
+                (key.pipeline, key.run_id, key.request_id, stage, attempt, origin.member, origin.topic,
+                 origin.partition, origin.offset, ts(started)))
             return cur.fetchone()[0]
 
     def end_attempts(self, ended: Sequence[tuple[int, float, str, int | None]]) -> None:
@@ -201,29 +228,37 @@ class Storage:
                             "WHERE id = %s",
                             [(ts(at), outcome, status, row_id) for row_id, at, outcome, status in ended])
 
-    def record_skip(self, run_id: str, request_id: str, stage: str, origin: Origin) -> None:
+    def record_skip(self, key: Key, stage: str, origin: Origin) -> None:
         """A re-consumed event whose result already exists: on record, and no AI call made."""
         now = ts(time.time())
         with self._tx() as cur:
             cur.execute(
-                "INSERT INTO ai_attempts (run_id, request_id, stage, attempt, member, topic, "
+                "INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
                 "kafka_partition, kafka_offset, started_at, ended_at, outcome) "
-                "VALUES (%s, %s, %s, 0, %s, %s, %s, %s, %s, %s, 'skipped_done')",
-                (run_id, request_id, stage, origin.member, origin.topic, origin.partition,
-                 origin.offset, now, now))
+                "VALUES (%s, %s, %s, %s, 0, %s, %s, %s, %s, %s, %s, 'skipped_done')",
+                (key.pipeline, key.run_id, key.request_id, stage, origin.member, origin.topic,
+                 origin.partition, origin.offset, now, now))
 
-    def record_dead_letter(self, run_id: str, request_id: str | None, stage: str, reason: str,
-                           origin: Origin, payload: bytes | None) -> None:
+    def record_dead_letter(self, pipeline: str, run_id: str, key: Key | None, stage: str, reason: str,
+                           origin: Origin, payload: bytes | None, entry: bool = False) -> None:
+        """A dead-lettered record; when its key is known, the request is settled as
+        dead-lettered (unless it already completed or was rejected) and, at an entry stage,
+        counted as taken, since no other record of that stage will come for it."""
         with self._tx() as cur:
             cur.execute(
-                "INSERT INTO dead_letters (run_id, request_id, stage, reason, source_topic, "
-                "kafka_partition, kafka_offset, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (source_topic, kafka_partition, kafka_offset) DO NOTHING",
-                (run_id, request_id, stage, reason, origin.topic, origin.partition, origin.offset,
-                 payload))
-            if request_id:
-                cur.execute("UPDATE requests SET status = 'dead_lettered' WHERE request_id = %s "
-                            "AND status NOT IN ('completed', 'rejected')", (request_id,))
+                "INSERT INTO dead_letters (pipeline, run_id, request_id, stage, reason, source_topic, "
+                "kafka_partition, kafka_offset, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (source_topic, kafka_partition, kafka_offset) DO NOTHING RETURNING 1",
+                (pipeline, run_id, key.request_id if key else None, stage, reason, origin.topic,
+                 origin.partition, origin.offset, payload))
+            if key is not None and cur.fetchone() is not None:
+                cur.execute(
+                    "INSERT INTO requests (pipeline, request_id, run_id, status, status_rank, entries) "
+                    "VALUES (%(p)s, %(r)s, %(run)s, 'dead_lettered', %(rank)s, %(entry)s) "
+                    "ON CONFLICT (pipeline, request_id) DO UPDATE SET "
+                    f"entries = requests.entries + %(entry)s, {_FORWARD}",
+                    {"p": key.pipeline, "r": key.request_id, "run": key.run_id, "status": "dead_lettered",
+                     "rank": DEAD_LETTERED_RANK, "entry": int(entry), "settled": list(SETTLED)})
 
     def record_rebalance(self, run_id: str, group_id: str, member: str, event: str,
                          partitions: Sequence[str]) -> None:

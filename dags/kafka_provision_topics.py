@@ -20,8 +20,10 @@ TOPICS = Asset("kafka://pipeline/topics")
     tags=[*s.TAGS_PIPELINE, "provisioning"],
     default_args=s.DEFAULT_ARGS,
     params={
+        "pipeline": s.pipeline_param(),
         "prefix": Param("pipeline", type="string", pattern="^[a-zA-Z0-9._-]{1,100}$",
-                        description="topic prefix: <prefix>.intake, .style, .generate, .notify, .dlq"),
+                        description="topic prefix: <prefix>.<topic> for each topic of the pipeline's "
+                                    "spec, and <prefix>.dlq"),
         "profile": s.profile_param(),
         "target_rps": Param(21.3, type="number", exclusiveMinimum=0,
                             description="throughput the topics must carry (requests/s)"),
@@ -35,15 +37,18 @@ TOPICS = Asset("kafka://pipeline/topics")
     },
     doc_md="""
 ### Provision topics
-Sizes the partitions as max(ceil(t / t_produce), ceil(t / t_consume)), then creates the topics or
-grows them (never shrinks; growing moves keys, which the log warns about) with the profile's
-replication, min ISR, retention and compression. Updates the `kafka://pipeline/topics` asset.
+Checks the chosen pipeline's spec and its AI endpoints' connections first (a refused spec fails
+`check_pipeline` with the field at fault, and nothing is created). Sizes the partitions as
+max(ceil(t / t_produce), ceil(t / t_consume)), then creates the spec's topics under the prefix and
+its dead-letter topic, or grows them (never shrinks; growing moves keys, which the log warns
+about), with the profile's replication, min ISR, retention and compression. Updates the
+`kafka://pipeline/topics` asset.
 """,
 )
 def kafka_provision_topics() -> None:
-    ProvisionTopicsOperator(
-        task_id="provision", prefix="{{ params.prefix }}", profile="{{ params.profile }}",
-        target_rps="{{ params.target_rps }}",
+    s.check_pipeline() >> ProvisionTopicsOperator(
+        task_id="provision", pipeline="{{ params.pipeline }}", prefix="{{ params.prefix }}",
+        profile="{{ params.profile }}", target_rps="{{ params.target_rps }}",
         produce_rps_per_partition="{{ params.produce_rps_per_partition }}",
         consume_rps_per_partition="{{ params.consume_rps_per_partition }}",
         replication_factor="{{ params.replication_factor }}", outlets=[TOPICS])

@@ -19,6 +19,7 @@ from pipeline_ops.operators import CapacitySearchOperator, ResolveCandidateOpera
     tags=[*s.TAGS_PIPELINE, "capacity"],
     default_args={**s.DEFAULT_ARGS, "retries": 0},
     params={
+        "pipeline": s.pipeline_param(),
         "candidate": s.candidate_param(),
         "overrides": Param({}, type="object", description="configuration keys to override"),
         **s.preset_params(),
@@ -38,25 +39,25 @@ from pipeline_ops.operators import CapacitySearchOperator, ResolveCandidateOpera
     },
     doc_md="""
 ### Capacity search
-The highest steady rate at which the configuration keeps consumer lag bounded and the end-to-end
-p99 under the objective (`consumers/capacity.py`): a calibration burst (`burst` requests)
-measures the AI capacity, then steady-rate steps, each with its lag sampled, step up or down from
-90% of it and bisect. The result is stored beside the configuration (`capacity_searches`, gate
-page); `results/<run id>/capacity.png` plots the lag and the p99 of every step.
+The highest steady rate of the chosen pipeline at which the configuration keeps consumer lag
+bounded and the end-to-end p99 under the objective (`consumers/capacity.py`): a calibration burst
+(`burst` requests) measures the AI capacity, then steady-rate steps, each with its lag sampled,
+step up or down from 90% of it and bisect. The result is stored beside the configuration
+(`capacity_searches`, gate page); `results/<run id>/capacity.png` plots the lag and the p99 of
+every step.
 """,
 )
 def pipeline_capacity() -> None:
     resolve = ResolveCandidateOperator(
-        task_id="resolve", candidate="{{ params.candidate }}", overrides="{{ params.overrides | tojson }}",
-        run_prefix="capacity",
-        preset_params=s.preset_values())
+        task_id="resolve", pipeline="{{ params.pipeline }}", candidate="{{ params.candidate }}",
+        overrides="{{ params.overrides | tojson }}", run_prefix="capacity", preset_params=s.preset_values())
     search = CapacitySearchOperator(
         task_id="search", run_id="{{ ti.xcom_pull(task_ids='resolve')['run_id'] }}",
         version="{{ ti.xcom_pull(task_ids='resolve')['version'] }}", ai_limit="{{ params.concurrency }}",
         burst="{{ params.burst }}", step_s="{{ params.step_s }}",
         p99_objective_s="{{ params.p99_objective_s }}", lag_growth="{{ params.lag_growth }}",
         precision="{{ params.precision }}", max_steps="{{ params.max_steps }}")
-    resolve >> search
+    s.check_pipeline() >> resolve >> search
 
 
 pipeline_capacity()

@@ -16,17 +16,20 @@ from pipeline_ops import dag_support as s
     catchup=False,
     tags=[*s.TAGS_PIPELINE, "spark"],
     default_args=s.DEFAULT_ARGS,
-    params={"run_id": Param("", type="string", minLength=1, pattern="^[a-zA-Z0-9._-]+$",
+    params={"pipeline": s.pipeline_param(),
+            "run_id": Param("", type="string", minLength=1, pattern="^[a-zA-Z0-9._-]+$",
                             description="the run to analyse (its topics are <run_id>.*)")},
     doc_md="""
 ### Skew analysis
 `SparkSubmitOperator` on `spark_default` (local[*] here; a `spark://` master when the connection
-says so) runs `spark/partition_load.py` over the run's style topic and
-`spark/pipeline_analysis.py` over its records; results go to the `analysis_*` tables.
+says so) runs `spark/partition_load.py` over the run's measured topic (the pipeline spec's
+`load.measure`) and `spark/pipeline_analysis.py` over its records, with the spec's completing
+stage as the final one; results go to the `analysis_*` tables. The spec is checked first.
 """,
 )
 def pipeline_skew_analysis() -> None:
-    s.spark_analysis("[params.run_id]", "{{ params.run_id }}")
+    partition_load, _ = s.spark_analysis("[params.run_id]", "{{ params.run_id }}")
+    s.check_pipeline() >> partition_load
 
 
 pipeline_skew_analysis()

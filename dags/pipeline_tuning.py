@@ -30,6 +30,7 @@ RUN = "{{ ti.xcom_pull(task_ids='resolve')['run_id'] }}"
     tags=[*s.TAGS_PIPELINE, "gate"],
     default_args=s.DEFAULT_ARGS,
     params={
+        "pipeline": s.pipeline_param(),
         "candidate": s.candidate_param(),
         "overrides": Param({}, type="object", description="configuration keys to override, e.g. "
                                                           '{"key_strategy": "none"}'),
@@ -38,20 +39,22 @@ RUN = "{{ ti.xcom_pull(task_ids='resolve')['run_id'] }}"
     },
     doc_md="""
 ### Pipeline tuning
-resolve the candidate -> `trials` measurements, one after the other (fresh topics, the candidate's
-fleets, a burst, fleets stopped) -> Spark analysis of every trial -> gate -> promote or reject ->
-report. The gate decides on 95% confidence bounds over the trials: utilization of the AI capacity
-against the target, and the difference of steady throughput against the active version's last
-measurement. Nightly, the active version is re-measured against its own history: a failure raises
-a regression alarm (gate page) and promoting it again is a no-op. Checks, intervals and plots are
-in the `gate` task's log, the registry (`gate_decisions`), the gate page and
-`results/<run id>/gate.txt`.
+check the chosen pipeline (its spec and its AI endpoints' connections: a refused spec fails
+`check_pipeline` with the field at fault, before anything is provisioned) -> resolve the candidate
+(a preset of that pipeline, or its active version) -> `trials` measurements, one after the other
+(fresh topics, the candidate's fleets, a burst, fleets stopped) -> Spark analysis of every trial
+-> gate -> promote or reject -> report. The gate decides on 95% confidence bounds over the trials:
+utilization of the AI capacity against the target, and the difference of steady throughput against
+the last measurement of the active version of the same pipeline (each pipeline has its own).
+Nightly, the active version is re-measured against its own history: a failure raises a regression
+alarm (gate page) and promoting it again is a no-op. Checks, intervals and plots are in the `gate`
+task's log, the registry (`gate_decisions`), the gate page and `results/<run id>/gate.txt`.
 """,
 )
 def pipeline_tuning() -> None:
     resolve = ResolveCandidateOperator(
-        task_id="resolve", candidate="{{ params.candidate }}", overrides="{{ params.overrides | tojson }}",
-        preset_params=s.preset_values())
+        task_id="resolve", pipeline="{{ params.pipeline }}", candidate="{{ params.candidate }}",
+        overrides="{{ params.overrides | tojson }}", preset_params=s.preset_values())
     candidate = resolve.output
     trials = TrialsOperator(task_id="trials", run_id=RUN, trials="{{ params.trials }}",
                             version="{{ ti.xcom_pull(task_ids='resolve')['version'] }}",
@@ -66,7 +69,8 @@ def pipeline_tuning() -> None:
     report = GateReportOperator(task_id="report", candidate=candidate,
                                 trigger_rule="none_failed_min_one_success")
 
-    resolve >> trials >> partition_load >> analysis >> gate >> [promote, reject] >> report
+    check = s.check_pipeline()
+    check >> resolve >> trials >> partition_load >> analysis >> gate >> [promote, reject] >> report
 
 
 pipeline_tuning()

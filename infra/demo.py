@@ -5,6 +5,7 @@ the decision) and where the plots are.
     python -m infra.demo                # flow at a fast time scale (0.3: the 3 s generation takes 0.9 s)
     SCALE=1 python -m infra.demo        # real AI latencies (3 s per generation)
     CANDIDATE=baseline python -m infra.demo
+    PIPELINE=text_moderation python -m infra.demo   # any spec in pipelines/
 
 Three trials of a 160-request burst keep it to a few minutes at either scale. The candidate is
 a preset built at SCALE (`active` re-measures the active version at its own time scale).
@@ -48,6 +49,7 @@ def run_dag(layout: Layout, dag_id: str, conf: dict) -> tuple[str, str]:
 def main() -> int:
     layout = current()
     conf = {"candidate": os.environ.get("CANDIDATE", "flow"),
+            "pipeline": os.environ.get("PIPELINE", "genai_image"),
             "time_scale": float(os.environ.get("SCALE", "0.3")), "burst": 160}
     state, ts = run_dag(layout, "pipeline_tuning", conf)
     reports = sorted((REPO / "results").glob(f"tuning-{ts}-*/gate.txt"))

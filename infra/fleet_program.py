@@ -5,6 +5,7 @@ the one place both deployment backends read, supervisord programs here and Kuber
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Mapping
 
@@ -35,7 +36,9 @@ def stop_wait_s(config: PipelineConfig) -> int:
 def fleet_program(name: str, run_id: str, stage: str, config: PipelineConfig, env: Mapping[str, str],
                   metrics_port: int | None = None, startsecs: int = 5) -> supervisor.Program:
     """The fleet of one stage of `config` as a supervisord program, stopped with SIGTERM and
-    given its shutdown deadline."""
+    given its shutdown deadline. It reads its pipeline's spec from the folder this process does
+    ($PIPELINES_DIR when set): supervisord passes a program only the environment it is given."""
     command = fleet_command(run_id, stage, config, config.stage(stage).members, metrics_port)
-    return supervisor.Program(name, command, REPO, {**env, "PYTHONUNBUFFERED": "1"},
+    specs = {"PIPELINES_DIR": os.environ["PIPELINES_DIR"]} if os.environ.get("PIPELINES_DIR") else {}
+    return supervisor.Program(name, command, REPO, {**env, **specs, "PYTHONUNBUFFERED": "1"},
                               stopwaitsecs=stop_wait_s(config), startsecs=startsecs)

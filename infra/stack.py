@@ -33,7 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from consumers.kafka_connection import ROLES, KafkaAccess, KafkaConnection
+from consumers.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.pipeline_spec import roles
 from infra import kafka_cluster, postgres_server, spark_cluster, supervisor, tls
 from infra.layout import (
     LOCAL,
@@ -71,7 +72,7 @@ class Credentials:
 
     def completed(self, security: str) -> Credentials:
         """These passwords, with new ones for what `security` needs and they lack."""
-        users = (kafka_cluster.ADMIN, *ROLES) if security == SASL_SSL else ()
+        users = (kafka_cluster.ADMIN, *roles()) if security == SASL_SSL else ()
         return Credentials(self.postgres or new_password(),
                            {user: self.kafka.get(user) or new_password() for user in users})
 
@@ -141,7 +142,7 @@ def kafka_access(layout: Layout, brokers: int, security: str, credentials: Crede
                                 "sasl.mechanism": kafka_cluster.SCRAM, "sasl.username": user,
                                 "sasl.password": credentials.kafka[user], "ssl.ca.location": str(ca)})
 
-    return KafkaAccess(connection(kafka_cluster.ADMIN), {role: connection(role) for role in ROLES})
+    return KafkaAccess(connection(kafka_cluster.ADMIN), {role: connection(role) for role in roles()})
 
 
 def airflow_kafka_connections(access: KafkaAccess) -> dict[str, str]:
@@ -177,8 +178,6 @@ def environment(layout: Layout, brokers: int, security: str, credentials: Creden
         **access.environment(),  # KAFKA_CLIENT_CONFIG, KAFKA_BOOTSTRAP_SERVERS, ..._<ROLE>
         "DATABASE_URL": database_url,
         "AI_SERVICE_URL": f"http://127.0.0.1:{layout.ai_service_port}",
-        "AI_CHECK_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/check",
-        "AI_GENERATE_URL": f"http://127.0.0.1:{layout.ai_service_port}/v1/generate",
         "SUPERVISOR_URL": supervisor.stack_paths(layout).url,
         "SPARK": spark,
         "SPARK_CONF_DIR": str(spark_cluster.conf_dir(layout)),

@@ -7,8 +7,7 @@ turns them into figures, so a figure cannot mean two things.
 
 - settled: a request whose status is one of TERMINAL.
 - span_s: first request produced (`requests.produced_at`) -> last terminal state (the latest of
-  a completed request's `generated_at`, a rejected one's `checked_at` and a dead-lettered
-  one's dead letter).
+  a completed or rejected request's `finished_at` and a dead-lettered one's dead letter).
 - throughput_rps: completed requests / span_s.
 - steady_throughput_rps: completions per second on the plateau: the least-squares slope of the
   completion count against time over the completions between the 20th and 80th percentile

@@ -6,11 +6,13 @@ figures with that module, as `bench/figures.py` does from SQL. Per run it comput
 
 - completions per stage and epoch-aligned bucket of `--bucket-seconds` (`stage_results` rows of
   any outcome: the stage finished with the request);
-- status counts, span (first produce -> last terminal state), throughput and steady throughput
-  (from the final stage's completion times, collected to the driver);
+- status counts, span (first produce -> last terminal state: the latest `finished_at` of a
+  completed or rejected request, or dead letter of a dead-lettered one), throughput and steady
+  throughput (from the final stage's completion times, collected to the driver);
 - latency percentiles p50/p95/p99, exact, with linear interpolation between the two closest
   ranks (Spark `percentile` = PostgreSQL `percentile_cont` = `measure.figures.percentile`):
-  completed requests from `produced_at` to `generated_at` and to `notified_at`; per stage of
+  completed requests from `produced_at` to `finished_at` ('finished') and to `notified_at`
+  ('notified': the terminal route's events were acknowledged); per stage of
   the 'ok' attempts (`ended_at - started_at`), with their mean: the stage's service time;
 - member load: AI call attempts per group member (all outcomes, and 'ok' ones);
 - duplicate AI calls per stage (outcomes in `measure.figures.CALL_OUTCOMES`);
@@ -65,19 +67,21 @@ class RunFrames:
 
 def load_run(spark: SparkSession, jdbc: job_io.Jdbc, run_id: str) -> RunFrames:
     """The run's rows, filtered by run_id inside PostgreSQL (the `query` option). Dead letters
-    are joined by request: the fleet that wrote one may record it under its deployment's run id."""
+    are joined by (pipeline, request): the fleet that wrote one may record it under its
+    deployment's run id."""
     run = job_io.sql_literal(run_id)
 
     def query(columns: str, table: str) -> DataFrame:
         return job_io.read_query(spark, jdbc, f"SELECT {columns} FROM {table} WHERE run_id = {run}")
 
     return RunFrames(
-        query("request_id, status, produced_at, checked_at, generated_at, notified_at", "requests"),
+        query("pipeline, request_id, status, produced_at, finished_at, notified_at", "requests"),
         query("request_id, stage, outcome, member, completed_at", "stage_results"),
         query("request_id, stage, member, outcome, started_at, ended_at", "ai_attempts"),
         query("group_id, member, event, at", "rebalance_events"),
-        job_io.read_query(spark, jdbc, "SELECT d.request_id, d.at FROM dead_letters d JOIN requests r "
-                                       f"ON r.request_id = d.request_id WHERE r.run_id = {run}"),
+        job_io.read_query(spark, jdbc, "SELECT d.pipeline, d.request_id, d.at FROM dead_letters d "
+                                       "JOIN requests r ON r.pipeline = d.pipeline AND "
+                                       f"r.request_id = d.request_id WHERE r.run_id = {run}"),
     )
 
 
@@ -110,10 +114,10 @@ def _seconds_between(start: str, end: str) -> Column:
 
 
 def end_to_end_latency(requests: DataFrame) -> DataFrame:
-    """Seconds of completed requests from produced_at to generated_at and to notified_at."""
+    """Seconds of completed requests from produced_at to finished_at and to notified_at."""
     measures = F.explode(F.array(
-        F.struct(F.lit("generated").alias("measure"),
-                 _seconds_between("produced_at", "generated_at").alias("seconds")),
+        F.struct(F.lit("finished").alias("measure"),
+                 _seconds_between("produced_at", "finished_at").alias("seconds")),
         F.struct(F.lit("notified").alias("measure"),
                  _seconds_between("produced_at", "notified_at").alias("seconds")),
     ))
@@ -144,15 +148,15 @@ def repeated_calls(attempts: DataFrame) -> DataFrame:
 
 
 def last_terminal_us(frames: RunFrames) -> int | None:
-    """When the last request reached its terminal state (epoch microseconds): a completed one's
-    generated_at, a rejected one's checked_at, a dead-lettered one's latest dead letter."""
+    """When the last request reached its terminal state (epoch microseconds): a completed or
+    rejected one's finished_at, a dead-lettered one's latest dead letter."""
     requests = frames.requests
-    dead = (frames.dead_letters.join(requests.where(F.col("status") == "dead_lettered"), "request_id")
+    dead = (frames.dead_letters
+            .join(requests.where(F.col("status") == "dead_lettered"), ["pipeline", "request_id"])
             .select(_micros("at").alias("t")))
-    completed = requests.where(F.col("status") == "completed").select(_micros("generated_at").alias("t"))
-    rejected = requests.where(F.col("status") == "rejected").select(_micros("checked_at").alias("t"))
-    ends = completed.unionByName(rejected).unionByName(dead)
-    return ends.agg(F.max("t")).first()[0]
+    finished = (requests.where(F.col("status").isin("completed", "rejected"))
+                .select(_micros("finished_at").alias("t")))
+    return finished.unionByName(dead).agg(F.max("t")).first()[0]
 
 
 def rebalance_windows(rebalances: DataFrame, run_end_us: int) -> DataFrame:

@@ -1,7 +1,10 @@
-"""A corpus of bad input for each stage's input topic, with the reason each must be refused for.
+"""A corpus of bad input for each stage's input topic of any pipeline spec, with the reason each
+must be refused for.
 
 Every case is a whole Kafka record (value, key, headers), built from a valid event of the
-stage (`events.SCHEMAS`) so that exactly one thing is wrong with it. The unit tests check the
+stage (from the spec's load generator, checked against the stage's schema) so that exactly one
+thing is wrong with it. The fields it breaks are read from the stage's JSON Schema: a free-text
+field, a required one to leave out, an enum field when there is one. The unit tests check the
 reasons against `events.parse`; the integration test sends the corpus through the pipeline.
 """
 
@@ -12,7 +15,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from consumers import events
+from consumers import events, pipeline_spec
+from consumers.pipeline_spec import PipelineSpec
 
 REQUEST_ID = "7f1c4a36-5a5c-4d8e-9a57-2f5f1b9c0d11"
 OTHER_REQUEST_ID = "0b9e2d7c-3f41-4c55-8e0a-6d2f9c1b7a42"
@@ -37,13 +41,28 @@ class BadInput:
     reason: str
 
 
-def valid_event(stage: str) -> dict[str, Any]:
+def cases() -> list[tuple[PipelineSpec, str]]:
+    """(spec, stage) of every stage of every shipped pipeline."""
+    specs = [pipeline_spec.load(name) for name in pipeline_spec.available()]
+    return [(spec, stage) for spec in specs for stage in spec.stages]
+
+
+def parse(spec: PipelineSpec, stage: str, raw: bytes | None) -> dict[str, Any]:
+    return events.parse(spec.validators[stage], raw)
+
+
+def _properties(spec: PipelineSpec, stage: str) -> dict[str, dict[str, Any]]:
+    return spec.stages[stage].event_schema.get("properties", {})
+
+
+def valid_event(spec: PipelineSpec, stage: str) -> dict[str, Any]:
     """A valid event of the stage, fixed so that every corpus is the same from run to run."""
-    if stage == "intake":
-        return {**events.intake_event("run", f"user-{MULTIBYTE}", "upload/1.png", REQUEST_ID),
-                "produced_at": PRODUCED_AT}
-    return {**events.style_event("run", REQUEST_ID, "minimal", f"slides {MULTIBYTE}"),
-            "produced_at": PRODUCED_AT}
+    generator = pipeline_spec.resolve(spec.load.generator)
+    generated = [event for _, event in generator(random.Random(3), "run", 1, 0.0)]
+    event = next(e for e in generated if not list(spec.validators[stage].iter_errors(e)))
+    event = {**event, spec.key: REQUEST_ID, "produced_at": PRODUCED_AT}
+    text = spec.stages[stage].free_text_field(spec.key)
+    return {**event, text: f"{event[text]} {MULTIBYTE}"}
 
 
 def _encode(event: dict[str, Any]) -> bytes:
@@ -62,22 +81,20 @@ def _truncated_utf8(event: dict[str, Any]) -> bytes:
     return raw[:raw.index(MULTIBYTE.encode()) + 1]
 
 
-# Per stage: a free-text field (where the odd characters go) and a required field to leave out.
-TEXT_FIELD = {"intake": "user_id", "check": "description", "generate": "description"}
-OMITTED_FIELD = {"intake": "object_id", "check": "description", "generate": "style"}
-
-
-def corpus(stage: str) -> list[BadInput]:
+def corpus(spec: PipelineSpec, stage: str) -> list[BadInput]:
     """Every kind of bad input for the stage, each with its expected reason."""
-    event = valid_event(stage)
+    event = valid_event(spec, stage)
     raw = _encode(event)
-    text = TEXT_FIELD[stage]
-    if stage == "intake":  # no enum field: the request id's spelling is the value check
-        enum = BadInput("unknown_enum", _encode({**event, "request_id": REQUEST_ID.upper()}),
+    text = spec.stages[stage].free_text_field(spec.key)
+    required = spec.stages[stage].event_schema["required"]
+    omitted = [f for f in required if f not in (spec.key, *pipeline_spec.RUN_FIELDS)][-1]
+    enum_field = next((name for name, schema in _properties(spec, stage).items() if "enum" in schema), None)
+    if enum_field is None:  # no enum field: the key's spelling is the value check
+        enum = BadInput("unknown_enum", _encode({**event, spec.key: REQUEST_ID.upper()}),
                         None, None, "wrong_type")
     else:
-        enum = BadInput("unknown_enum", _encode({**event, "style": "baroque"}), None, None,
-                        "unknown_style")
+        enum = BadInput("unknown_enum", _encode({**event, enum_field: "baroque"}), None, None,
+                        f"unknown_{enum_field}")
     return [
         BadInput("invalid_json", raw[:-1], None, None, "malformed_json"),
         BadInput("truncated_utf8", _truncated_utf8(event), None, None, "malformed_json"),
@@ -89,11 +106,11 @@ def corpus(stage: str) -> list[BadInput]:
         BadInput("json_string", b'"request"', None, None, "malformed_json"),
         BadInput("json_number", b"42", None, None, "malformed_json"),
         BadInput("json_null", b"null", None, None, "malformed_json"),
-        BadInput("missing_field", _encode({k: v for k, v in event.items() if k != OMITTED_FIELD[stage]}),
+        BadInput("missing_field", _encode({k: v for k, v in event.items() if k != omitted}),
                  None, None, "missing_field"),
         BadInput("bool_for_float", _encode({**event, "produced_at": True}), None, None, "wrong_type"),
         BadInput("float_for_string", _encode({**event, "run_id": 1.5}), None, None, "wrong_type"),
-        BadInput("not_a_uuid", _encode({**event, "request_id": "not-a-uuid"}), None, None,
+        BadInput("not_a_uuid", _encode({**event, spec.key: "not-a-uuid"}), None, None,
                  "wrong_type"),
         BadInput("negative_timestamp", _encode({**event, "produced_at": -1.0}), None, None,
                  "out_of_range"),
@@ -116,7 +133,7 @@ def corpus(stage: str) -> list[BadInput]:
         BadInput("over_producer_limit", b'{"pad":"' + b"x" * (OVER_PRODUCER_LIMIT_BYTES - 10) + b'"}',
                  None, None, "oversize"),
         BadInput("binary_noise", random.Random(7).randbytes(512), None, None, "malformed_json"),
-        BadInput("duplicate_keys", raw.replace(b"{", f'{{"request_id":"{OTHER_REQUEST_ID}",'.encode(), 1),
+        BadInput("duplicate_keys", raw.replace(b"{", f'{{"{spec.key}":"{OTHER_REQUEST_ID}",'.encode(), 1),
                  None, None, "duplicate_key"),
         BadInput("huge_key", raw[:-1], b"k" * HUGE_KEY_BYTES, None, "malformed_json"),
         BadInput("huge_headers", raw[:-1], None,

@@ -2,8 +2,8 @@
 
 `kafka_default` (the Kafka provider's connection: client settings in its extra) is the admin's
 connection, which provisions; on a secured cluster `kafka_default_<role>` holds the principal
-of one role (`source`, `intake`, `check`, `generate`), and a role without one runs as the
-admin. Airflow masks the extra's secret values in task logs when a connection is read.
+of one role (`source`, or a stage name of any pipeline spec: `pipeline_spec.roles()`), and a role
+without one runs as the admin. Airflow masks the extra's secret values in task logs when a connection is read.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from airflow.exceptions import AirflowNotFoundException
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk import BaseHook
 
-from consumers.kafka_connection import ROLES, KafkaAccess, KafkaConnection
+from consumers.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.pipeline_spec import roles
 
 
 def kafka_connection(conn_id: str) -> KafkaConnection:
@@ -24,13 +25,13 @@ def kafka_connection(conn_id: str) -> KafkaConnection:
 
 def kafka_access(kafka_config_id: str) -> KafkaAccess:
     """The admin connection and the roles' own ones, where defined."""
-    roles = {}
-    for role in ROLES:
+    own = {}
+    for role in roles():
         try:
-            roles[role] = kafka_connection(f"{kafka_config_id}_{role}")
+            own[role] = kafka_connection(f"{kafka_config_id}_{role}")
         except AirflowNotFoundException:
             continue
-    return KafkaAccess(kafka_connection(kafka_config_id), roles)
+    return KafkaAccess(kafka_connection(kafka_config_id), own)
 
 
 def database_url(postgres_conn_id: str) -> str:

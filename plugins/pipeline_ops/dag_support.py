@@ -1,4 +1,5 @@
-"""What every DAG of the platform shares: default arguments, form parameters, Spark wiring."""
+"""What every DAG of the platform shares: default arguments, form parameters, the pipeline check
+that starts each DAG running a pipeline, Spark wiring."""
 
 from __future__ import annotations
 
@@ -9,13 +10,32 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from consumers import presets, profiles
-from pipeline_ops.operators import AnalysisSubmitOperator
+from consumers import pipeline_spec, presets, profiles
+from pipeline_ops.operators import AnalysisSubmitOperator, CheckPipelineOperator
 from spark.jars import connector_jars
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ARGS: dict[str, Any] = {"owner": "platform", "retries": 1, "retry_delay": timedelta(seconds=30)}
 TAGS_PIPELINE = ["pipeline", "kafka", "genai"]
+CHECK_TASK = "check_pipeline"
+
+
+def spec_value(key: str) -> str:
+    """A Jinja expression for what the check task returned of the run's pipeline spec
+    (`completing_stage`, `measure`, ...): later tasks' templates read the spec from there."""
+    return f"ti.xcom_pull(task_ids='{CHECK_TASK}')['{key}']"
+
+
+def pipeline_param() -> Param:
+    """The pipeline a run is for: a dropdown of the specs found (pipeline_spec.available())."""
+    return Param(pipeline_spec.REFERENCE, type="string", enum=pipeline_spec.available(),
+                 description="the pipeline (a spec in pipelines/): its topics, stages and AI endpoints")
+
+
+def check_pipeline(version: str | None = None) -> CheckPipelineOperator:
+    """The first task of a DAG that runs a pipeline: the chosen spec is refused, with the field at
+    fault, before anything is provisioned (and so is a `version` of another pipeline)."""
+    return CheckPipelineOperator(task_id=CHECK_TASK, pipeline="{{ params.pipeline }}", version=version)
 
 
 def spark_application(job: str) -> str:
@@ -29,18 +49,22 @@ def spark_env() -> dict[str, str]:
 
 def spark_analysis(run_ids: str, key: str) -> tuple[AnalysisSubmitOperator, AnalysisSubmitOperator]:
     """The two Spark jobs, on `spark_default`, each one submit over every run: partition load and
-    skew of the runs' style topics (stored under `key`, a template), then each run's pipeline
-    figures. `run_ids` is a Jinja expression giving the list of runs (e.g. `[params.run_id]`):
-    one JVM start for all the trials of a tuning run instead of one per trial. The Kafka
-    connection and the database URL reach the jobs in their environment."""
+    skew of the runs' measured topics (the spec's `load.measure`; stored under `key`, a
+    template), then each run's pipeline figures from its completing stage. `run_ids` is a Jinja
+    expression giving the list of runs (e.g. `[params.run_id]`): one JVM start for all the
+    trials of a tuning run instead of one per trial. The spec's values come from the check task;
+    the Kafka connection and the database URL reach the jobs in their environment."""
     common = {"conn_id": "spark_default", "jars": connector_jars(), "env_vars": spark_env()}
-    topics = "{% for r in " + run_ids + " %}{{ r }}.style{{ '' if loop.last else ',' }}{% endfor %}"
+    topics = ("{% for r in " + run_ids + " %}{{ r }}.{{ " + spec_value("measure") + " }}"
+              "{{ '' if loop.last else ',' }}{% endfor %}")
     partition_load = AnalysisSubmitOperator(
         task_id="partition_load", application=spark_application("partition_load"), name="partition_load",
         application_args=["--topics", topics, "--run-id", key], **common)
     analysis = AnalysisSubmitOperator(
         task_id="pipeline_analysis", application=spark_application("pipeline_analysis"),
-        name="pipeline_analysis", application_args=["--run-id", "{{ " + run_ids + " | join(',') }}"],
+        name="pipeline_analysis", application_args=[
+            "--run-id", "{{ " + run_ids + " | join(',') }}",
+            "--final-stage", "{{ " + spec_value("completing_stage") + " }}"],
         **common)
     partition_load >> analysis
     return partition_load, analysis
@@ -60,7 +84,7 @@ def preset_params() -> dict[str, Param]:
                              description="AI concurrency per endpoint (the service's limit)"),
         "time_scale": Param(0.3, type="number", exclusiveMinimum=0, maximum=1,
                             description="multiplies AI latencies and Kafka group timeouts; 1 = real scale "
-                                        "(0.3: the 3 s generation takes 0.9 s, against which the "
+                                        "(0.3: a 3 s AI call takes 0.9 s, against which the "
                                         "platform's per-call work is small)"),
         "burst": Param(320, type="integer", minimum=1, description="requests sent as fast as possible"),
         "flow_members": Param(2, type="integer", minimum=1, description="members per flow stage"),
@@ -94,5 +118,5 @@ def gate_params() -> dict[str, Param]:
 
 def candidate_param() -> Param:
     return Param("active", type="string", enum=["active", *presets.NAMES],
-                 description="configuration to measure: the active version (the flow preset when "
-                             "none is active yet) or a named preset")
+                 description="configuration to measure: the pipeline's active version (the flow preset "
+                             "when none is active yet) or a named preset")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections import defaultdict
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -15,53 +16,65 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
 
-from consumers import acls, capacity, events, presets
+from consumers import acls, capacity, events, pipeline_spec, presets
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline import Pipeline
 from consumers.pipeline_config import PipelineConfig
+from consumers.pipeline_spec import PipelineSpec
 from consumers.provisioning import TopicReport, provision
 from consumers.run_figures import burst_figures
 from measure import figures as measure
 from measure.sizing import SizingInput, size
-from pipeline_ops import gate, report
+from pipeline_ops import gate, pipeline_check, report
 from pipeline_ops.connections import database_url, kafka_access
 from pipeline_ops.fleets import FleetEnvironment, FleetSupervisor, backend_for
 from pipeline_ops.registry import ConfigRegistry
 
 
-def ai_base_url(ai_conn_id: str) -> str:
-    ai = BaseHook.get_connection(ai_conn_id)
-    return f"{ai.schema or 'http'}://{ai.host}:{ai.port}"
+def base_url(conn_id: str) -> str:
+    """An HTTP connection's base URL (its schema is the scheme, as for the HTTP provider's hook)."""
+    conn = BaseHook.get_connection(conn_id)
+    return f"{conn.schema or 'http'}://{conn.host}" + (f":{conn.port}" if conn.port else "")
 
 
-def configure_stand_in(ai_conn_id: str, time_scale: float, limit: int) -> bool:
-    """Set the AI stand-in's time scale and concurrency limit for a run.
+def endpoint_urls(spec: PipelineSpec) -> dict[str, str]:
+    """Each AI endpoint of the spec: its Airflow connection's base URL, and its path."""
+    return {name: base_url(e.connection) + e.path for name, e in spec.endpoints.items()}
 
-    Only when the connection says it is the stand-in (extra `stand_in`): a real AI endpoint is
-    never reconfigured. Returns whether it was.
+
+def configure_stand_in(spec: PipelineSpec, time_scale: float, limit: int) -> list[str]:
+    """Set the time scale and each endpoint's concurrency limit for a run on the AI stand-in.
+
+    Only on the connections of the spec's endpoints that say they are the stand-in (extra
+    `stand_in`): a real AI endpoint is never reconfigured. Returns the connections configured.
     """
-    if str(BaseHook.get_connection(ai_conn_id).extra_dejson.get("stand_in", "")).lower() != "true":
-        return False
-    response = requests.put(f"{ai_base_url(ai_conn_id)}/v1/config", timeout=10, json={
-        "time_scale": time_scale, "check": {"limit": limit}, "generate": {"limit": limit}})
-    response.raise_for_status()
-    return True
+    names: dict[str, list[str]] = defaultdict(list)
+    for name, endpoint in spec.endpoints.items():
+        names[endpoint.connection].append(name)
+    configured = []
+    for conn_id, endpoints in sorted(names.items()):
+        if str(BaseHook.get_connection(conn_id).extra_dejson.get("stand_in", "")).lower() != "true":
+            continue
+        response = requests.put(f"{base_url(conn_id)}/v1/config", timeout=10, json={
+            "time_scale": time_scale, **{name: {"limit": limit} for name in endpoints}})
+        response.raise_for_status()
+        configured.append(conn_id)
+    return configured
 
 
-def fleet_environment(kafka_config_id: str, postgres_conn_id: str, ai_conn_id: str) -> FleetEnvironment:
-    """Addresses and principals for fleet processes, from the Airflow connections."""
-    base = ai_base_url(ai_conn_id)
+def fleet_environment(kafka_config_id: str, postgres_conn_id: str, spec: PipelineSpec) -> FleetEnvironment:
+    """Addresses and principals for the fleet processes of a pipeline, from the Airflow connections."""
     return FleetEnvironment(kafka=kafka_access(kafka_config_id), database_url=database_url(postgres_conn_id),
-                            check_url=f"{base}/v1/check", generate_url=f"{base}/v1/generate")
+                            ai_urls=endpoint_urls(spec))
 
 
-def provision_topics(kafka_config_id: str, prefix: str, partitions: int, profile: str,
+def provision_topics(kafka_config_id: str, topics: events.Topics, partitions: int, profile: str,
                      replication_factor: int | None) -> list[TopicReport]:
-    """Create or grow a run's topics through the `kafka_default` admin client, and grant each
-    role's principal its own topics and group on a secured cluster."""
+    """Create or grow a run's topics (its pipeline's) through the `kafka_default` admin client,
+    and grant each role's principal its own topics and group on a secured cluster."""
     admin = KafkaAdminClientHook(kafka_config_id=kafka_config_id).get_conn
-    topics = events.Topics(prefix)
     reports = provision(admin, topics.all(), partitions, profile, replication_factor)
     acls.grant(admin, topics, kafka_access(kafka_config_id))
     return reports
@@ -79,12 +92,39 @@ def request_count(burst: int | str, rate: float | str, duration_s: float | str) 
 def drive_load(run_id: str, config: PipelineConfig, kafka: KafkaAccess, database_url: str, count: int,
                rate: float | None, timeout_s: float) -> dict[str, Any]:
     """Send the requests of a run and wait until each reached a final state."""
-    pipeline = Pipeline(run_id, events.Topics(run_id), config, kafka, database_url)
+    pipeline = Pipeline(run_id, events.Topics(run_id, config.spec), config, kafka, database_url)
     started = time.time()
     sent = pipeline.send(count, rate=rate)
     counts = pipeline.wait_terminal(count, timeout_s)
     return {"produced": len(sent.request_ids), "counts": counts, "load_started": started,
             "seconds": round(time.time() - started, 2)}
+
+
+class CheckPipelineOperator(BaseOperator):
+    """The first task of every DAG that runs a pipeline: refuse the chosen spec before anything is
+    provisioned (a mistake in it, an endpoint whose connection is not defined: the task fails
+    with each field at fault, and is not retried), and return what later tasks' templates need
+    of it (its completing stage, its measured topic). With a `version`, that registered
+    configuration must be one of this pipeline."""
+
+    template_fields = ("pipeline", "version")
+
+    def __init__(self, *, pipeline: str, version: int | str | None = None,
+                 postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline, self.version, self.postgres_conn_id = pipeline, version, postgres_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        try:
+            spec = pipeline_check.validated(self.pipeline)
+            if int(self.version or 0):  # rendered templates are text: "" or "0" means none
+                ConfigRegistry(self.postgres_conn_id).get(int(self.version), spec.name)
+        except ValueError as exc:  # SpecError is one, as is a version of another pipeline
+            raise AirflowFailException(str(exc)) from None
+        self.log.info("pipeline %s: stages %s, endpoints %s", spec.name, ", ".join(spec.stage_names),
+                      ", ".join(f"{n} on {e.connection}" for n, e in spec.endpoints.items()) or "none")
+        return {"pipeline": spec.name, "completing_stage": spec.completing_stage,
+                "measure": spec.load.measure}
 
 
 class AnalysisSubmitOperator(SparkSubmitOperator):
@@ -104,52 +144,60 @@ class AnalysisSubmitOperator(SparkSubmitOperator):
 
 
 class ResolveCandidateOperator(BaseOperator):
-    """Turn the trigger form's candidate (a preset, or `active`) into a registered version."""
+    """Turn the trigger form's candidate (a preset of the pipeline, or its `active` version) into
+    a registered version."""
 
-    template_fields = ("candidate", "overrides", "preset_params")
+    template_fields = ("pipeline", "candidate", "overrides", "preset_params")
 
-    def __init__(self, *, candidate: str, overrides: dict | str | None = None,
-                 preset_params: dict | None = None, run_prefix: str = "tuning",
-                 postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
+    def __init__(self, *, candidate: str, pipeline: str = pipeline_spec.REFERENCE,
+                 overrides: dict | str | None = None, preset_params: dict | None = None,
+                 run_prefix: str = "tuning", postgres_conn_id: str = "postgres_default",
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.candidate, self.overrides = candidate, overrides or {}
+        self.candidate, self.pipeline, self.overrides = candidate, pipeline, overrides or {}
         self.preset_params, self.run_prefix = preset_params or {}, run_prefix
         self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
         registry = ConfigRegistry(self.postgres_conn_id)
-        overrides = json.loads(self.overrides) if isinstance(self.overrides, str) else self.overrides
-        active = registry.active() if self.candidate == "active" else None
+        overrides = (json.loads(self.overrides) if isinstance(self.overrides, str) else self.overrides) or {}
+        if overrides.get("pipeline", self.pipeline) != self.pipeline:
+            raise ValueError(f"the overrides name the pipeline {overrides['pipeline']}: choose the pipeline "
+                             f"with the form's `pipeline` field ({self.pipeline})")
+        active = registry.active(self.pipeline) if self.candidate == "active" else None
         if active is not None:
             config, name = active.config, active.name
         else:
             name = "flow" if self.candidate == "active" else self.candidate
             if self.candidate == "active":
-                self.log.info("no active configuration yet: measuring the %s preset", name)
-            defaults = presets.PresetParams()
+                self.log.info("no active configuration of %s yet: measuring the %s preset",
+                              self.pipeline, name)
+            defaults = presets.PresetParams(pipeline=self.pipeline)
             params = replace(defaults, **{k: type(getattr(defaults, k))(v)  # form values may be text
                                           for k, v in self.preset_params.items() if hasattr(defaults, k)})
             config = presets.build(name, params)
-        config = PipelineConfig.from_dict({**asdict(config), **(overrides or {})})
+        config = PipelineConfig.from_dict({**config.to_dict(), **overrides})
         version = registry.register(name, config, note=f"from {context['run_id']}")
         run_id = f"{self.run_prefix}-{context['ts_nodash'].lower()}-v{version}"
-        self.log.info("candidate %s is version %d; run %s", name, version, run_id)
-        return {"version": version, "name": name, "run_id": run_id, "config": asdict(config)}
+        self.log.info("candidate %s of %s is version %d; run %s", name, self.pipeline, version, run_id)
+        return {"version": version, "name": name, "pipeline": config.pipeline, "run_id": run_id,
+                "config": config.to_dict()}
 
 
 class ProvisionTopicsOperator(BaseOperator):
     """Create or grow a pipeline's topics from a profile; partitions given or sized from rates."""
 
-    template_fields = ("prefix", "partitions", "profile", "replication_factor", "target_rps",
+    template_fields = ("pipeline", "prefix", "partitions", "profile", "replication_factor", "target_rps",
                        "produce_rps", "consume_rps")
 
-    def __init__(self, *, prefix: str, profile: str = "durability", partitions: int | str | None = None,
-                 replication_factor: int | str | None = None, target_rps: float | str | None = None,
+    def __init__(self, *, prefix: str, pipeline: str = pipeline_spec.REFERENCE, profile: str = "durability",
+                 partitions: int | str | None = None, replication_factor: int | str | None = None,
+                 target_rps: float | str | None = None,
                  produce_rps_per_partition: float | str = 50_000.0,
                  consume_rps_per_partition: float | str | None = None,
                  kafka_config_id: str = "kafka_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.prefix, self.profile, self.partitions = prefix, profile, partitions
+        self.prefix, self.pipeline, self.profile, self.partitions = prefix, pipeline, profile, partitions
         self.replication_factor, self.target_rps = replication_factor, target_rps
         self.produce_rps = produce_rps_per_partition
         self.consume_rps = consume_rps_per_partition
@@ -167,7 +215,8 @@ class ProvisionTopicsOperator(BaseOperator):
             partitions, reasoning = sizing["partitions"], "; ".join(sizing["reasoning"])
             self.log.info(reasoning)
         rf = int(self.replication_factor) if self.replication_factor else None
-        reports = provision_topics(self.kafka_config_id, self.prefix, partitions, self.profile, rf)
+        topics = events.Topics(self.prefix, pipeline_spec.load(self.pipeline))
+        reports = provision_topics(self.kafka_config_id, topics, partitions, self.profile, rf)
         for r in reports:
             self.log.info("%s: %s, %d partitions, RF %d %s", r.topic, r.action, r.partitions,
                           r.replication_factor, "; ".join(r.warnings))
@@ -179,21 +228,21 @@ class DeployFleetOperator(BaseOperator):
 
     The fleets run where `fleet_conn_id` says (pipeline_ops.fleets.backend_for): as supervisord
     programs on this machine when there is no such connection, as Kubernetes Deployments when it
-    is a Kubernetes connection. `scale` runs the AI stages at the new member count; `check`
-    records each fleet's health (restarts included) and returns it.
+    is a Kubernetes connection. `scale` runs the stages that call an AI endpoint at the new member
+    count; `check` records each fleet's health (restarts included) and returns it. The AI
+    endpoints are those of the version's pipeline, where their connections say.
     """
 
     template_fields = ("action", "run_id", "version", "members", "ai_limit")
 
     def __init__(self, *, action: str, run_id: str, version: int | str | None = None,
                  members: int | str | None = None, ai_limit: int | str | None = None,
-                 kafka_config_id: str = "kafka_default",
-                 postgres_conn_id: str = "postgres_default", ai_conn_id: str = "ai_service",
+                 kafka_config_id: str = "kafka_default", postgres_conn_id: str = "postgres_default",
                  fleet_conn_id: str = "fleet_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.action, self.run_id, self.version, self.members = action, run_id, version, members
         self.ai_limit = ai_limit
-        self.conns = (kafka_config_id, postgres_conn_id, ai_conn_id)
+        self.conns = (kafka_config_id, postgres_conn_id)
         self.fleet_conn_id = fleet_conn_id
 
     def execute(self, context: Any) -> Any:
@@ -208,12 +257,12 @@ class DeployFleetOperator(BaseOperator):
         config = version.config
         n = int(self.members or 0)  # rendered templates are text: "0" means the version's own
         if n:
-            config = replace(config, check=replace(config.check, members=n),
-                             generate=replace(config.generate, members=n))
-        if self.ai_limit and configure_stand_in(self.conns[2], config.time_scale, int(self.ai_limit)):
+            config = config.with_stages(**{s: replace(config.stage(s), members=n)
+                                           for s in config.spec.ai_stages})
+        if self.ai_limit and configure_stand_in(config.spec, config.time_scale, int(self.ai_limit)):
             self.log.info("AI stand-in set to time scale %s, limit %s", config.time_scale, self.ai_limit)
         deploy = fleets.scale if self.action == "scale" else fleets.start
-        running = deploy(self.run_id, version.version, config, fleet_environment(*self.conns))
+        running = deploy(self.run_id, version.version, config, fleet_environment(*self.conns, config.spec))
         self.log.info("fleets of %s running: %s", self.run_id, running)
         return running
 
@@ -258,12 +307,11 @@ class TrialsOperator(BaseOperator):
     def __init__(self, *, run_id: str, version: int | str, trials: int | str, ai_limit: int | str,
                  burst: int | str = 0, rate: float | str = 0, duration_s: float | str = 0,
                  timeout_s: float = 1800, kafka_config_id: str = "kafka_default",
-                 postgres_conn_id: str = "postgres_default", ai_conn_id: str = "ai_service",
-                 **kwargs: Any) -> None:
+                 postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run_id, self.version, self.trials, self.ai_limit = run_id, version, trials, ai_limit
         self.burst, self.rate, self.duration_s, self.timeout_s = burst, rate, duration_s, timeout_s
-        self.conns = (kafka_config_id, postgres_conn_id, ai_conn_id)
+        self.conns = (kafka_config_id, postgres_conn_id)
 
     def execute(self, context: Any) -> dict[str, Any]:
         trials, limit = int(self.trials), int(self.ai_limit)
@@ -275,14 +323,14 @@ class TrialsOperator(BaseOperator):
         count, rate = request_count(self.burst, self.rate, self.duration_s)
         version = ConfigRegistry(self.conns[1]).get(int(self.version))
         config = version.config
-        if configure_stand_in(self.conns[2], config.time_scale, limit):
+        if configure_stand_in(config.spec, config.time_scale, limit):
             self.log.info("AI stand-in set to time scale %s, limit %s", config.time_scale, limit)
-        supervisor, env = FleetSupervisor(self.conns[1]), fleet_environment(*self.conns)
+        supervisor, env = FleetSupervisor(self.conns[1]), fleet_environment(*self.conns, config.spec)
         results = []
         for n in range(1, trials + 1):
             run_id = f"{self.run_id}-t{n}"
-            provision_topics(self.conns[0], run_id, config.partitions, config.profile,
-                             config.replication_factor)
+            provision_topics(self.conns[0], events.Topics(run_id, config.spec), config.partitions,
+                             config.profile, config.replication_factor)
             supervisor.start(run_id, version.version, config, env)
             try:
                 load = drive_load(run_id, config, env.kafka, env.database_url, count, rate,
@@ -296,13 +344,15 @@ class TrialsOperator(BaseOperator):
                 "conditions": conditions}
 
 
-def trial_figures(hook: PostgresHook, run_id: str, produced: int, ai_limit: int) -> dict[str, Any]:
-    """One trial's figures as the gate sees them: the Spark analysis of its run and its style
-    topic's skew, turned into figures by measure.figures."""
+def trial_figures(hook: PostgresHook, spec: PipelineSpec, run_id: str, produced: int,
+                  ai_limit: int) -> dict[str, Any]:
+    """One trial's figures as the gate sees them: the Spark analysis of its run and the skew of
+    its pipeline's measured topic, turned into figures by measure.figures."""
     analysis = hook.get_first("SELECT figures FROM analysis_pipeline WHERE run_id = %s",
                               parameters=(run_id,))
     skew = hook.get_first("SELECT max_over_mean, cv, records, partitions FROM analysis_skew WHERE topic = %s "
-                          "ORDER BY computed_at DESC LIMIT 1", parameters=(events.Topics(run_id).style,))
+                          "ORDER BY computed_at DESC LIMIT 1",
+                          parameters=(events.Topics(run_id, spec).name(spec.load.measure),))
     if analysis is None or skew is None:
         raise RuntimeError(f"no Spark analysis for run {run_id}: the analysis tasks did not write it")
     return {"run_id": run_id, **measure.from_analysis(
@@ -312,9 +362,9 @@ def trial_figures(hook: PostgresHook, run_id: str, produced: int, ai_limit: int)
 
 class PromotionGateOperator(BaseBranchOperator):
     """Decide on the candidate's trials, record the decision with its figures, branch to
-    promote/reject. The reference is the active version's last passed measurement under the
-    same conditions: for the active version itself (the nightly run) its own, and a failed
-    re-measurement of the active version raises a regression alarm."""
+    promote/reject. The reference is the last passed measurement under the same conditions of
+    the active version of the candidate's pipeline: for the active version itself (the nightly
+    run) its own, and a failed re-measurement of the active version raises a regression alarm."""
 
     template_fields = ("candidate", "trials", "target_utilization", "min_throughput_rps", "tolerance",
                        "max_skew")
@@ -338,9 +388,10 @@ class PromotionGateOperator(BaseBranchOperator):
         if not measured or not measured.get("trials"):
             raise RuntimeError("no trials to decide on: the trials task returned nothing")
         registry = ConfigRegistry(self.postgres_conn_id)
-        trials = [trial_figures(registry.hook, t["run_id"], t["produced"], measured["ai_limit"])
+        spec = pipeline_spec.load(candidate["pipeline"])
+        trials = [trial_figures(registry.hook, spec, t["run_id"], t["produced"], measured["ai_limit"])
                   for t in measured["trials"]]
-        active = registry.active()
+        active = registry.active(spec.name)
         reference = registry.reference(active.version, measured["conditions"]) if active else None
         decision = gate.evaluate(trials, thresholds, reference)
         figures = {"trials": trials, "summary": gate.summarise(trials, thresholds.confidence),
@@ -350,8 +401,8 @@ class PromotionGateOperator(BaseBranchOperator):
         decision_id = registry.record_decision(candidate["run_id"], candidate["version"],
                                                active.version if active else None, decision.passed,
                                                decision.reasons(), figures, asdict(thresholds))
-        self.log.info("gate decision %d for version %d: %s", decision_id, candidate["version"],
-                      decision.summary())
+        self.log.info("gate decision %d for version %d of %s: %s", decision_id, candidate["version"],
+                      spec.name, decision.summary())
         alarm = None
         if active is not None and active.version == candidate["version"] and not decision.passed:
             alarm = registry.raise_alarm(active.version, decision_id, candidate["run_id"],
@@ -375,8 +426,8 @@ class _AfterGateOperator(BaseOperator):
 
 
 class PromoteOperator(_AfterGateOperator):
-    """Make the candidate the active configuration; a no-op when it already is (the nightly
-    re-measurement of the active version)."""
+    """Make the candidate the active configuration of its pipeline; a no-op when it already is
+    (the nightly re-measurement of the active version)."""
 
     def execute(self, context: Any) -> dict[str, Any]:
         candidate = _as_dict(self.candidate)
@@ -388,7 +439,8 @@ class PromoteOperator(_AfterGateOperator):
         if previous == candidate["version"]:
             self.log.info("version %d is already active: nothing to promote", previous)
         else:
-            self.log.info("version %d is active (was %s)", candidate["version"], previous)
+            self.log.info("version %d is the active configuration of %s (was %s)", candidate["version"],
+                          candidate["pipeline"], previous)
         return {"active": candidate["version"], "previous": previous,
                 "changed": previous != candidate["version"]}
 
@@ -420,13 +472,12 @@ class CapacitySearchOperator(BaseOperator):
                  step_s: float | str = 20.0, p99_objective_s: float | str = 10.0,
                  lag_growth: float | str = 0.05, precision: float | str = 0.03, max_steps: int | str = 8,
                  timeout_s: float = 900, kafka_config_id: str = "kafka_default",
-                 postgres_conn_id: str = "postgres_default", ai_conn_id: str = "ai_service",
-                 **kwargs: Any) -> None:
+                 postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.run_id, self.version, self.ai_limit, self.burst = run_id, version, ai_limit, burst
         self.step_s, self.p99_objective_s, self.lag_growth = step_s, p99_objective_s, lag_growth
         self.precision, self.max_steps, self.timeout_s = precision, max_steps, timeout_s
-        self.conns = (kafka_config_id, postgres_conn_id, ai_conn_id)
+        self.conns = (kafka_config_id, postgres_conn_id)
 
     def execute(self, context: Any) -> dict[str, Any]:
         limit, burst = int(self.ai_limit), int(self.burst)
@@ -439,12 +490,12 @@ class CapacitySearchOperator(BaseOperator):
         version = registry.get(int(self.version))
         config = version.config
         objective = replace(objective, p99_s=objective.p99_s * config.time_scale)  # given at real scale
-        configure_stand_in(self.conns[2], config.time_scale, limit)
-        provision_topics(self.conns[0], self.run_id, config.partitions, config.profile,
-                         config.replication_factor)
-        supervisor, env = FleetSupervisor(self.conns[1]), fleet_environment(*self.conns)
+        configure_stand_in(config.spec, config.time_scale, limit)
+        topics = events.Topics(self.run_id, config.spec)
+        provision_topics(self.conns[0], topics, config.partitions, config.profile, config.replication_factor)
+        supervisor, env = FleetSupervisor(self.conns[1]), fleet_environment(*self.conns, config.spec)
         supervisor.start(self.run_id, version.version, config, env)
-        pipeline = Pipeline(self.run_id, events.Topics(self.run_id), config, env.kafka, env.database_url)
+        pipeline = Pipeline(self.run_id, topics, config, env.kafka, env.database_url)
         numbers = itertools.count(1)
 
         def step(rate: float) -> capacity.Step:
@@ -461,7 +512,8 @@ class CapacitySearchOperator(BaseOperator):
             best, steps = capacity.search(step, 0.9 * calibration["capacity_rps"], objective)
         finally:
             supervisor.stop(self.run_id)
-        result = {"version": version.version, "name": version.name, "run_id": self.run_id,
+        result = {"version": version.version, "name": version.name, "pipeline": config.pipeline,
+                  "run_id": self.run_id,
                   "max_sustainable_rps": best, "ai_capacity_rps": calibration["capacity_rps"],
                   "share_of_capacity": round(best / calibration["capacity_rps"], 4) if best else None,
                   "objective": asdict(objective), "steps": [s.summary() for s in steps]}
@@ -474,14 +526,16 @@ class CapacitySearchOperator(BaseOperator):
 
 
 class RollbackOperator(BaseOperator):
-    """Re-activate a version (0: the one active before the current version), with a reason."""
+    """Re-activate a version of a pipeline (0: the one active before its current version), with
+    a reason."""
 
-    template_fields = ("version", "reason")
+    template_fields = ("pipeline", "version", "reason")
 
-    def __init__(self, *, version: int | str, reason: str, postgres_conn_id: str = "postgres_default",
-                 **kwargs: Any) -> None:
+    def __init__(self, *, version: int | str, reason: str, pipeline: str = pipeline_spec.REFERENCE,
+                 postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.version, self.reason, self.postgres_conn_id = version, reason, postgres_conn_id
+        self.version, self.reason, self.pipeline = version, reason, pipeline
+        self.postgres_conn_id = postgres_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
         reason, version = str(self.reason or "").strip(), int(self.version or 0)
@@ -490,9 +544,9 @@ class RollbackOperator(BaseOperator):
         if version < 0:
             raise ValueError(f"version must be a registered version, or 0 for the previous one; "
                              f"got {version}")
-        previous, now = ConfigRegistry(self.postgres_conn_id).rollback(version or None, reason)
-        self.log.info("rolled back from version %d to %d: %s", previous, now, reason)
-        return {"active": now, "previous": previous, "reason": reason}
+        previous, now = ConfigRegistry(self.postgres_conn_id).rollback(self.pipeline, version or None, reason)
+        self.log.info("rolled %s back from version %d to %d: %s", self.pipeline, previous, now, reason)
+        return {"pipeline": self.pipeline, "active": now, "previous": previous, "reason": reason}
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The configuration registry in PostgreSQL: versions, the one active version, promotions,
-rollbacks, the gate's decisions, regression alarms and capacity searches (schema:
-infra/migrations/0003_registry.sql and 0007_gate_history.sql)."""
+"""The configuration registry in PostgreSQL: versions, each of one pipeline, the one active
+version per pipeline, promotions, rollbacks, the gate's decisions, regression alarms and capacity
+searches (schema: infra/migrations/0003_registry.sql, 0007_gate_history.sql and
+0009_registry_pipelines.sql)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ class Version:
     config: PipelineConfig
     active: bool
 
+    @property
+    def pipeline(self) -> str:
+        return self.config.pipeline
+
 
 class ConfigRegistry:
     """Reads and writes the registry through the `postgres_default` connection (or another)."""
@@ -38,25 +43,44 @@ class ConfigRegistry:
                              "ORDER BY version LIMIT 1", (config.to_json(),))
         if existing:
             return existing[0]
-        return self._write("INSERT INTO configurations (name, config, note) VALUES (%s, %s, %s) "
-                           "RETURNING version", (name, config.to_json(), note))[0]
+        return self._write("INSERT INTO configurations (name, pipeline, config, note) "
+                           "VALUES (%s, %s, %s, %s) RETURNING version",
+                           (name, config.pipeline, config.to_json(), note))[0]
 
-    def get(self, version: int) -> Version:
+    def get(self, version: int, pipeline: str | None = None) -> Version:
+        """A registered version; with `pipeline`, refused when it is a configuration of another."""
         row = self._one("SELECT version, name, config, active FROM configurations WHERE version = %s",
                         (version,))
         if row is None:
             raise ValueError(f"no configuration version {version}")
-        return Version(row[0], row[1], PipelineConfig.from_dict(row[2]), row[3])
+        found = Version(row[0], row[1], PipelineConfig.from_dict(row[2]), row[3])
+        if pipeline is not None and found.pipeline != pipeline:
+            raise ValueError(f"version {version} is a configuration of {found.pipeline}, not of {pipeline}")
+        return found
 
-    def active(self) -> Version | None:
-        row = self._one("SELECT version FROM configurations WHERE active")
+    def active(self, pipeline: str) -> Version | None:
+        """The active configuration of a pipeline."""
+        row = self._one("SELECT version FROM configurations WHERE active AND pipeline = %s", (pipeline,))
         return self.get(row[0]) if row else None
+
+    def actives(self) -> list[dict[str, Any]]:
+        """The active version of each pipeline that has one, by pipeline name (as listed, without
+        reading their configurations: a pipeline whose spec is gone is still shown)."""
+        rows = self.hook.get_records("SELECT version, name, pipeline FROM configurations WHERE active "
+                                     "ORDER BY pipeline")
+        return [dict(zip(("version", "name", "pipeline"), r, strict=True)) for r in rows]
+
+    def pipelines(self) -> list[str]:
+        """The pipelines with a registered configuration."""
+        return [row[0] for row in self.hook.get_records("SELECT DISTINCT pipeline FROM configurations "
+                                                        "ORDER BY 1")]
 
     def versions(self) -> list[dict[str, Any]]:
         """Every registered version, newest first (the rollback form offers them)."""
-        rows = self.hook.get_records("SELECT version, name, active, created_at FROM configurations "
+        keys = ("version", "name", "pipeline", "active", "created_at")
+        rows = self.hook.get_records("SELECT version, name, pipeline, active, created_at FROM configurations "
                                      "ORDER BY version DESC")
-        return [dict(zip(("version", "name", "active", "created_at"), r, strict=True)) for r in rows]
+        return [dict(zip(keys, r, strict=True)) for r in rows]
 
     def reference(self, version: int, conditions: dict[str, Any]) -> list[float] | None:
         """Steady throughputs of the trials of the version's latest passed decision measured
@@ -78,29 +102,34 @@ class ConfigRegistry:
 
     def activate(self, version: int, action: str, run_id: str | None = None,
                  figures: dict[str, Any] | None = None, reason: str = "") -> int | None:
-        """Make `version` the one active configuration and log it; return the version active
-        before. Activating the active version is a no-op (nothing logged): it returns `version`."""
-        self.get(version)  # clear error for an unknown version
+        """Make `version` the one active configuration of its pipeline and log it; return the
+        version active before. Activating the active version is a no-op (nothing logged): it
+        returns `version`."""
+        pipeline = self.get(version).pipeline  # and a clear error for an unknown version
         with self._tx() as cur:
-            cur.execute("SELECT version FROM configurations WHERE active FOR UPDATE")
+            cur.execute("SELECT version FROM configurations WHERE active AND pipeline = %s FOR UPDATE",
+                        (pipeline,))
             row = cur.fetchone()
             previous = row[0] if row else None
             if previous == version:
                 return previous
-            cur.execute("UPDATE configurations SET active = false WHERE active")
+            cur.execute("UPDATE configurations SET active = false WHERE active AND pipeline = %s",
+                        (pipeline,))
             cur.execute("UPDATE configurations SET active = true WHERE version = %s", (version,))
             cur.execute("INSERT INTO promotions (version, previous, action, run_id, figures, reason) "
                         "VALUES (%s, %s, %s, %s, %s, %s)",
                         (version, previous, action, run_id, json.dumps(figures or {}), reason))
         return previous
 
-    def rollback(self, to_version: int | None = None, reason: str = "") -> tuple[int, int]:
-        """Re-activate `to_version`, or the version that was active before the current one
-        became active (its latest activation's predecessor); return (the version that was
-        active, the version now active)."""
-        active = self.active()
+    def rollback(self, pipeline: str, to_version: int | None = None, reason: str = "") -> tuple[int, int]:
+        """Re-activate `to_version` (a version of `pipeline`), or the version of the pipeline that
+        was active before the current one became active (its latest activation's predecessor);
+        return (the version that was active, the version now active)."""
+        if to_version is not None:
+            self.get(to_version, pipeline)
+        active = self.active(pipeline)
         if active is None:
-            raise ValueError("no version is active: nothing to roll back")
+            raise ValueError(f"no version of {pipeline} is active: nothing to roll back")
         if to_version is None:
             row = self._one("SELECT previous FROM promotions WHERE version = %s AND previous IS NOT NULL "
                             "AND previous <> version ORDER BY id DESC LIMIT 1", (active.version,))
@@ -113,9 +142,10 @@ class ConfigRegistry:
         return active.version, to_version
 
     def history(self, limit: int = 20) -> list[dict[str, Any]]:
-        keys = ("at", "action", "version", "name", "previous", "run_id", "reason")
+        keys = ("at", "action", "version", "name", "pipeline", "previous", "run_id", "reason")
         rows = self.hook.get_records(
-            "SELECT p.at, p.action, p.version, c.name, p.previous, p.run_id, p.reason FROM promotions p "
+            "SELECT p.at, p.action, p.version, c.name, c.pipeline, p.previous, p.run_id, p.reason "
+            "FROM promotions p "
             "JOIN configurations c USING (version) ORDER BY p.id DESC LIMIT %s", parameters=(limit,))
         return [dict(zip(keys, r, strict=True)) for r in rows]
 
@@ -127,9 +157,10 @@ class ConfigRegistry:
 
     def alarms(self, limit: int = 10) -> list[dict[str, Any]]:
         """The latest alarms, newest first, with whether their version is still the active one."""
-        keys = ("id", "version", "name", "decision_id", "run_id", "failed", "raised_at", "active")
+        keys = ("id", "version", "name", "pipeline", "decision_id", "run_id", "failed", "raised_at", "active")
         rows = self.hook.get_records(
-            "SELECT a.id, a.version, c.name, a.decision_id, a.run_id, a.failed, a.raised_at, c.active "
+            "SELECT a.id, a.version, c.name, c.pipeline, a.decision_id, a.run_id, a.failed, a.raised_at, "
+            "c.active "
             "FROM regression_alarms a JOIN configurations c USING (version) ORDER BY a.id DESC LIMIT %s",
             parameters=(limit,))
         return [dict(zip(keys, r, strict=True)) for r in rows]
@@ -145,10 +176,10 @@ class ConfigRegistry:
 
     def capacity_searches(self, limit: int = 10) -> list[dict[str, Any]]:
         """The latest capacity searches, newest first."""
-        keys = ("id", "version", "name", "run_id", "max_sustainable_rps", "ai_capacity_rps", "objective",
-                "steps", "searched_at")
+        keys = ("id", "version", "name", "pipeline", "run_id", "max_sustainable_rps", "ai_capacity_rps",
+                "objective", "steps", "searched_at")
         rows = self.hook.get_records(
-            "SELECT s.id, s.version, c.name, s.run_id, s.max_sustainable_rps, s.ai_capacity_rps, "
+            "SELECT s.id, s.version, c.name, c.pipeline, s.run_id, s.max_sustainable_rps, s.ai_capacity_rps, "
             "s.objective, s.steps, s.searched_at FROM capacity_searches s "
             "JOIN configurations c USING (version) ORDER BY s.id DESC LIMIT %s", parameters=(limit,))
         return [dict(zip(keys, r, strict=True)) for r in rows]

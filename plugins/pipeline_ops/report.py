@@ -2,8 +2,9 @@
 checks and each trial's figures, as text and JSON, and plots of the trials.
 
 Files go to `results/<run id>/` (or $PIPELINE_RESULTS_DIR): gate.json, gate.txt,
-completions.png (cumulative final-stage completions of each trial against its AI capacity: the
-slope is the throughput) and requests_per_partition.png (style topic, each trial).
+completions.png (cumulative completions of the pipeline's completing stage in each trial against
+its AI capacity: the slope is the throughput) and requests_per_partition.png (the spec's measured
+topic, each trial).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from typing import Any
 
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 
+from consumers import pipeline_spec
 from consumers.events import Topics
+from consumers.pipeline_spec import PipelineSpec
 
 RESULTS = Path(os.environ.get("PIPELINE_RESULTS_DIR",
                               Path(__file__).resolve().parents[2] / "results"))
@@ -62,8 +65,9 @@ def headline(figures: dict[str, Any]) -> list[str]:
 
 def text(candidate: dict[str, Any], decision: dict[str, Any]) -> str:
     figures = decision["figures"]
-    lines = [f"gate report for version {candidate['version']} ({candidate['name']}), "
-             f"run {candidate['run_id']}", *headline(figures), "  " + decision["summary"]]
+    lines = [f"gate report for version {candidate['version']} ({candidate['name']}) of "
+             f"{candidate['pipeline']}, run {candidate['run_id']}", *headline(figures),
+             "  " + decision["summary"]]
     if decision.get("alarm"):
         lines.append(f"  REGRESSION ALARM {decision['alarm']}: the active version no longer passes the gate")
     for check in decision["reasons"]:
@@ -82,12 +86,13 @@ def write(hook: PostgresHook, candidate: dict[str, Any], decision: dict[str, Any
     (out / "gate.json").write_text(json.dumps({"candidate": candidate, "decision": decision}, indent=2,
                                               default=str))
     (out / "gate.txt").write_text(text(candidate, decision) + "\n")
-    _plot_completions(decision["figures"], hook, out / "completions.png")
-    _plot_partitions(decision["figures"], hook, out / "requests_per_partition.png")
+    spec = pipeline_spec.load(candidate["pipeline"])
+    _plot_completions(decision["figures"], spec, hook, out / "completions.png")
+    _plot_partitions(decision["figures"], spec, hook, out / "requests_per_partition.png")
     return out
 
 
-def _plot_completions(figures: dict[str, Any], hook: PostgresHook, path: Path) -> None:
+def _plot_completions(figures: dict[str, Any], spec: PipelineSpec, hook: PostgresHook, path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     longest = 0.0
@@ -95,7 +100,8 @@ def _plot_completions(figures: dict[str, Any], hook: PostgresHook, path: Path) -
         rows = hook.get_records(
             "SELECT extract(epoch FROM s.completed_at - (SELECT min(produced_at) FROM requests "
             "WHERE run_id = %(run)s)) FROM stage_results s WHERE s.run_id = %(run)s "
-            "AND s.stage = 'generate' ORDER BY 1", parameters={"run": trial["run_id"]})
+            "AND s.stage = %(stage)s ORDER BY 1", parameters={"run": trial["run_id"],
+                                                               "stage": spec.completing_stage})
         seconds = [float(r[0]) for r in rows]
         if seconds:
             longest = max(longest, seconds[-1])
@@ -106,7 +112,8 @@ def _plot_completions(figures: dict[str, Any], hook: PostgresHook, path: Path) -
         ax.plot([0, longest], [0, capacity["estimate"] * longest], color="grey", linestyle="--",
                 linewidth=1, label=f"AI capacity ({capacity['estimate']:.1f} rps)")
     utilization = figures["summary"]["utilization"]
-    ax.set(xlabel="seconds since the trial's first request", ylabel="completed requests",
+    ax.set(xlabel="seconds since the trial's first request",
+           ylabel=f"completed requests ({spec.completing_stage} results)",
            title=f"utilization {interval(utilization)} over {figures['summary']['trials']} trials")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -114,19 +121,20 @@ def _plot_completions(figures: dict[str, Any], hook: PostgresHook, path: Path) -
     plt.close(fig)
 
 
-def _plot_partitions(figures: dict[str, Any], hook: PostgresHook, path: Path) -> None:
+def _plot_partitions(figures: dict[str, Any], spec: PipelineSpec, hook: PostgresHook, path: Path) -> None:
     trials = figures["trials"]
     plt = _pyplot()
     fig, axes = plt.subplots(len(trials), 1, figsize=(8, 1.6 * len(trials) + 0.8), sharex=True,
                              squeeze=False)
     for ax, trial in zip(axes[:, 0], trials, strict=True):
         rows = hook.get_records("SELECT kafka_partition, records FROM analysis_partition_load WHERE "
-                                "topic = %s ORDER BY 1", parameters=(Topics(trial["run_id"]).style,))
+                                "topic = %s ORDER BY 1",
+                                parameters=(Topics(trial["run_id"], spec).name(spec.load.measure),))
         ax.bar([p for p, _ in rows], [n for _, n in rows], width=0.9)
         ax.set_ylabel("requests")
         ax.set_title(f"{trial['run_id']}: max/mean {trial['skew_max_over_mean']}", fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("partition")
-    fig.suptitle("requests per partition (style topic)")
+    fig.suptitle(f"requests per partition ({spec.load.measure} topic)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -136,7 +144,8 @@ def capacity_text(result: dict[str, Any]) -> str:
     """The capacity search as text: the result against the AI capacity, then every step."""
     best, objective = result["max_sustainable_rps"], result["objective"]
     share = f" = {result['share_of_capacity']:.1%} of the AI capacity" if best else ""
-    lines = [f"capacity search for version {result['version']} ({result['name']}), run {result['run_id']}",
+    lines = [f"capacity search for version {result['version']} ({result['name']}) of {result['pipeline']}, "
+             f"run {result['run_id']}",
              f"  AI capacity (calibration burst) {result['ai_capacity_rps']:.2f} rps",
              f"  max sustainable rate {best:.2f} rps{share}" if best else "  no step was sustained",
              f"  objective: p99 <= {objective['p99_s']:.3f} s, lag trend <= {objective['lag_growth']:.0%} "

@@ -1,15 +1,16 @@
 """The gate page inside the Airflow UI: what the promotion gate decided, and why.
 
-A FastAPI app that the `gate_ui_plugin` plugin mounts on the API server under /pipeline-gate.
-It shows the active configuration, regression alarms raised by re-measurements of the active
-version, the latest gate decisions with capacity, throughput and utilization (mean and 95%
+A FastAPI app that the `gate_ui_plugin` plugin mounts on the API server under /pipeline-gate. It
+shows the active configuration of each pipeline, regression alarms raised by re-measurements of
+an active version, the latest gate decisions (of every pipeline, or of the one chosen with
+`?pipeline=`) with the pipeline each was for, capacity, throughput and utilization (mean and 95%
 bounds over the trials) and every check (measured against required), the promotion history and
 the plots of the most recent run, the capacity searches (max sustainable rate per version), and
-serves the same decisions as JSON at
-/pipeline-gate/api/decisions. Reading needs an Airflow login with read access to the runs of
-`pipeline_tuning` (the UI's session cookie or a bearer token), because the page sits on the same
-server as the REST API. Its *Roll back* form triggers `pipeline_rollback` through that REST API
-from the browser, with the user's own login: Airflow checks the user may trigger it.
+serves the same decisions as JSON at /pipeline-gate/api/decisions (also `?pipeline=`). Reading
+needs an Airflow login with read access to the runs of `pipeline_tuning` (the UI's session
+cookie or a bearer token), because the page sits on the same server as the REST API. Its *Roll
+back* form triggers `pipeline_rollback` through that REST API from the browser, with the user's
+own login: Airflow checks the user may trigger it.
 """
 
 from __future__ import annotations
@@ -52,15 +53,18 @@ def results_dir() -> Path:
     return Path(os.environ.get("PIPELINE_RESULTS_DIR", default)).resolve()
 
 
-def decisions(hook: PostgresHook, limit: int = 20, run_id: str | None = None) -> list[dict[str, Any]]:
-    """The latest gate decisions, newest first, with the candidate's name."""
+def decisions(hook: PostgresHook, limit: int = 20, run_id: str | None = None,
+              pipeline: str | None = None) -> list[dict[str, Any]]:
+    """The latest gate decisions, newest first, with the candidate's name and pipeline."""
     rows = hook.get_records(
-        "SELECT d.id, d.run_id, d.candidate, c.name, d.active_before, d.passed, d.reasons, d.figures, "
-        "d.thresholds, d.decided_at FROM gate_decisions d JOIN configurations c ON c.version = d.candidate "
-        "WHERE %(run_id)s::text IS NULL OR d.run_id = %(run_id)s "
+        "SELECT d.id, d.run_id, d.candidate, c.name, c.pipeline, d.active_before, d.passed, d.reasons, "
+        "d.figures, d.thresholds, d.decided_at FROM gate_decisions d "
+        "JOIN configurations c ON c.version = d.candidate "
+        "WHERE (%(run_id)s::text IS NULL OR d.run_id = %(run_id)s) "
+        "AND (%(pipeline)s::text IS NULL OR c.pipeline = %(pipeline)s) "
         "ORDER BY d.decided_at DESC, d.id DESC LIMIT %(limit)s",
-        parameters={"run_id": run_id, "limit": limit})
-    keys = ("id", "run_id", "version", "name", "active_before", "passed", "reasons", "figures",
+        parameters={"run_id": run_id, "pipeline": pipeline, "limit": limit})
+    keys = ("id", "run_id", "version", "name", "pipeline", "active_before", "passed", "reasons", "figures",
             "thresholds", "decided_at")
     return [_utc(dict(zip(keys, row, strict=True))) for row in rows]
 
@@ -86,10 +90,10 @@ def _jsonable(decision: dict[str, Any]) -> dict[str, Any]:
 
 
 @app.get("/api/decisions")
-def api_decisions(limit: Annotated[int, Query(ge=1, le=500)] = 20,
-                  run_id: str | None = None) -> list[dict[str, Any]]:
+def api_decisions(limit: Annotated[int, Query(ge=1, le=500)] = 20, run_id: str | None = None,
+                  pipeline: str | None = None) -> list[dict[str, Any]]:
     """The latest decisions as stored by the gate (reasons, figures and thresholds as JSON)."""
-    return [_jsonable(d) for d in decisions(PostgresHook(postgres_conn_id=CONN_ID), limit, run_id)]
+    return [_jsonable(d) for d in decisions(PostgresHook(postgres_conn_id=CONN_ID), limit, run_id, pipeline)]
 
 
 @app.get("/results/{run_id}/{name}", name="plot")
@@ -102,16 +106,18 @@ def plot(run_id: str, name: str) -> FileResponse:
 
 
 @app.get("/", response_class=HTMLResponse)
-def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20) -> HTMLResponse:
-    """The server-rendered page the navigation link opens."""
+def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20,
+         pipeline: str | None = None) -> HTMLResponse:
+    """The server-rendered page the navigation link opens; `pipeline` shows only its decisions."""
     hook = PostgresHook(postgres_conn_id=CONN_ID)
     registry = ConfigRegistry(CONN_ID)
-    rows = decisions(hook, limit)
+    rows = decisions(hook, limit, pipeline=pipeline or None)
     latest = rows[0]["run_id"] if rows else None
     plots = [{"name": name, "url": request.url_for("plot", run_id=latest, name=name).path}
              for name in PLOTS if latest and plot_path(latest, name)]
     html = _templates.get_template("gate.html").render(
-        decisions=rows, active=registry.active(), history=[_utc(h) for h in registry.history()],
+        decisions=rows, actives=registry.actives(), pipelines=registry.pipelines(), pipeline=pipeline,
+        history=[_utc(h) for h in registry.history()],
         alarms=[_utc(a) for a in registry.alarms()], versions=registry.versions(),
         capacity=[_utc(c) for c in registry.capacity_searches()], latest=latest,
         plots=plots, results_dir=results_dir(), api_base=api_base(request),

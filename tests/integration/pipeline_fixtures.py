@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import psycopg2
 import requests
 
-from consumers.ai_service import EndpointConfig, ServiceConfig, serve
+from consumers import pipeline_spec
+from consumers.ai_service import ServiceConfig, serve
 from consumers.pipeline_config import Endpoints
 
 TIME_SCALE = 0.02  # generate 3 s -> 60 ms, check 0.5 s -> 10 ms
@@ -21,7 +22,11 @@ class AIService:
 
     @property
     def endpoints(self) -> Endpoints:
-        return Endpoints(f"{self.base_url}/v1/check", f"{self.base_url}/v1/generate")
+        """The reference pipeline's endpoints."""
+        return self.endpoints_of(pipeline_spec.REFERENCE)
+
+    def endpoints_of(self, pipeline: str) -> Endpoints:
+        return Endpoints.on(self.base_url, pipeline_spec.load(pipeline))
 
     def stats(self) -> dict:
         return requests.get(f"{self.base_url}/v1/stats", timeout=5).json()
@@ -35,8 +40,9 @@ class AIService:
 
 @contextmanager
 def ai_service(time_scale: float = TIME_SCALE, limit: int = 64) -> Iterator[AIService]:
-    config = ServiceConfig(time_scale=time_scale, check=EndpointConfig(latency_s=0.5, limit=limit),
-                           generate=EndpointConfig(latency_s=3.0, limit=limit))
+    """The stand-in serving every shipped spec's endpoints at their latencies, `limit` each."""
+    specs = [pipeline_spec.load(name) for name in pipeline_spec.available()]
+    config = ServiceConfig.from_specs(specs, time_scale=time_scale, limit=limit)
     server = serve(config, host="127.0.0.1", port=0)
     try:
         yield AIService(f"http://127.0.0.1:{server.server_address[1]}")

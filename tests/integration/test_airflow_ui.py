@@ -1,6 +1,7 @@
 """The Airflow UI end to end, as a person uses it: log in, trigger `pipeline_tuning` from its form
 with a non-default value, watch the run finish, read the gate's decision (capacity, throughput,
-utilization with its interval, every check) on the gate page, and roll back from that page.
+utilization with its interval, every check) on the gate page, and roll back from that page; then
+pick the other pipeline in the form's dropdown and find its decision under its own name.
 
 Airflow (standalone) runs on the test stack for this module only; Chromium is Debian's
 (`make browser`), driven headless by Playwright. Screenshots go to results/ui/.
@@ -18,6 +19,7 @@ import pytest
 import requests
 
 from consumers.pipeline_config import PipelineConfig
+from consumers.pipeline_spec import REFERENCE
 from infra import airflow_ui
 from tests.integration.pipeline_fixtures import query
 from tests.stack import REPO, Stack
@@ -31,6 +33,9 @@ SHOTS = REPO / "results" / "ui"
 DAG_ID = "pipeline_tuning"
 ROLLBACK_DAG_ID = "pipeline_rollback"
 BURST = 200  # the form's default is 320: seeing 200 in the run's conf proves the form was used
+# Three trials and a low target: the lower bound of two trials' t-interval (t = 12.7) is too wide
+# for a loaded test machine to clear any target.
+FORM = {"burst": BURST, "trials": 3, "target_utilization": 0.05, "tolerance": 0.9}
 RUN_TIMEOUT_S = 600
 # The nightly schedule would add a run of its own as soon as the DAG is unpaused (catchup=False
 # still runs the latest missed interval); this Airflow only runs what is triggered.
@@ -73,6 +78,20 @@ def password(stack: Stack, airflow: str) -> str:
 
 
 @pytest.fixture
+def api(airflow: str, password: str) -> Api:
+    return Api(airflow, "admin", password)
+
+
+@pytest.fixture
+def pause_kept(api: Api) -> Iterator[None]:
+    """The form unpauses the DAG on trigger: paused again after the test when it was."""
+    was_paused = api.get(f"/api/v2/dags/{DAG_ID}")["is_paused"]
+    yield
+    if was_paused:
+        api.patch(f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
+
+
+@pytest.fixture
 def page(airflow: str) -> Iterator[Any]:
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: `make browser` installs Debian's chromium")
@@ -101,55 +120,89 @@ def wait_for_run(api: Api, run_id: str, timeout_s: float, dag_id: str = DAG_ID) 
     return run
 
 
+def log_in(page: Any, airflow: str, password: str) -> None:
+    """An anonymous visit lands on the login page; sign in as the admin."""
+    page.goto(f"{airflow}/")
+    playwright_api.expect(page.get_by_role("button", name="Sign in")).to_be_visible()
+    assert "/auth/login" in page.url
+    page.screenshot(path=SHOTS / "login.png")
+    page.get_by_label("Username").fill("admin")
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"{airflow}/")
+
+
+def trigger_from_the_form(page: Any, airflow: str, shot: str, pipeline: str | None = None) -> str:
+    """Fill the tuning DAG's trigger form with FORM (and `pipeline` from its dropdown), submit
+    it, and return the run id."""
+    expect = playwright_api.expect
+    page.goto(f"{airflow}/dags/{DAG_ID}")
+    page.get_by_role("button", name="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
+    if pipeline:
+        choose(page, dialog, "pipeline", pipeline)
+    for name, value in FORM.items():
+        field = dialog.get_by_role("spinbutton", name=name, exact=True)
+        field.fill(str(value))
+        field.blur()
+        expect(field).to_have_value(str(value))
+    expect(dialog.get_by_label(f"Unpause {DAG_ID} on trigger")).to_be_checked()
+    dialog.get_by_role("spinbutton", name="burst", exact=True).scroll_into_view_if_needed()
+    page.screenshot(path=SHOTS / shot)
+    with page.expect_response(lambda r: r.request.method == "POST"
+                              and r.url.endswith(f"/api/v2/dags/{DAG_ID}/dagRuns")) as posted:
+        dialog.get_by_test_id("trigger-dag-submit").click()
+    assert posted.value.ok, posted.value.text()
+    return posted.value.json()["dag_run_id"]
+
+
+def choose(page: Any, dialog: Any, name: str, value: str) -> None:
+    """Pick `value` in the form's dropdown for the enum param `name` (a select with its options
+    in a menu)."""
+    field = dialog.locator(f"#element_{name}")
+    field.scroll_into_view_if_needed()
+    field.click()
+    page.get_by_role("option", name=value, exact=True).click()
+    playwright_api.expect(field).to_contain_text(value)
+
+
+def finished_tuning(api: Api, run_id: str) -> dict[str, Any]:
+    """Wait for the run; it was triggered from the form, and its gate, trials and report ran.
+    Returns what the resolve task registered (version, name, pipeline, pipeline run id)."""
+    run = wait_for_run(api, run_id, RUN_TIMEOUT_S)
+    assert run["run_type"] == "manual"
+    assert (run["conf"]["burst"], run["conf"]["trials"], run["conf"]["target_utilization"]) == (
+        BURST, 3, 0.05)
+    tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
+    states = {t["task_id"]: t["state"] for t in tasks}
+    assert {states[t] for t in ("check_pipeline", "trials", "gate", "report")} == {"success"}, states
+    return api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/resolve/xcomEntries/"
+                   "return_value")["value"]
+
+
+def gate_frame(page: Any, airflow: str) -> Any:
+    """The gate page, through its navigation entry."""
+    page.goto(f"{airflow}/")
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_role("menuitem", name="Pipeline gate").click()
+    page.wait_for_url(f"{airflow}/plugin/pipeline-gate")
+    return page.frame_locator("iframe").first
+
+
 @pytest.mark.timeout(RUN_TIMEOUT_S + 600)
 def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, airflow: str, password: str,
+                                                                 api: Api, pause_kept: None,
                                                                  page: Any) -> None:
     expect = playwright_api.expect
-    api = Api(airflow, "admin", password)
-    was_paused = api.get(f"/api/v2/dags/{DAG_ID}")["is_paused"]
     try:
-        # An anonymous visit lands on the login page.
-        page.goto(f"{airflow}/")
-        expect(page.get_by_role("button", name="Sign in")).to_be_visible()
-        assert "/auth/login" in page.url
-        page.screenshot(path=SHOTS / "login.png")
-        page.get_by_label("Username").fill("admin")
-        page.get_by_label("Password").fill(password)
-        page.get_by_role("button", name="Sign in").click()
-        page.wait_for_url(f"{airflow}/")
-
+        log_in(page, airflow, password)
         # The DAG's trigger form, with a non-default burst and a gate the loaded test machine passes.
-        page.goto(f"{airflow}/dags/{DAG_ID}")
-        page.get_by_role("button", name="Trigger").first.click()
-        dialog = page.get_by_role("dialog")
-        expect(dialog.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
-        # Three trials and a low target: the lower bound of two trials' t-interval (t = 12.7) is
-        # too wide for a loaded test machine to clear any target.
-        form = {"burst": BURST, "trials": 3, "target_utilization": 0.05, "tolerance": 0.9}
-        for name, value in form.items():
-            field = dialog.get_by_role("spinbutton", name=name, exact=True)
-            field.fill(str(value))
-            field.blur()
-            expect(field).to_have_value(str(value))
-        expect(dialog.get_by_label(f"Unpause {DAG_ID} on trigger")).to_be_checked()
-        dialog.get_by_role("spinbutton", name="burst", exact=True).scroll_into_view_if_needed()
-        page.screenshot(path=SHOTS / "trigger_form.png")
-        with page.expect_response(lambda r: r.request.method == "POST"
-                                  and r.url.endswith(f"/api/v2/dags/{DAG_ID}/dagRuns")) as posted:
-            dialog.get_by_test_id("trigger-dag-submit").click()
-        assert posted.value.ok, posted.value.text()
-        run_id = posted.value.json()["dag_run_id"]
+        run_id = trigger_from_the_form(page, airflow, "trigger_form.png")
 
         # The run executes (it is queued until the scheduler's executor picks it up) and succeeds.
-        run = wait_for_run(api, run_id, RUN_TIMEOUT_S)
-        assert run["run_type"] == "manual"
-        assert (run["conf"]["burst"], run["conf"]["trials"], run["conf"]["target_utilization"]) == (
-            BURST, 3, 0.05)
-        tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
-        states = {t["task_id"]: t["state"] for t in tasks}
-        assert states["gate"] == states["trials"] == states["report"] == "success", states
-        resolved = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/resolve/xcomEntries/"
-                           "return_value")["value"]
+        resolved = finished_tuning(api, run_id)
+        assert resolved["pipeline"] == REFERENCE  # the form's default
         pipeline_run = resolved["run_id"]
 
         page.goto(f"{airflow}/dags/{DAG_ID}/runs/{run_id}")
@@ -161,17 +214,15 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         decision = api.get(f"/pipeline-gate/api/decisions?run_id={pipeline_run}")
         assert len(decision) == 1, decision
         decision = decision[0]
-        assert decision["version"] == resolved["version"]
+        assert (decision["version"], decision["pipeline"]) == (resolved["version"], REFERENCE)
         assert decision["thresholds"]["target_utilization"] == 0.05
         assert decision["passed"], decision["reasons"]
         summary = decision["figures"]["summary"]
         assert summary["trials"] == 3
-        page.get_by_role("button", name="Browse").click()
-        page.get_by_role("menuitem", name="Pipeline gate").click()
-        page.wait_for_url(f"{airflow}/plugin/pipeline-gate")
-        gate = page.frame_locator("iframe").first
+        gate = gate_frame(page, airflow)
         row = gate.locator(f'tr[data-run-id="{pipeline_run}"]')
         expect(row).to_be_visible()
+        expect(row.locator("td.pipeline")).to_have_text(REFERENCE)
         expect(row).to_contain_text(f"v{decision['version']} ({decision['name']})")
         expect(row).to_contain_text("passed")
         for check in decision["reasons"]:
@@ -183,7 +234,8 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         expect(row.locator("td.capacity")).to_contain_text(f"{summary['capacity_rps']['estimate']:.1f}")
         expect(row.locator("td.throughput")).to_contain_text(
             f"{summary['steady_throughput_rps']['estimate']:.2f}")
-        expect(gate.locator("#active-version")).to_contain_text(f"v{decision['version']}")
+        expect(gate.locator(f'#active-version li[data-pipeline="{REFERENCE}"]')).to_contain_text(
+            f"v{decision['version']}")
         for plot in ("completions.png", "requests_per_partition.png"):
             image = gate.locator(f'img[alt="{plot}"]')
             expect(image).to_be_visible()
@@ -205,29 +257,62 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
             page.reload()
             gate = page.frame_locator("iframe").first
             expected = other if target else decision["version"]
-            expect(gate.locator("#active-version")).to_contain_text(f"v{expected}")
+            expect(gate.locator(f'#active-version li[data-pipeline="{REFERENCE}"]')).to_contain_text(
+                f"v{expected}")
             expect(gate.locator("#promotions tbody tr").first).to_contain_text(reason)
         page.screenshot(path=SHOTS / "gate_rolled_back.png")
     except BaseException:
         page.screenshot(path=SHOTS / "failure.png")
         raise
-    finally:
-        if was_paused:
-            api.patch(f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 600)
+def test_pick_another_pipeline_in_the_form_and_find_its_decision(airflow: str, password: str, api: Api,
+                                                                  pause_kept: None, page: Any) -> None:
+    expect = playwright_api.expect
+    pipeline = "text_moderation"
+    try:
+        log_in(page, airflow, password)
+        run_id = trigger_from_the_form(page, airflow, "trigger_form_text_moderation.png", pipeline=pipeline)
+        resolved = finished_tuning(api, run_id)
+        assert api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")["conf"]["pipeline"] == pipeline
+        assert resolved["pipeline"] == pipeline and resolved["config"]["pipeline"] == pipeline
+
+        decisions = api.get(f"/pipeline-gate/api/decisions?pipeline={pipeline}&limit=500")
+        (decision,) = [d for d in decisions if d["run_id"] == resolved["run_id"]]
+        assert decision["passed"], decision["reasons"]
+        assert {d["pipeline"] for d in decisions} == {pipeline}
+
+        # The gate page: the decision under its pipeline's name, and the filter down to that pipeline.
+        gate = gate_frame(page, airflow)
+        row = gate.locator(f'tr[data-run-id="{resolved["run_id"]}"]')
+        expect(row.locator("td.pipeline")).to_have_text(pipeline)
+        expect(gate.locator(f'#active-version li[data-pipeline="{pipeline}"]')).to_contain_text(
+            f"v{resolved['version']}")
+        gate.locator("#pipeline-filter").get_by_role("link", name=pipeline, exact=True).click()
+        expect(row).to_be_visible()
+        expect(gate.locator("#decisions tbody tr").first).to_have_attribute("data-pipeline", pipeline)
+        expect(gate.locator(f'#decisions tbody tr:not([data-pipeline="{pipeline}"])')).to_have_count(0)
+        page.screenshot(path=SHOTS / "gate_page_text_moderation.png")
+    except BaseException:
+        page.screenshot(path=SHOTS / "failure_text_moderation.png")
+        raise
 
 
 def another_version(stack: Stack) -> int:
     """A registered version that is not active (registered here when there is none yet)."""
-    config = PipelineConfig(partitions=3).to_json()
-    rows = query(stack.database_url, "SELECT version FROM configurations WHERE config = %s::jsonb", config)
+    config = PipelineConfig(partitions=3)
+    rows = query(stack.database_url, "SELECT version FROM configurations WHERE config = %s::jsonb",
+                 config.to_json())
     if rows:
         return rows[0][0]
-    return query(stack.database_url, "INSERT INTO configurations (name, config, note) VALUES "
-                 "('ui-rollback', %s, 'rollback target of the UI test') RETURNING version", config)[0][0]
+    return query(stack.database_url, "INSERT INTO configurations (name, pipeline, config, note) VALUES "
+                 "('ui-rollback', %s, %s, 'rollback target of the UI test') RETURNING version",
+                 config.pipeline, config.to_json())[0][0]
 
 
-def rollback(gate: Any, version: int, reason: str) -> None:
-    """Fill in and submit the gate page's rollback form."""
-    gate.locator('#rollback-form select[name="version"]').select_option(str(version))
+def rollback(gate: Any, version: int, reason: str, pipeline: str = REFERENCE) -> None:
+    """Fill in and submit the gate page's rollback form (version 0: the one active before)."""
+    gate.locator('#rollback-form select[name="target"]').select_option(f"{pipeline}:{version}")
     gate.locator('#rollback-form input[name="reason"]').fill(reason)
     gate.locator("#rollback-button").click()

@@ -58,9 +58,9 @@ def test_figures_recomputed_from_the_database(stack: Stack, smoke: tuple[Path, d
     for name, s in summary["scenarios"].items():
         run = s["run_id"]
         # measure/figures.py: completed / (last terminal state - first produce); nothing is rejected
-        # or dead-lettered here, so the last terminal state is the last generation
+        # or dead-lettered here, so the last terminal state is the last completion
         done, span = query(db, "SELECT count(*) FILTER (WHERE status = 'completed'), extract(epoch FROM "
-                           "max(generated_at) - min(produced_at)) FROM requests WHERE run_id = %s", run)[0]
+                           "max(finished_at) - min(produced_at)) FROM requests WHERE run_id = %s", run)[0]
         assert s["completed"] == done, name
         assert s["throughput_rps"] == pytest.approx(done / float(span), abs=0.001)
         terminal = scalar(db, "SELECT count(*) FROM requests WHERE run_id = %s AND status IN "

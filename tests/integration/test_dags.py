@@ -1,6 +1,6 @@
 """DAG tests: every DAG loads with the metadata users rely on, the forms reject bad input, the
-smoke DAG, the tuning DAG (candidates, and the active version re-measured) and the rollback DAG
-run against the real stack."""
+smoke DAG, the tuning DAG (candidates of two pipelines, the active version re-measured, a broken
+spec refused before anything is provisioned) and the rollback DAG run against the real stack."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from consumers import pipeline_spec
 from tests.integration.pipeline_fixtures import query
-from tests.stack import REPO, DagTestRun, Stack
+from tests.stack import REPO, DagTestRun, Stack, unique
 
 DAG_FILES = sorted(p for p in (REPO / "dags").glob("*.py") if not p.name.startswith("_"))
 
@@ -50,6 +52,8 @@ def test_every_dag_has_owner_tags_retries_docs_and_described_typed_params(dag_ba
     ("kafka_provision_topics", "target_rps", -5, "less than or equal to the minimum"),
     ("kafka_provision_topics", "profile", "fastest", "is not one of"),
     ("pipeline_tuning", "candidate", "greedy", "is not one of"),
+    ("pipeline_tuning", "pipeline", "genai_video", "is not one of"),
+    ("kafka_provision_topics", "pipeline", "", "is not one of"),
     ("pipeline_tuning", "time_scale", 0, "less than or equal to the minimum"),
     ("pipeline_tuning", "burst", "many", "is not of type 'integer'"),
     ("pipeline_tuning", "trials", 1, "less than the minimum of 2"),
@@ -77,17 +81,26 @@ def tuning_conf(candidate: str, **extra: object) -> str:
                        "time_scale": 0.05, "trials": 2, **extra})
 
 
-def decision_of(stack: Stack, run: DagTestRun) -> tuple:
-    """The gate decision of one DAG run (its pipeline run id starts with the logical date)."""
-    rows = query(stack.database_url, "SELECT d.id, d.candidate, c.name, d.passed, d.reasons, d.figures "
-                 "FROM gate_decisions d JOIN configurations c ON c.version = d.candidate "
+# A gate a good candidate passes on the loaded test machine: three trials (the 95% t-interval of
+# two, df = 1, t = 12.7, is too wide to clear any target on a machine whose load moves the
+# throughput from one trial to the next), a low target, a wide tolerance.
+PASSABLE = {"trials": 3, "target_utilization": 0.05, "tolerance": 0.9}
+
+
+def decision_of(stack: Stack, run: DagTestRun, pipeline: str = pipeline_spec.REFERENCE) -> tuple:
+    """The gate decision of one DAG run (its pipeline run id starts with the logical date), of a
+    candidate of `pipeline`."""
+    rows = query(stack.database_url, "SELECT d.id, d.candidate, c.name, d.passed, d.reasons, d.figures, "
+                 "c.pipeline FROM gate_decisions d JOIN configurations c ON c.version = d.candidate "
                  "WHERE d.run_id LIKE %s", f"tuning-{run.ts_nodash.lower()}-%")
     assert len(rows) == 1, rows
-    return rows[0]
+    assert rows[0][-1] == pipeline
+    return rows[0][:-1]
 
 
-def active_version(stack: Stack) -> int | None:
-    rows = query(stack.database_url, "SELECT version FROM configurations WHERE active")
+def active_version(stack: Stack, pipeline: str = pipeline_spec.REFERENCE) -> int | None:
+    rows = query(stack.database_url, "SELECT version FROM configurations WHERE active AND pipeline = %s",
+                 pipeline)
     return rows[0][0] if rows else None
 
 
@@ -100,10 +113,7 @@ def test_tuning_measures_trials_promotes_a_good_candidate_and_rejects_a_poor_one
     # candidate gets a target and tolerance the loaded test machine meets; the poor one is held
     # to the defaults, and to the good one measured here.
     before = active_version(stack)
-    # Three trials: the 95% t-interval of two (df = 1, t = 12.7) is too wide to clear any target
-    # on a machine whose load moves the throughput from one trial to the next.
-    good = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", trials=3, target_utilization=0.05,
-                                                             tolerance=0.9))
+    good = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", **PASSABLE))
     assert good.state == "success", good.output[-6000:]
     _, version, name, passed, reasons, figures = decision_of(stack, good)
     assert (name, passed) == ("flow", True), reasons
@@ -153,10 +163,56 @@ def test_re_measuring_the_active_version_compares_with_its_history_and_raises_an
     assert active_version(stack) == version  # an alarm, not a rollback
 
 
+def test_tuning_measures_and_promotes_a_candidate_of_another_pipeline(stack: Stack) -> None:
+    reference_active = active_version(stack)
+    run = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", pipeline="text_moderation", **PASSABLE))
+    assert run.state == "success", run.output[-6000:]
+    _, version, name, passed, reasons, figures = decision_of(stack, run, "text_moderation")
+    assert (name, passed) == ("flow", True), reasons
+    if figures["reference"]:  # compared only with text_moderation's active version
+        assert query(stack.database_url, "SELECT pipeline FROM configurations WHERE version = %s",
+                     figures["reference"]["version"]) == [("text_moderation",)]
+    for trial in figures["trials"]:
+        assert trial["produced"] == trial["completed"] == 160
+        skew = query(stack.database_url, "SELECT records FROM analysis_skew WHERE topic = %s",
+                     f"{trial['run_id']}.texts")  # text_moderation's measured topic
+        assert skew and skew[0][0] == 160, skew
+        completing = query(stack.database_url, "SELECT count(*) FROM stage_results WHERE run_id = %s "
+                           "AND stage = 'join'", trial["run_id"])
+        assert completing == [(160,)]
+    assert active_version(stack, "text_moderation") == version
+    assert active_version(stack) == reference_active  # each pipeline keeps its own active version
+
+
+def test_a_broken_spec_is_refused_before_anything_is_provisioned(stack: Stack, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    for source in pipeline_spec.PIPELINES_DIR.glob("*.yaml"):
+        (tmp_path / source.name).write_text(source.read_text())
+    spec = yaml.safe_load((tmp_path / "text_moderation.yaml").read_text())
+    spec["stages"]["moderate"]["routes"][0]["to"] = "summaries"  # not a declared topic
+    (tmp_path / "text_moderation.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    monkeypatch.setenv("PIPELINES_DIR", str(tmp_path))  # run_dag's `airflow dags test` reads it
+    versions = query(stack.database_url, "SELECT count(*) FROM configurations")
+
+    tuning = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", pipeline="text_moderation"))
+    prefix = unique("refused")
+    provisioning = stack.run_dag("kafka_provision_topics", conf=json.dumps(
+        {"pipeline": "text_moderation", "prefix": prefix}))
+
+    for run in (tuning, provisioning):
+        assert run.state == "failed"
+        refusal = "stages.moderate.routes.0.to: topic 'summaries' is not declared"
+        assert refusal in run.output, run.output[-4000:]
+    topics = stack.connection.admin().list_topics(timeout=30).topics
+    made = [t for t in topics if t.startswith((f"tuning-{tuning.ts_nodash.lower()}", prefix))]
+    assert made == []
+    assert query(stack.database_url, "SELECT count(*) FROM configurations") == versions  # none registered
+
+
 def test_rollback_dag_activates_a_version_and_back_with_the_reason(stack: Stack) -> None:
     active = active_version(stack)
-    other = query(stack.database_url, "SELECT version FROM configurations WHERE NOT active ORDER BY version "
-                  "DESC LIMIT 1")[0][0]
+    other = query(stack.database_url, "SELECT version FROM configurations WHERE NOT active "
+                  "AND pipeline = %s ORDER BY version DESC LIMIT 1", pipeline_spec.REFERENCE)[0][0]
     run = stack.run_dag("pipeline_rollback", conf=json.dumps({"version": other, "reason": "dag test: away"}))
     assert run.state == "success", run.output[-4000:]
     assert active_version(stack) == other
@@ -170,6 +226,10 @@ def test_rollback_dag_activates_a_version_and_back_with_the_reason(stack: Stack)
 
     refused = stack.run_dag("pipeline_rollback", conf=json.dumps({"version": active, "reason": "no-op"}))
     assert refused.state == "failed" and "already active" in refused.output
+    elsewhere = stack.run_dag("pipeline_rollback", conf=json.dumps(
+        {"pipeline": "text_moderation", "version": other, "reason": "the wrong pipeline"}))
+    assert elsewhere.state == "failed", elsewhere.output[-4000:]
+    assert f"version {other} is a configuration of genai_image, not of text_moderation" in elsewhere.output
 
 
 def test_capacity_dag_runs_steps_and_keeps_the_result_beside_the_configuration(stack: Stack) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from consumers import events, metrics
+from consumers import metrics
 from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
@@ -47,17 +47,18 @@ def waited(reason: str) -> float:
 def test_copies_of_a_request_sent_back_to_back_call_each_ai_once(stack: Stack, ai: AIService) -> None:
     requests = 20
     config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
-                            check=StageConfig("flow", members=1, window=16),
-                            generate=StageConfig("flow", members=1, window=16))
+                            stages={"check": StageConfig("flow", members=1, window=16),
+                                    "generate": StageConfig("flow", members=1, window=16)})
     ai.reset()
     with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints,
                           stages=("check", "generate")) as pipeline:
         producer = KeyedProducer(stack.connection, key_strategy="uuid")
         ids = [str(uuid.uuid4()) for _ in range(requests)]
         for request_id in ids:
-            event = events.style_event(pipeline.run_id, request_id, "minimal", "a poster")
+            event = {"request_id": request_id, "run_id": pipeline.run_id, "style": "minimal",
+                     "description": "a poster", "produced_at": time.time()}
             for _ in range(2):  # the same event twice, on different partitions (fresh UUID keys)
-                producer.send(pipeline.topics.style, event)
+                producer.send(pipeline.topics.name("style"), event)
         producer.close()
         deadline = time.monotonic() + 60
         while scalar(stack.database_url, "SELECT count(*) FROM stage_results WHERE run_id = %s AND "
@@ -78,8 +79,8 @@ def test_copies_of_a_request_sent_back_to_back_call_each_ai_once(stack: Stack, a
 def test_a_database_outage_is_waited_out_and_nothing_is_dead_lettered(stack: Stack, ai: AIService) -> None:
     count, rate, outage_s = 240, 30.0, 6.0
     config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
-                            check=StageConfig("flow", members=1, window=16),
-                            generate=StageConfig("flow", members=2, window=8))
+                            stages={"check": StageConfig("flow", members=1, window=16),
+                                    "generate": StageConfig("flow", members=2, window=8)})
     ai.reset()
     waited_before = waited("database_unavailable")
     with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:

@@ -1,4 +1,5 @@
-"""The request pipeline against the real broker, PostgreSQL and the AI stand-in over HTTP."""
+"""The pipelines against the real broker, PostgreSQL and the AI stand-in over HTTP: the reference
+pipeline's behaviours one by one, and the text moderation pipeline's fan-out and join."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import Consumer
 
+from consumers import events
 from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
@@ -45,14 +47,14 @@ def run_burst(stack: Stack, ai: AIService, config: PipelineConfig, count: int,
         counts = pipeline.wait_terminal(count, timeout_s=180)
         finished = time.time()
     return BurstRun(pipeline.run_id, counts, ai.stats(), started, finished, config.partitions,
-                    config.generate.members, config.generate.window)
+                    config.stage("generate").members, config.stage("generate").window)
 
 
 @pytest.fixture(scope="module")
 def flow_run(stack: Stack, ai: AIService) -> BurstRun:
     config = PipelineConfig(partitions=8, time_scale=TIME_SCALE, replication_factor=1,
-                            check=StageConfig("flow", members=1, window=16),
-                            generate=StageConfig("flow", members=2, window=8))
+                            stages={"check": StageConfig("flow", members=1, window=16),
+                                    "generate": StageConfig("flow", members=2, window=8)})
     return run_burst(stack, ai, config, BURST)
 
 
@@ -103,8 +105,8 @@ def test_flow_has_no_rebalance_after_initial_assignment(stack: Stack, flow_run: 
 
 def test_bounded_has_no_rebalance_after_initial_assignment(stack: Stack, ai: AIService) -> None:
     config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
-                            check=StageConfig("bounded", members=4, batch_size=2),
-                            generate=StageConfig("bounded", members=4, batch_size=2))
+                            stages={"check": StageConfig("bounded", members=4, batch_size=2),
+                                    "generate": StageConfig("bounded", members=4, batch_size=2)})
     run = run_burst(stack, ai, config, 120)
     assert run.counts.get("completed", 0) + run.counts.get("rejected", 0) == 120
     assert rebalances_during_load(stack, run, ".generate") == 0
@@ -116,8 +118,8 @@ def test_baseline_long_batch_is_expelled_and_reconsumed(stack: Stack, ai: AIServ
     # max.poll.interval.ms (300 s x 0.02 = 6 s).
     config = PipelineConfig(partitions=2, time_scale=TIME_SCALE, replication_factor=1,
                             key_strategy="none", profile="latency",
-                            check=StageConfig("flow", members=1, window=32),
-                            generate=StageConfig("baseline", members=2))
+                            stages={"check": StageConfig("flow", members=1, window=32),
+                                    "generate": StageConfig("baseline", members=2)})
     run = run_burst(stack, ai, config, 300, reject_share=0.0)
     assert run.counts.get("completed", 0) == 300, run.counts
     events = dict(query(stack.database_url, "SELECT event, count(*) FROM rebalance_events WHERE "
@@ -148,26 +150,26 @@ def test_bad_input_is_dead_lettered_and_the_partition_moves_on(stack: Stack, ai:
     with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
         producer = pipeline.fleets["check"].producer
         for value in bad.values():
-            producer.send(pipeline.topics.style, value=value, partition=0).result(10)
+            producer.send(pipeline.topics.name("style"), value=value, partition=0).result(10)
         valid = pipeline.send(1)  # lands on either partition; partition 0 checked below
         for value in bad.values():
-            producer.send(pipeline.topics.style, value=value, partition=0).result(10)
-        producer.send(pipeline.topics.style, value=_style_for(valid.request_ids[0], pipeline.run_id),
+            producer.send(pipeline.topics.name("style"), value=value, partition=0).result(10)
+        producer.send(pipeline.topics.name("style"), value=_style_for(valid.request_ids[0], pipeline.run_id),
                       partition=0).result(10)
         counts = pipeline.wait_terminal(1, timeout_s=60)
         dead = _read_dead_letters(stack.connection, pipeline.topics.dead_letter, 2 * len(bad))
     assert counts == {"completed": 1}
     assert sorted(h["reason"] for h in dead) == sorted(list(bad) * 2)
-    assert all(h["source_topic"] == pipeline.topics.style and h["source_partition"] == "0" for h in dead)
+    style = pipeline.topics.name("style")
+    assert all(h["source_topic"] == style and h["source_partition"] == "0" for h in dead)
     rows = query(stack.database_url, "SELECT split_part(reason, ':', 1), count(*) FROM dead_letters "
                  "WHERE run_id = %s GROUP BY 1", pipeline.run_id)
     assert dict(rows) == dict.fromkeys(bad, 2)
 
 
 def _style_for(request_id: str, run_id: str) -> bytes:
-    from consumers import events
-
-    return events.encode(events.style_event(run_id, request_id, "minimal", "slides again"))
+    return events.encode({"request_id": request_id, "run_id": run_id, "style": "minimal",
+                          "description": "slides again", "produced_at": time.time()})
 
 
 def _read_dead_letters(kafka: KafkaConnection, topic: str, expected: int) -> list[dict[str, str]]:
@@ -220,8 +222,8 @@ def test_uuid_keys_reach_every_partition_and_no_keys_concentrate(stack: Stack, a
 
 def test_graceful_shutdown_under_load_loses_and_duplicates_nothing(stack: Stack, ai: AIService) -> None:
     config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
-                            check=StageConfig("flow", members=1, window=8),
-                            generate=StageConfig("flow", members=1, window=4))
+                            stages={"check": StageConfig("flow", members=1, window=8),
+                                    "generate": StageConfig("flow", members=1, window=4)})
     with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
         pipeline.send(200)
         time.sleep(1.0)
@@ -236,3 +238,56 @@ def test_graceful_shutdown_under_load_loses_and_duplicates_nothing(stack: Stack,
                         "ai_attempts WHERE run_id = %s AND outcome = 'ok' GROUP BY 1, 2 "
                         "HAVING count(*) > 1) d", run_id)
     assert duplicates == 0
+
+
+TEXTS = 160
+
+
+@pytest.fixture(scope="module")
+def text_run(stack: Stack, ai: AIService) -> tuple[str, dict[str, int], dict]:
+    """A burst through text_moderation: a share of posts blocked, the rest summarised and
+    classified in parallel and joined."""
+    config = PipelineConfig(pipeline="text_moderation", partitions=8, time_scale=TIME_SCALE,
+                            replication_factor=1)
+    ai.reset()
+    with running_pipeline(config, stack.kafka, stack.database_url,
+                          ai.endpoints_of("text_moderation")) as pipeline:
+        pipeline.send(TEXTS, reject_share=0.2)
+        counts = pipeline.wait_terminal(TEXTS, timeout_s=180)
+    return pipeline.run_id, counts, ai.stats()
+
+
+def test_text_moderation_blocks_or_joins_both_answers_of_every_post(
+        stack: Stack, text_run: tuple[str, dict[str, int], dict]) -> None:
+    run_id, counts, _ = text_run
+    assert counts.get("completed", 0) + counts.get("rejected", 0) == TEXTS, counts
+    assert 0 < counts.get("rejected", 0) < TEXTS / 2, counts  # about a fifth are spam
+    results = dict(query(stack.database_url, "SELECT stage, count(*) FROM stage_results "
+                         "WHERE run_id = %s GROUP BY stage", run_id))
+    allowed = counts["completed"]
+    assert results == {"moderate": TEXTS, "summarize": allowed, "classify": allowed, "join": allowed}
+    kept = query(stack.database_url, "SELECT fields->>'summary', fields->>'labels', fields->>'author' "
+                 "FROM requests WHERE run_id = %s AND status = 'completed'", run_id)
+    assert len(kept) == allowed
+    assert all(summary.startswith("summary of ") and labels == "news,product" and author
+               for summary, labels, author in kept)
+    unnotified = scalar(stack.database_url, "SELECT count(*) FROM requests WHERE run_id = %s "
+                        "AND notified_at IS NULL", run_id)
+    assert unnotified == 0
+
+
+def test_text_moderation_calls_each_model_once_per_post_and_the_two_in_parallel(
+        stack: Stack, text_run: tuple[str, dict[str, int], dict]) -> None:
+    run_id, counts, stats = text_run
+    calls = dict(query(stack.database_url, "SELECT stage, count(*) FROM ai_attempts WHERE run_id = %s "
+                       "AND outcome = 'ok' GROUP BY stage", run_id))
+    assert calls == {"moderate": TEXTS, "summarize": counts["completed"], "classify": counts["completed"]}
+    assert all(stats[name]["duplicate_served"] == 0 for name in ("moderate", "summarize", "classify"))
+    assert stats["summarize"]["served"] == counts["completed"]
+    # Fan-out: for most allowed posts the two calls overlap in time.
+    overlapping = scalar(stack.database_url, """
+        SELECT count(*) FROM ai_attempts s JOIN ai_attempts c USING (pipeline, request_id)
+        WHERE s.run_id = %s AND s.stage = 'summarize' AND c.stage = 'classify'
+          AND s.outcome = 'ok' AND c.outcome = 'ok'
+          AND s.started_at < c.ended_at AND c.started_at < s.ended_at""", run_id)
+    assert overlapping >= counts["completed"] // 2, overlapping

@@ -1,6 +1,6 @@
 """The configuration registry against the test stack's PostgreSQL, in a database of its own per
 test (migrated from infra/migrations), so activations here never touch the version the DAG
-tests rely on."""
+tests rely on. Each pipeline has its own active version."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import psycopg2
 import pytest
 
 from consumers.pipeline_config import PipelineConfig
+from consumers.pipeline_spec import REFERENCE
 from infra.migrate import migrate
 from pipeline_ops.registry import ConfigRegistry
 from tests.stack import Stack
@@ -41,8 +42,9 @@ def registry(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> Iterator[ConfigRe
         _admin(stack, f"DROP DATABASE {name} WITH (FORCE)")
 
 
-def versions(registry: ConfigRegistry, count: int) -> list[int]:
-    return [registry.register(f"c{i}", PipelineConfig(partitions=i + 1)) for i in range(count)]
+def versions(registry: ConfigRegistry, count: int, pipeline: str = REFERENCE) -> list[int]:
+    return [registry.register(f"c{i}", PipelineConfig(pipeline=pipeline, partitions=i + 1))
+            for i in range(count)]
 
 
 def actions(registry: ConfigRegistry) -> list[tuple[str, int, int | None, str]]:
@@ -64,7 +66,7 @@ def test_promoting_the_active_version_again_is_a_no_op(registry: ConfigRegistry)
     assert registry.activate(v2, "promote") == v1
     assert registry.activate(v2, "promote", "nightly-run") == v2  # already active: nothing logged
     assert actions(registry) == [("promote", v1, None, ""), ("promote", v2, v1, "")]
-    assert registry.active().version == v2
+    assert registry.active(REFERENCE).version == v2
 
 
 def test_rollback_after_a_re_promotion_returns_to_the_previous_version(registry: ConfigRegistry) -> None:
@@ -72,8 +74,8 @@ def test_rollback_after_a_re_promotion_returns_to_the_previous_version(registry:
     registry.activate(v1, "promote")
     registry.activate(v2, "promote")
     registry.activate(v2, "promote")  # the nightly run re-promotes the active version
-    assert registry.rollback(reason="v2 is slower since the upgrade") == (v2, v1)
-    assert registry.active().version == v1
+    assert registry.rollback(REFERENCE, reason="v2 is slower since the upgrade") == (v2, v1)
+    assert registry.active(REFERENCE).version == v1
     assert actions(registry)[-1] == ("rollback", v1, v2, "v2 is slower since the upgrade")
 
 
@@ -81,8 +83,8 @@ def test_rollback_to_a_named_version_and_back(registry: ConfigRegistry) -> None:
     v1, v2, v3 = versions(registry, 3)
     for v in (v1, v2, v3):
         registry.activate(v, "promote")
-    assert registry.rollback(v1, "back to the first") == (v3, v1)
-    assert registry.rollback() == (v1, v3)  # undo: v1 was activated from v3
+    assert registry.rollback(REFERENCE, v1, "back to the first") == (v3, v1)
+    assert registry.rollback(REFERENCE) == (v1, v3)  # undo: v1 was activated from v3
     assert [a[:3] for a in actions(registry)] == [("promote", v1, None), ("promote", v2, v1),
                                                   ("promote", v3, v2), ("rollback", v1, v3),
                                                   ("rollback", v3, v1)]
@@ -90,16 +92,39 @@ def test_rollback_to_a_named_version_and_back(registry: ConfigRegistry) -> None:
 
 def test_rollback_refuses_what_it_cannot_do(registry: ConfigRegistry) -> None:
     (v1,) = versions(registry, 1)
-    with pytest.raises(ValueError, match="no version is active"):
-        registry.rollback()
+    with pytest.raises(ValueError, match="no version of genai_image is active"):
+        registry.rollback(REFERENCE)
     registry.activate(v1, "promote")
     with pytest.raises(ValueError, match=f"version {v1} has no predecessor"):
-        registry.rollback()
+        registry.rollback(REFERENCE)
     with pytest.raises(ValueError, match="already active"):
-        registry.rollback(v1)
+        registry.rollback(REFERENCE, v1)
     with pytest.raises(ValueError, match="no configuration version 42"):
-        registry.rollback(42)
+        registry.rollback(REFERENCE, 42)
     assert actions(registry) == [("promote", v1, None, "")]
+
+
+def test_each_pipeline_has_its_own_active_version(registry: ConfigRegistry) -> None:
+    g1, g2 = versions(registry, 2)
+    (t1,) = versions(registry, 1, "text_moderation")
+    assert registry.get(t1).pipeline == "text_moderation" and t1 not in (g1, g2)  # same settings
+    registry.activate(g1, "promote")
+    assert registry.activate(t1, "promote") is None  # nothing of text_moderation was active
+    registry.activate(g2, "promote")
+    assert (registry.active(REFERENCE).version, registry.active("text_moderation").version) == (g2, t1)
+    assert [(a["pipeline"], a["version"]) for a in registry.actives()] == [(REFERENCE, g2),
+                                                                           ("text_moderation", t1)]
+    assert registry.pipelines() == [REFERENCE, "text_moderation"]
+    assert {v["version"]: v["pipeline"] for v in registry.versions()} == {
+        g1: REFERENCE, g2: REFERENCE, t1: "text_moderation"}
+
+    with pytest.raises(ValueError, match=f"version {g1} is a configuration of genai_image, not of text_mod"):
+        registry.rollback("text_moderation", g1)
+    with pytest.raises(ValueError, match="not of genai_image"):
+        registry.get(t1, REFERENCE)
+    assert registry.rollback(REFERENCE) == (g2, g1)
+    assert registry.active("text_moderation").version == t1  # untouched by the other pipeline's rollback
+    assert [h["pipeline"] for h in registry.history()] == [REFERENCE, REFERENCE, "text_moderation", REFERENCE]
 
 
 def decision(registry: ConfigRegistry, version: int, passed: bool, steady: list[float],
@@ -140,4 +165,5 @@ def test_capacity_searches_are_kept_beside_the_configuration(registry: ConfigReg
     (got,) = registry.capacity_searches()
     assert (got["id"], got["version"], got["name"], got["max_sustainable_rps"], got["ai_capacity_rps"]) == (
         search, v1, "c0", 49.2, 51.0)
+    assert got["pipeline"] == REFERENCE
     assert (got["objective"], got["steps"]) == ({"p99_s": 1.5}, steps)

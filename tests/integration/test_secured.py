@@ -29,8 +29,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from consumers.events import STAGES, Topics
-from consumers.kafka_connection import ROLES
+from consumers import pipeline_spec
+from consumers.events import Topics
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
 from infra.layout import Layout
@@ -41,6 +41,9 @@ from tests.stack import REPO, Stack
 BURST = 120
 # What the secured tests printed or wrote outside the stack's own logs (grepped last).
 OUTPUTS: list[str] = []
+
+REFERENCE = pipeline_spec.load("genai_image")
+ROLES = pipeline_spec.roles()
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +68,12 @@ def secured_run(secure: Stack, ai: AIService) -> Topics:
     access = secure.kafka
     # Guard: a run as the admin everywhere would pass without testing any ACL.
     assert {role: access.of(role).principal for role in ROLES} == {r: f"User:{r}" for r in ROLES}
+    assert set(ROLES) >= {"source", *REFERENCE.stages}
     assert access.default.principal == "User:admin" and secure.brokers == 3
     config = PipelineConfig(partitions=6, time_scale=TIME_SCALE, replication_factor=3,
-                            intake=StageConfig("flow", members=1, window=16),
-                            check=StageConfig("flow", members=1, window=16),
-                            generate=StageConfig("flow", members=2, window=8))
+                            stages={"intake": StageConfig("flow", members=1, window=16),
+                                    "check": StageConfig("flow", members=1, window=16),
+                                    "generate": StageConfig("flow", members=2, window=8)})
     ai.reset()
     with running_pipeline(config, access, secure.database_url, ai.endpoints) as pipeline:
         pipeline.send(BURST, reject_share=0.1)
@@ -92,7 +96,7 @@ def test_the_reference_pipeline_runs_end_to_end_under_least_privilege(secure: St
     assert stats["generate"]["served"] == results["generate"] and stats["generate"]["duplicate_served"] == 0
     # Each role holds exactly the grants it was given for this run, as the broker reports them.
     admin = secure.connection.admin()
-    for role in ROLES:
+    for role in ("source", *REFERENCE.stages):
         found = admin.describe_acls(AclBindingFilter(
             ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{role}", None, AclOperation.ANY,
             AclPermissionType.ANY), request_timeout=30).result()
@@ -206,7 +210,7 @@ def test_pipeline_tuning_succeeds_on_the_secured_stack(secure: Stack) -> None:
         ResourceType.GROUP, None, ResourcePatternType.ANY, None, None, AclOperation.READ,
         AclPermissionType.ALLOW), request_timeout=30).result()
     assert {(b.name, b.principal) for b in acls if b.name.startswith(f"{trial}.")} == {
-        (f"{trial}.{stage}", f"User:{stage}") for stage in STAGES}
+        (f"{trial}.{stage}", f"User:{stage}") for stage in REFERENCE.stages}
 
 
 def secrets_of(env: dict[str, str]) -> set[str]:

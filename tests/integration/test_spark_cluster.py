@@ -36,8 +36,8 @@ def cluster_stack(stack: Stack) -> Stack:
 def run_id(cluster_stack: Stack) -> str:
     """A small flow run whose topics and rows the jobs analyse."""
     config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
-                            check=StageConfig("flow", members=1, window=8),
-                            generate=StageConfig("flow", members=1, window=8))
+                            stages={"check": StageConfig("flow", members=1, window=8),
+                                    "generate": StageConfig("flow", members=1, window=8)})
     with ai_service() as ai, running_pipeline(config, cluster_stack.kafka, cluster_stack.database_url,
                                               ai.endpoints) as pipeline:
         pipeline.send(BURST, reject_share=0.1)

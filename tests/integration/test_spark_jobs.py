@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 
 from bench import figures as bench_figures
-from consumers import datagen
+from consumers import datagen, pipeline_spec
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import running_pipeline
@@ -140,6 +140,8 @@ def test_partition_load_time_window(stack: Stack, spark: SparkSession, skewed_to
 # --- pipeline analysis ------------------------------------------------------------------------
 
 BASE = datetime(2030, 1, 1, tzinfo=UTC)
+PIPELINE = pipeline_spec.REFERENCE
+ENTRIES = len(pipeline_spec.load(PIPELINE).entry_stages)  # both entry stages took every request
 
 
 def at(seconds: float | None) -> datetime | None:
@@ -158,40 +160,42 @@ def insert_run(cur, run_id: str) -> None:
         generated = None if rejected else checked + rng.uniform(1.5, 4.5)
         notified = None if generated is None or i % 7 == 0 else generated + rng.uniform(0.01, 0.2)
         status = "rejected" if rejected else "completed"
-        cur.execute("INSERT INTO requests (request_id, run_id, user_id, object_id, status, produced_at, "
-                    "checked_at, generated_at, notified_at) "
-                    "VALUES (%s, %s, 'u', 'o', %s, %s, %s, %s, %s)",
-                    (rid, run_id, status, at(produced), at(checked), at(generated), at(notified)))
+        finished = checked if rejected else generated
+        cur.execute("INSERT INTO requests (pipeline, request_id, run_id, fields, status, entries, "
+                    "produced_at, finished_at, notified_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    (PIPELINE, rid, run_id, json.dumps({"user_id": "u", "object_id": "o"}), status, ENTRIES,
+                     at(produced), at(finished), at(notified)))
         stages = [("check", produced, checked, "rejected" if rejected else "ok")]
         if generated is not None:
             stages.append(("generate", checked, generated, "ok"))
         for offset, (stage, start, end, outcome) in enumerate(stages):
-            cur.execute("INSERT INTO stage_results (request_id, stage, run_id, outcome, member, topic, "
-                        "kafka_partition, kafka_offset, completed_at) "
-                        "VALUES (%s, %s, %s, %s, %s, 't', 0, %s, %s)",
-                        (rid, stage, run_id, outcome, member, i * 2 + offset, at(end)))
+            cur.execute("INSERT INTO stage_results (pipeline, request_id, stage, run_id, outcome, member, "
+                        "topic, kafka_partition, kafka_offset, completed_at) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, 't', 0, %s, %s)",
+                        (PIPELINE, rid, stage, run_id, outcome, member, i * 2 + offset, at(end)))
             calls = [(member, "ok", start, end)]
             if i % 8 == 0:
                 calls.insert(0, (member, "error", start - 0.3, start - 0.1))
             if i % 6 == 0 and stage == "generate":
                 calls.append((members[(i + 1) % 3], "ok", start + 0.05, end + rng.uniform(-0.5, 0.5)))
             for attempt, (who, result, began, ended) in enumerate(calls, start=1):
-                cur.execute("INSERT INTO ai_attempts (run_id, request_id, stage, attempt, member, topic, "
-                            "kafka_partition, kafka_offset, started_at, ended_at, outcome) "
-                            "VALUES (%s, %s, %s, %s, %s, 't', 0, 0, %s, %s, %s)",
-                            (run_id, rid, stage, attempt, who, at(began), at(ended), result))
+                cur.execute("INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, "
+                            "topic, kafka_partition, kafka_offset, started_at, ended_at, outcome) "
+                            "VALUES (%s, %s, %s, %s, %s, %s, 't', 0, 0, %s, %s, %s)",
+                            (PIPELINE, run_id, rid, stage, attempt, who, at(began), at(ended), result))
     # a request dead-lettered last (its dead letter ends the run), one still in flight (lost),
     # and a generate call cut short by a crash before the takeover's call (a duplicate)
-    cur.execute("INSERT INTO requests (request_id, run_id, status, produced_at) VALUES "
-                "(%s, %s, 'dead_lettered', %s), (%s, %s, 'checking', %s)",
-                (f"{run_id}-dl", run_id, at(1.0), f"{run_id}-open", run_id, at(2.0)))
-    cur.execute("INSERT INTO dead_letters (run_id, request_id, stage, reason, source_topic, kafka_partition, "
-                "kafka_offset, at) VALUES (%s, %s, 'check', 'http_4xx', %s, 0, 0, %s)",
-                (run_id, f"{run_id}-dl", f"{run_id}.style", at(12.5)))
-    cur.execute("INSERT INTO ai_attempts (run_id, request_id, stage, attempt, member, topic, "
+    cur.execute("INSERT INTO requests (pipeline, request_id, run_id, status, entries, produced_at) VALUES "
+                "(%s, %s, %s, 'dead_lettered', %s, %s), (%s, %s, %s, 'checking', %s, %s)",
+                (PIPELINE, f"{run_id}-dl", run_id, ENTRIES, at(1.0),
+                 PIPELINE, f"{run_id}-open", run_id, ENTRIES, at(2.0)))
+    cur.execute("INSERT INTO dead_letters (pipeline, run_id, request_id, stage, reason, source_topic, "
+                "kafka_partition, kafka_offset, at) VALUES (%s, %s, %s, 'check', 'http_4xx', %s, 0, 0, %s)",
+                (PIPELINE, run_id, f"{run_id}-dl", f"{run_id}.style", at(12.5)))
+    cur.execute("INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
                 "kafka_partition, kafka_offset, started_at, ended_at, outcome) "
-                "VALUES (%s, %s, 'generate', 9, 'm2', 't', 0, 0, %s, NULL, 'started')",
-                (run_id, f"{run_id}-r1", at(0.5)))
+                "VALUES (%s, %s, %s, 'generate', 9, 'm2', 't', 0, 0, %s, NULL, 'started')",
+                (PIPELINE, run_id, f"{run_id}-r1", at(0.5)))
     events = [("g-main", "m0", "revoke", 3.0), ("g-main", "m1", "revoke", 3.1),
               ("g-main", "m0", "assign", 3.9), ("g-main", "m1", "assign", 4.0),
               ("g-main", "m2", "max_poll_exceeded", 5.9), ("g-main", "m2", "lost", 6.0),
@@ -237,11 +241,10 @@ def sql_figures(cur, run_id: str, bucket: int) -> dict:
     cur.execute("SELECT count(*) FROM requests WHERE run_id = %s", (run_id,))
     figures["requests"] = cur.fetchone()[0]
     cur.execute("SELECT count(*) FILTER (WHERE status = 'completed'), extract(epoch FROM greatest("
-                "max(generated_at) FILTER (WHERE status = 'completed'), "
-                "max(checked_at) FILTER (WHERE status = 'rejected'), "
-                "(SELECT max(at) FROM dead_letters WHERE request_id IN (SELECT request_id FROM requests "
-                "WHERE run_id = %s AND status = 'dead_lettered'))) - min(produced_at))::float8 "
-                "FROM requests WHERE run_id = %s", (run_id, run_id))
+                "max(finished_at) FILTER (WHERE status IN ('completed', 'rejected')), "
+                "(SELECT max(at) FROM dead_letters WHERE (pipeline, request_id) IN (SELECT pipeline, "
+                "request_id FROM requests WHERE run_id = %s AND status = 'dead_lettered'))) "
+                "- min(produced_at))::float8 FROM requests WHERE run_id = %s", (run_id, run_id))
     figures["completed"], figures["span_s"] = cur.fetchone()
     cur.execute("SELECT stage, floor(extract(epoch FROM completed_at) / %s)::bigint * %s, count(*) "
                 "FROM stage_results WHERE run_id = %s GROUP BY 1, 2 ORDER BY 1, 2", (bucket, bucket, run_id))
@@ -250,7 +253,7 @@ def sql_figures(cur, run_id: str, bucket: int) -> dict:
         figures["completions"].setdefault(stage, []).append(
             {"bucket_start": datetime.fromtimestamp(start, UTC).isoformat(), "completions": n})
     figures["end_to_end"] = {}
-    for measure in ("generated", "notified"):
+    for measure in ("finished", "notified"):
         cur.execute(f"SELECT count(*), percentile_cont({q}) WITHIN GROUP "
                     f"(ORDER BY extract(epoch FROM {measure}_at - produced_at)) FROM requests "
                     f"WHERE run_id = %s AND status = 'completed' AND {measure}_at IS NOT NULL "
@@ -356,7 +359,7 @@ def spark_document(stack: Stack, spark: SparkSession, run_id: str) -> dict:
 def test_bench_and_spark_agree_on_a_synthetic_run(stack: Stack, spark: SparkSession,
                                                   synthetic_run: str) -> None:
     document = spark_document(stack, spark, synthetic_run)
-    bench_side, _ = standard_figures(stack.database_url, synthetic_run, 43, 16, [])
+    bench_side, _ = standard_figures(stack.database_url, synthetic_run, "generate", 43, 16, [])
     spark_side = measure_figures.from_analysis(document, produced=43, ai_limit=16, skew_max_over_mean=None,
                                                skew_cv=None)
     assert_agree(bench_side, spark_side)
@@ -368,8 +371,8 @@ def test_bench_and_spark_agree_on_a_synthetic_run(stack: Stack, spark: SparkSess
 def real_run(stack: Stack) -> str:
     """A burst through the real pipeline (in-process fleets, stand-in at a fast time scale)."""
     config = PipelineConfig(partitions=8, time_scale=TIME_SCALE, replication_factor=1,
-                            check=StageConfig("flow", members=1, window=16),
-                            generate=StageConfig("flow", members=2, window=8))
+                            stages={"check": StageConfig("flow", members=1, window=16),
+                                    "generate": StageConfig("flow", members=2, window=8)})
     with ai_service(limit=16) as ai, running_pipeline(config, stack.kafka, stack.database_url,
                                                       ai.endpoints) as pipeline:
         pipeline.send(REAL_BURST, reject_share=0.1)
@@ -381,12 +384,13 @@ REAL_BURST = 200
 
 
 def test_bench_and_spark_agree_on_a_real_run(stack: Stack, spark: SparkSession, real_run: str) -> None:
-    topics = Topics(real_run)
+    topics = Topics(real_run, pipeline_spec.load("genai_image"))
+    style = topics.name("style")
     bench_side = bench_figures.scenario_figures(stack.database_url, stack.connection, real_run, topics,
                                                 REAL_BURST, 16)
     document = spark_document(stack, spark, real_run)
-    load = partition_load.analyse(partition_load.read_records(spark, stack.connection, [topics.style]),
-                                  {topics.style: len(bench_side["requests_per_partition"])})
+    load = partition_load.analyse(partition_load.read_records(spark, stack.connection, [style]),
+                                  {style: len(bench_side["requests_per_partition"])})
     (skew,) = load.skew
     spark_side = measure_figures.from_analysis(
         document, produced=REAL_BURST, ai_limit=16, skew_max_over_mean=skew["max_over_mean"],

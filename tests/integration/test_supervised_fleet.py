@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
@@ -21,7 +22,7 @@ import pytest
 
 from consumers import events, provisioning
 from consumers.pipeline import provision_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.pipeline_config import Endpoints, PipelineConfig, StageConfig
 from infra import supervisor
 from infra.layout import REPO
 from pipeline_ops.fleets import FleetEnvironment, FleetSupervisor
@@ -31,9 +32,9 @@ from tests.stack import Stack, unique
 
 T = TypeVar("T")
 CONFIG = PipelineConfig(partitions=2, replication_factor=1, time_scale=0.05, shutdown_deadline_s=5,
-                        intake=StageConfig("bounded", members=1, batch_size=10),
-                        check=StageConfig("flow", members=1, window=4),
-                        generate=StageConfig("flow", members=1, window=4))
+                        stages={"intake": StageConfig("bounded", members=1, batch_size=10),
+                                "check": StageConfig("flow", members=1, window=4),
+                                "generate": StageConfig("flow", members=1, window=4)})
 
 
 def eventually(probe: Callable[[], T | None], timeout_s: float, what: str) -> T:
@@ -55,27 +56,40 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[supervisor.Clie
     supervisor.shutdown(paths)
 
 
+def environment(stack: Stack, config: PipelineConfig) -> FleetEnvironment:
+    """The stack's addresses, the AI endpoints of the configuration's pipeline on its stand-in."""
+    return FleetEnvironment(stack.kafka, stack.database_url,
+                            Endpoints.on(stack.env["AI_SERVICE_URL"], config.spec).urls)
+
+
 @pytest.fixture
 def fleet_env(stack: Stack) -> FleetEnvironment:
-    return FleetEnvironment(stack.kafka, stack.database_url, stack.env["AI_CHECK_URL"],
-                            stack.env["AI_GENERATE_URL"])
+    return environment(stack, CONFIG)
 
 
-@pytest.fixture
-def deployed(stack: Stack, daemon: supervisor.Client,
-             fleet_env: FleetEnvironment) -> Iterator[tuple[FleetSupervisor, str, int]]:
-    """A run's three fleets started through supervisord; stopped and its topics deleted after."""
+@contextmanager
+def deployment(stack: Stack, daemon: supervisor.Client,
+               config: PipelineConfig) -> Iterator[tuple[FleetSupervisor, str, int]]:
+    """A run's fleets, one per stage of its pipeline, started through supervisord; stopped and
+    its topics deleted after."""
     run_id = unique("supervised")
-    topics = events.Topics(run_id)
-    provision_pipeline(CONFIG, topics, stack.kafka)
+    topics = events.Topics(run_id, config.spec)
+    provision_pipeline(config, topics, stack.kafka)
     fleets = FleetSupervisor(paths=daemon.paths)
-    version = ConfigRegistry().register("supervised-test", CONFIG, note="test_supervised_fleet")
-    fleets.start(run_id, version, CONFIG, fleet_env, ready_timeout_s=120)
+    version = ConfigRegistry().register("supervised-test", config, note="test_supervised_fleet")
     try:
+        fleets.start(run_id, version, config, environment(stack, config), ready_timeout_s=120)
         yield fleets, run_id, version
     finally:
         fleets.stop(run_id)
         provisioning.delete(stack.connection, topics.all())
+
+
+@pytest.fixture
+def deployed(stack: Stack, daemon: supervisor.Client) -> Iterator[tuple[FleetSupervisor, str, int]]:
+    """The reference pipeline's three fleets."""
+    with deployment(stack, daemon, CONFIG) as deployed:
+        yield deployed
 
 
 def test_a_killed_fleet_is_running_again_with_a_new_pid(stack: Stack, daemon: supervisor.Client,
@@ -122,8 +136,8 @@ def test_scale_restarts_the_stage_with_the_new_member_count(
     fleets, run_id, version = deployed
     before = next(d for d in fleets.running(run_id) if d.stage == "check")
 
-    fleets.scale(run_id, version, replace(CONFIG, check=replace(CONFIG.check, members=2)), fleet_env,
-                 stages=("check",))
+    fleets.scale(run_id, version, CONFIG.with_stages(check=replace(CONFIG.stage("check"), members=2)),
+                 fleet_env, stages=("check",))
 
     after = next(d for d in fleets.running(run_id) if d.stage == "check")
     assert (after.program, after.metrics_port) == (before.program, before.metrics_port)
@@ -136,6 +150,18 @@ def test_scale_restarts_the_stage_with_the_new_member_count(
     members = query(stack.database_url, "SELECT DISTINCT member FROM rebalance_events WHERE run_id = %s "
                     "AND event = 'assign' AND member LIKE 'check-%%' ORDER BY 1", run_id)
     assert members == [("check-0",), ("check-1",)]
+
+
+def test_another_pipeline_gets_a_fleet_per_stage_with_its_endpoints(stack: Stack,
+                                                                    daemon: supervisor.Client) -> None:
+    config = replace(CONFIG, pipeline="text_moderation", stages={})  # the pipeline's default modes
+    with deployment(stack, daemon, config) as (fleets, run_id, _):
+        running = {d.stage: d for d in fleets.running(run_id)}
+        assert sorted(running) == sorted(config.spec.stage_names)  # moderate, summarize, classify, join
+        assert fleets.check(run_id) == dict.fromkeys(running, "healthy")
+        program = daemon.paths.program_conf(running["summarize"].program).read_text()
+        assert "AI_ENDPOINTS" in program and "/v1/summarize" in program
+        assert fleets.stop(run_id) == dict.fromkeys(running, 0)
 
 
 def test_a_fleet_whose_member_dies_exits_70_and_is_started_again(stack: Stack,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import signal
@@ -11,15 +12,31 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
-from consumers.ai_service import Endpoint, EndpointConfig, Refusal, ServiceConfig, sample_latency, serve
+from consumers.ai_service import (
+    ConfigError,
+    Endpoint,
+    EndpointConfig,
+    Refusal,
+    ServiceConfig,
+    _parser,
+    config_from_args,
+    sample_latency,
+    serve,
+)
+from consumers.pipeline_spec import load
 
 SCALE = 0.1
 REPO = Path(__file__).resolve().parents[2]
+SPECS = (load("genai_image"), load("text_moderation"))
+CONFIGS = ServiceConfig.from_specs(SPECS).endpoints
+NAMES = sorted(CONFIGS)  # every endpoint both shipped specs declare
 CHECK = {"request_id": "r-1", "style": "minimal", "description": "a calm logo"}
 GENERATE = {"request_id": "r-2", "style": "playful", "description": "a fox on a bike"}
 
@@ -28,12 +45,15 @@ Start = Callable[..., str]
 
 @pytest.fixture
 def start() -> Iterator[Start]:
-    """Starts services from ServiceConfig keyword arguments; all are stopped after the test."""
+    """Starts services serving both shipped specs, with EndpointConfig changes per endpoint name
+    (`check={"latency_s": 0.01}`); all are stopped after the test."""
     servers = []
 
-    def _start(**kwargs: object) -> str:
-        kwargs.setdefault("time_scale", SCALE)
-        server = serve(ServiceConfig(**kwargs), host="127.0.0.1", port=0)
+    def _start(time_scale: float = SCALE, token: str | None = None, seed: int | None = None,
+               **changes: dict[str, Any]) -> str:
+        config = ServiceConfig.from_specs(SPECS, time_scale=time_scale, token=token, seed=seed)
+        endpoints = {name: replace(c, **changes.get(name, {})) for name, c in config.endpoints.items()}
+        server = serve(replace(config, endpoints=endpoints), host="127.0.0.1", port=0)
         servers.append(server)
         return f"http://127.0.0.1:{server.server_address[1]}"
 
@@ -41,6 +61,15 @@ def start() -> Iterator[Start]:
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+def url(base: str, name: str) -> str:
+    return f"{base}{CONFIGS[name].path}"
+
+
+def valid(name: str, **fields: str) -> dict[str, str]:
+    """A request the endpoint accepts: each required field filled in."""
+    return {**{field: f"{field}-1" for field in CONFIGS[name].required}, **fields}
 
 
 def timed_post(url: str, payload: dict, **kwargs: object) -> tuple[requests.Response, float]:
@@ -68,7 +97,7 @@ def test_answers_after_the_scaled_latency(start: Start) -> None:
 
 
 def test_forbidden_description_is_rejected(start: Start) -> None:
-    base = start(check=EndpointConfig(latency_s=0.01))
+    base = start(check={"latency_s": 0.01})
     response, _ = timed_post(f"{base}/v1/check", {**CHECK, "description": "a Forbidden symbol"})
     assert response.status_code == 200
     assert response.json()["verdict"] == "rejected"
@@ -76,37 +105,62 @@ def test_forbidden_description_is_rejected(start: Start) -> None:
     assert response.json()["verdict"] == "approved"
 
 
+def test_text_moderation_endpoints_answer_as_their_spec_says(start: Start) -> None:
+    base = start()
+    post = {"message_id": "m-1", "text": "Buy SPAM now"}
+    assert timed_post(f"{base}/v1/moderate", post)[0].json() == {"decision": "block"}
+    fine = {"message_id": "m-2", "text": "spammers everywhere"}  # \bspam\b wants the whole word
+    for _ in range(2):  # the same message twice: one duplicate
+        assert timed_post(f"{base}/v1/moderate", fine)[0].json() == {"decision": "allow"}
+    assert timed_post(f"{base}/v1/summarize", post)[0].json() == {"summary": "summary of m-1"}
+    assert timed_post(f"{base}/v1/classify", post)[0].json() == {"labels": "news,product"}
+    moderate = stats(base)["moderate"]  # duplicates are counted on message_id, the first required field
+    assert {k: moderate[k] for k in ("served", "distinct_served", "duplicate_served")} == \
+        {"served": 3, "distinct_served": 2, "duplicate_served": 1}
+    missing = requests.post(f"{base}/v1/moderate", json={"message_id": "m-3"}, timeout=5)
+    assert (missing.status_code, missing.json()["detail"]) == (400, "text must be a non-empty string")
+
+
+def test_lognormal_latency_has_the_spec_median_and_p99() -> None:
+    moderate = CONFIGS["moderate"]  # median 0.3 s, p99 1.5 s
+    assert (moderate.distribution, moderate.latency_s) == ("lognormal", 0.3)
+    # sigma = ln(1.5 / 0.3) / z(0.99) = ln 5 / 2.32635 = 1.60944 / 2.32635
+    assert moderate.sigma == pytest.approx(0.691830, abs=1e-6)
+    assert moderate.sigma == math.log(1.5 / 0.3) / 2.3263478740408408
+    rng = random.Random(5)
+    draws = sorted(sample_latency(moderate, rng) for _ in range(20000))
+    assert statistics.median(draws) == pytest.approx(0.3, rel=0.03)
+    assert draws[int(0.99 * len(draws))] == pytest.approx(1.5, rel=0.08)
+    assert CONFIGS["check"].sigma == 0.0 and sample_latency(CONFIGS["check"], rng) == 0.5
+
+
 def test_sampled_latencies_follow_the_distribution_and_the_seed() -> None:
-    uniform = EndpointConfig(latency_s=2.0, distribution="uniform", jitter=0.25)
+    uniform = replace(CONFIGS["generate"], latency_s=2.0, distribution="uniform", jitter=0.25)
     draws = [sample_latency(uniform, random.Random(7)) for _ in range(3)]
     assert len(set(draws)) == 1  # same seed, same draw
     rng = random.Random(1)
     spread = [sample_latency(uniform, rng) for _ in range(2000)]
     assert min(spread) >= 1.5 and max(spread) <= 2.5 and statistics.pstdev(spread) > 0.2
-    lognormal = EndpointConfig(latency_s=3.0, distribution="lognormal", sigma=0.5)
-    rng = random.Random(3)
-    samples = [sample_latency(lognormal, rng) for _ in range(4000)]
-    assert statistics.fmean(samples) == pytest.approx(3.0, rel=0.05)
-    assert max(samples) > 4.5
 
 
 def test_uniform_latency_is_honoured_over_http(start: Start) -> None:
-    base = start(generate=EndpointConfig(latency_s=3.0, distribution="uniform", jitter=0.5), seed=11)
+    base = start(generate={"latency_s": 3.0, "distribution": "uniform", "jitter": 0.5}, seed=11)
     for _ in range(3):
         response, elapsed = timed_post(f"{base}/v1/generate", GENERATE)
         assert response.status_code == 200
         assert elapsed >= 3.0 * 0.5 * SCALE
 
 
-def test_excess_concurrency_gets_429_with_retry_after(start: Start) -> None:
-    base = start(generate=EndpointConfig(latency_s=6.0, limit=4, retry_after_s=2.0))
+@pytest.mark.parametrize("name", NAMES)
+def test_excess_concurrency_gets_429_with_retry_after(start: Start, name: str) -> None:
+    base = start(**{name: {"latency_s": 6.0, "distribution": "fixed", "limit": 4, "retry_after_s": 2.0}})
     barrier = threading.Barrier(12)
     responses: list[requests.Response] = []
     lock = threading.Lock()
 
     def call() -> None:
         barrier.wait()
-        response = requests.post(f"{base}/v1/generate", json=GENERATE, timeout=10)
+        response = requests.post(url(base, name), json=valid(name), timeout=10)
         with lock:
             responses.append(response)
 
@@ -120,14 +174,14 @@ def test_excess_concurrency_gets_429_with_retry_after(start: Start) -> None:
     rejected = [r for r in responses if r.status_code == 429]
     assert all(float(r.headers["Retry-After"]) == pytest.approx(2.0 * SCALE) for r in rejected)
     assert rejected[0].json()["error"] == "too_many_requests"
-    generate = stats(base)["generate"]
-    assert (generate["served"], generate["rejected_429"]) == (4, 8)
-    assert generate["max_in_flight"] == 4
-    assert generate["in_flight"] == 0
+    endpoint = stats(base)[name]
+    assert (endpoint["served"], endpoint["rejected_429"]) == (4, 8)
+    assert endpoint["max_in_flight"] == 4
+    assert endpoint["in_flight"] == 0
 
 
 def test_sustains_hundreds_of_concurrent_sleeping_requests(start: Start) -> None:
-    base = start(check=EndpointConfig(latency_s=3.0, limit=300))
+    base = start(check={"latency_s": 3.0, "limit": 300})
     barrier = threading.Barrier(200)
     codes: list[int] = []
 
@@ -144,71 +198,79 @@ def test_sustains_hundreds_of_concurrent_sleeping_requests(start: Start) -> None
     assert stats(base)["check"]["max_in_flight"] > 64
 
 
-def test_error_rate_answers_500_after_the_latency(start: Start) -> None:
-    base = start(check=EndpointConfig(latency_s=1.0, error_rate=1.0))
-    response, elapsed = timed_post(f"{base}/v1/check", CHECK)
+@pytest.mark.parametrize("name", NAMES)
+def test_error_rate_answers_500_after_the_latency(start: Start, name: str) -> None:
+    base = start(**{name: {"latency_s": 1.0, "distribution": "fixed", "error_rate": 1.0}})
+    response, elapsed = timed_post(url(base, name), valid(name))
     assert response.status_code == 500
     assert elapsed >= 1.0 * SCALE
-    check = stats(base)["check"]
-    assert (check["errors_5xx"], check["served"]) == (1, 0)
+    endpoint = stats(base)[name]
+    assert (endpoint["errors_5xx"], endpoint["served"]) == (1, 0)
 
 
 def test_hang_outlasts_the_client_timeout(start: Start) -> None:
-    base = start(generate=EndpointConfig(hang_rate=1.0))  # 30 s x 0.1 = 3 s
+    base = start(generate={"hang_rate": 1.0})  # 30 s x 0.1 = 3 s
     with pytest.raises(requests.Timeout):
         requests.post(f"{base}/v1/generate", json=GENERATE, timeout=0.3)
     assert stats(base)["generate"]["hangs"] == 1
 
 
-def test_hang_ends_with_504(start: Start) -> None:
-    base = start(generate=EndpointConfig(hang_rate=1.0, hang_s=1.0))
-    response, elapsed = timed_post(f"{base}/v1/generate", GENERATE)
+@pytest.mark.parametrize("name", NAMES)
+def test_hang_ends_with_504(start: Start, name: str) -> None:
+    base = start(**{name: {"hang_rate": 1.0, "hang_s": 1.0}})
+    response, elapsed = timed_post(url(base, name), valid(name))
     assert response.status_code == 504
     assert elapsed >= 1.0 * SCALE
 
 
-def test_bearer_token_is_required_when_configured(start: Start) -> None:
-    base = start(token="s3cret", check=EndpointConfig(latency_s=0.01))
-    url = f"{base}/v1/check"
-    assert requests.post(url, json=CHECK, timeout=5).status_code == 401
+@pytest.mark.parametrize("name", NAMES)
+def test_bearer_token_is_required_when_configured(start: Start, name: str) -> None:
+    base = start(token="s3cret", **{name: {"latency_s": 0.01}})
+    payload = valid(name)
+    assert requests.post(url(base, name), json=payload, timeout=5).status_code == 401
     wrong = {"Authorization": "Bearer nope"}
-    assert requests.post(url, json=CHECK, headers=wrong, timeout=5).status_code == 401
+    assert requests.post(url(base, name), json=payload, headers=wrong, timeout=5).status_code == 401
     right = {"Authorization": "Bearer s3cret"}
-    assert requests.post(url, json=CHECK, headers=right, timeout=5).status_code == 200
+    assert requests.post(url(base, name), json=payload, headers=right, timeout=5).status_code == 200
     assert requests.get(f"{base}/v1/stats", timeout=5).status_code == 401
-    check = stats(base, headers=right)["check"]
-    assert (check["unauthorized"], check["served"]) == (2, 1)
+    endpoint = stats(base, headers=right)[name]
+    assert (endpoint["unauthorized"], endpoint["served"]) == (2, 1)
     assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
 
 
 def test_stats_reset_zeroes_counters_and_peak(start: Start) -> None:
-    base = start(check=EndpointConfig(latency_s=0.01, limit=1))
+    base = start(check={"latency_s": 0.01, "limit": 1})
     timed_post(f"{base}/v1/check", CHECK)
     timed_post(f"{base}/v1/check", {"description": "no id"})
     before = stats(base)["check"]
     assert (before["served"], before["bad_requests"], before["max_in_flight"]) == (1, 1, 1)
     requests.post(f"{base}/v1/stats/reset", timeout=5).raise_for_status()
     after = stats(base)
-    for name in ("check", "generate"):
+    assert set(after) == {*NAMES, "service"}
+    for name in NAMES:
         counters = {k: v for k, v in after[name].items() if k != "config"}
         assert set(counters.values()) == {0}, counters
     assert after["check"]["config"]["limit"] == 1
 
 
-def test_put_config_injects_and_clears_an_error_burst(start: Start) -> None:
-    base = start(check=EndpointConfig(latency_s=0.01), generate=EndpointConfig(latency_s=0.01))
+@pytest.mark.parametrize("name", NAMES)
+def test_put_config_injects_and_clears_an_error_burst(start: Start, name: str) -> None:
+    other = next(n for n in NAMES if n != name)
+    base = start(**{n: {"latency_s": 0.01} for n in (name, other)})
     config = f"{base}/v1/config"
-    requests.put(config, json={"endpoint": "check", "error_rate": 1.0}, timeout=5).raise_for_status()
-    assert timed_post(f"{base}/v1/check", CHECK)[0].status_code == 500
-    assert timed_post(f"{base}/v1/generate", GENERATE)[0].status_code == 200
-    requests.put(config, json={"endpoint": "check", "error_rate": 0.0}, timeout=5).raise_for_status()
-    assert timed_post(f"{base}/v1/check", CHECK)[0].status_code == 200
-    requests.put(config, json={"generate": {"limit": 0}}, timeout=5).raise_for_status()
-    assert timed_post(f"{base}/v1/generate", GENERATE)[0].status_code == 429
+    requests.put(config, json={"endpoint": name, "error_rate": 1.0}, timeout=5).raise_for_status()
+    assert timed_post(url(base, name), valid(name))[0].status_code == 500
+    assert timed_post(url(base, other), valid(other))[0].status_code == 200
+    requests.put(config, json={"endpoint": name, "error_rate": 0.0}, timeout=5).raise_for_status()
+    assert timed_post(url(base, name), valid(name))[0].status_code == 200
+    requests.put(config, json={name: {"limit": 0}}, timeout=5).raise_for_status()
+    assert timed_post(url(base, name), valid(name))[0].status_code == 429
+    requests.put(config, json={"limit": 7}, timeout=5).raise_for_status()  # every endpoint
+    assert {stats(base)[n]["config"]["limit"] for n in NAMES} == {7}
 
 
 def test_duplicate_served_counts_repeats_per_request_id_and_endpoint(start: Start) -> None:
-    base = start(check=EndpointConfig(latency_s=0.01), generate=EndpointConfig(latency_s=0.01))
+    base = start(check={"latency_s": 0.01}, generate={"latency_s": 0.01})
     for request_id in ("a", "a", "a", "b"):
         assert timed_post(f"{base}/v1/check", {"request_id": request_id})[0].status_code == 200
     assert timed_post(f"{base}/v1/generate", {**GENERATE, "request_id": "a"})[0].status_code == 200
@@ -238,7 +300,8 @@ class FakeClock:
 
 def test_rate_limit_is_a_token_bucket_with_retry_after_until_the_next_token() -> None:
     clock = FakeClock()
-    endpoint = Endpoint("check", EndpointConfig(rate_limit_rps=2.0, rate_burst=3), seed=1, clock=clock)
+    endpoint = Endpoint("check", replace(CONFIGS["check"], rate_limit_rps=2.0, rate_burst=3), seed=1,
+                        clock=clock)
     outcomes = [endpoint.admit(1.0) for _ in range(5)]
     assert [isinstance(o, EndpointConfig) for o in outcomes] == [True, True, True, False, False]
     assert outcomes[3] == Refusal("rate_limited", 0.5)  # one token at 2/s
@@ -254,7 +317,7 @@ def test_rate_limit_is_a_token_bucket_with_retry_after_until_the_next_token() ->
 
 def test_rate_limit_follows_the_time_scale() -> None:
     clock = FakeClock()
-    endpoint = Endpoint("check", EndpointConfig(rate_limit_rps=2.0), seed=1, clock=clock)
+    endpoint = Endpoint("check", replace(CONFIGS["check"], rate_limit_rps=2.0), seed=1, clock=clock)
     assert isinstance(endpoint.admit(0.5), EndpointConfig)
     assert endpoint.admit(0.5) == Refusal("rate_limited", 0.25)  # 2/s at 0.5x is 4 per wall second
     clock.now = 0.25
@@ -263,8 +326,8 @@ def test_rate_limit_follows_the_time_scale() -> None:
 
 def test_a_request_refused_for_concurrency_keeps_its_token() -> None:
     clock = FakeClock()
-    endpoint = Endpoint("generate", EndpointConfig(latency_s=3.0, limit=1, rate_limit_rps=1.0, rate_burst=2),
-                        seed=1, clock=clock)
+    config = replace(CONFIGS["generate"], latency_s=3.0, limit=1, rate_limit_rps=1.0, rate_burst=2)
+    endpoint = Endpoint("generate", config, seed=1, clock=clock)
     assert isinstance(endpoint.admit(1.0), EndpointConfig)
     assert endpoint.admit(1.0) == Refusal("rejected_429", 3.0)  # Retry-After defaults to the latency
     endpoint.release()
@@ -273,20 +336,20 @@ def test_a_request_refused_for_concurrency_keeps_its_token() -> None:
     assert endpoint.admit(1.0) == Refusal("rate_limited", 1.0)
 
 
-def test_rate_limit_switched_on_over_http_answers_429_with_retry_after(start: Start) -> None:
-    base = start(check=EndpointConfig(latency_s=0.01))
+@pytest.mark.parametrize("name", NAMES)
+def test_rate_limit_switched_on_over_http_answers_429_with_retry_after(start: Start, name: str) -> None:
+    base = start(**{name: {"latency_s": 0.01}})
     # 0.01 requests per real-scale second at 0.1x: one token every 10 wall seconds, 2 in the bucket.
-    requests.put(f"{base}/v1/config", json={"endpoint": "check", "rate_limit_rps": 0.01, "rate_burst": 2},
+    requests.put(f"{base}/v1/config", json={"endpoint": name, "rate_limit_rps": 0.01, "rate_burst": 2},
                  timeout=5).raise_for_status()
-    codes = [timed_post(f"{base}/v1/check", CHECK)[0] for _ in range(3)]
+    codes = [timed_post(url(base, name), valid(name))[0] for _ in range(3)]
     assert [r.status_code for r in codes] == [200, 200, 429]
     assert codes[2].json()["error"] == "rate_limited"
     assert 9.0 < float(codes[2].headers["Retry-After"]) <= 10.0
-    check = stats(base)["check"]
-    assert (check["served"], check["rate_limited"], check["rejected_429"]) == (2, 1, 0)
-    requests.put(f"{base}/v1/config", json={"endpoint": "check", "rate_limit_rps": None},
-                 timeout=5).raise_for_status()
-    assert timed_post(f"{base}/v1/check", CHECK)[0].status_code == 200
+    endpoint = stats(base)[name]
+    assert (endpoint["served"], endpoint["rate_limited"], endpoint["rejected_429"]) == (2, 1, 0)
+    requests.put(f"{base}/v1/config", json={name: {"rate_limit_rps": None}}, timeout=5).raise_for_status()
+    assert timed_post(url(base, name), valid(name))[0].status_code == 200
 
 
 def test_put_config_changes_latency_and_time_scale(start: Start) -> None:
@@ -303,12 +366,16 @@ def test_put_config_refuses_invalid_changes_as_a_whole(start: Start) -> None:
     config = f"{base}/v1/config"
     for bad in ({"error_rate": 2}, {"latency": 1}, {"endpoint": "draw"}, {"time_scale": 0},
                 {"check": {"limit": 3}, "generate": {"distribution": "pareto"}},
+                {"moderate": {"limit": 3}, "classify": 5},
                 {"rate_limit_rps": 0}, {"rate_limit_rps": "fast"}, {"rate_burst": 0},
-                {"rate_burst": 1.5}):
+                {"rate_burst": 1.5}, {"summarize": {"path": "/v1/other"}},
+                {"endpoint": "check", "required": []}):
         assert requests.put(config, json=bad, timeout=5).status_code == 400, bad
     current = stats(base)
     assert current["check"]["config"]["limit"] == 64
+    assert current["moderate"]["config"]["limit"] == 64
     assert current["check"]["config"]["error_rate"] == 0.0
+    assert current["summarize"]["config"]["path"] == "/v1/summarize"
     assert current["service"]["time_scale"] == SCALE
 
 
@@ -316,27 +383,69 @@ def test_routing_and_validation(start: Start) -> None:
     base = start()
     assert requests.get(f"{base}/healthz", timeout=5).json() == {"status": "ok"}
     assert requests.get(f"{base}/v1/nothing", timeout=5).status_code == 404
-    assert requests.get(f"{base}/v1/check", timeout=5).status_code == 405
+    for name in NAMES:
+        assert requests.get(url(base, name), timeout=5).status_code == 405, name
     response = requests.post(f"{base}/v1/generate", json={"request_id": "r"}, timeout=5)
     assert response.status_code == 400
     response = requests.post(f"{base}/v1/check", data=b"not json", timeout=5)
     assert response.status_code == 400
-    assert stats(base)["generate"]["bad_requests"] == 1
+    response = requests.post(f"{base}/v1/check", json={"request_id": "r", "description": 3}, timeout=5)
+    assert (response.status_code, response.json()["detail"]) == (400, "description must be a string")
+    assert (stats(base)["generate"]["bad_requests"], stats(base)["check"]["bad_requests"]) == (1, 2)
 
 
 def test_metrics_expose_the_counters(start: Start) -> None:
-    base = start(check=EndpointConfig(latency_s=0.01))
+    base = start(check={"latency_s": 0.01}, classify={"latency_s": 0.01})
     timed_post(f"{base}/v1/check", CHECK)
+    timed_post(f"{base}/v1/classify", valid("classify"))
     response = requests.get(f"{base}/metrics", timeout=5)
     assert response.status_code == 200
     assert response.headers["Content-Type"].startswith("text/plain")
     text = response.text
     assert 'ai_service_requests_total{endpoint="check",outcome="served"} 1.0' in text
-    for name in ("ai_service_in_flight", "ai_service_max_in_flight", "ai_service_limit",
+    assert 'ai_service_requests_total{endpoint="classify",outcome="served"} 1.0' in text
+    for name in ("ai_service_in_flight", "ai_service_max_in_flight", 'ai_service_limit{endpoint="moderate"}',
                  'ai_service_duplicate_served{endpoint="check"} 0.0',
                  'outcome="rejected_429"', 'outcome="rate_limited"', 'outcome="errors_5xx"',
                  'outcome="hangs"'):
         assert name in text, name
+
+
+def test_specs_sharing_an_endpoint_must_declare_it_alike() -> None:
+    genai = SPECS[0]
+    check = genai.endpoints["check"]
+
+    def other(endpoints: dict) -> Any:
+        return genai.model_copy(update={"name": "other", "endpoints": endpoints})
+
+    merged = ServiceConfig.from_specs([genai, other({"check": check})])
+    assert merged.endpoints == {n: CONFIGS[n] for n in ("check", "generate")}
+    with pytest.raises(ConfigError, match="'check' is declared differently by genai_image and other"):
+        ServiceConfig.from_specs([genai, other({"check": check.model_copy(update={"concurrency": 8})})])
+    with pytest.raises(ConfigError, match=r"genai_image\.check and other\.verify both serve POST /v1/check"):
+        ServiceConfig.from_specs([genai, other({"verify": check})])
+
+
+def test_config_refuses_what_the_service_cannot_serve() -> None:
+    check = CONFIGS["check"]
+    with pytest.raises(ConfigError, match="reserved"):
+        ServiceConfig({"service": check})
+    with pytest.raises(ConfigError, match="the service's own"):
+        ServiceConfig({"check": replace(check, path="/v1/stats/")})
+    with pytest.raises(ConfigError, match="'a' and 'b' both serve"):
+        ServiceConfig({"a": check, "b": replace(check, path="/v1/check/")})
+    with pytest.raises(ConfigError, match=r"names \['style'\], which are not required"):
+        replace(check, answers=({"when": {}, "body": {"url": "{request_id}/{style}"}},))
+    with pytest.raises(ConfigError, match="not a regex"):
+        replace(check, answers=({"when": {"description": "("}, "body": {}},))
+
+
+def test_command_line_options_build_the_endpoints() -> None:
+    args = _parser().parse_args(["--pipelines", "text_moderation", "--limit", "3", "--error-rate", "0.5"])
+    config = config_from_args(args)
+    assert sorted(config.endpoints) == ["classify", "moderate", "summarize"]
+    assert {(c.limit, c.error_rate) for c in config.endpoints.values()} == {(3, 0.5)}
+    assert config_from_args(_parser().parse_args([])).endpoints == CONFIGS
 
 
 def test_command_line_serves_and_stops_on_sigterm() -> None:
@@ -353,6 +462,9 @@ def test_command_line_serves_and_stops_on_sigterm() -> None:
         assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
         headers = {"Authorization": "Bearer tok"}
         assert requests.post(f"{base}/v1/check", json=CHECK, headers=headers, timeout=5).status_code == 200
+        response = requests.post(f"{base}/v1/moderate", json={"message_id": "m", "text": "spam"},
+                                 headers=headers, timeout=5)
+        assert response.json() == {"decision": "block"}
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=5) == 0
     finally:

@@ -9,18 +9,26 @@ import uuid
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from consumers import events
+from consumers import events, pipeline_spec
 from tests import bad_input
 from tests.bad_input import BadInput
 
+REFERENCE = pipeline_spec.load("genai_image")
+
+
+def parse(raw: bytes | None) -> dict:
+    """The reference pipeline's check stage: the boundaries below are the parser's own."""
+    return events.parse(REFERENCE.validators["check"], raw)
+
 
 def valid_style() -> dict:
-    return events.style_event("run", str(uuid.uuid4()), "minimal", "slides")
+    return {"request_id": str(uuid.uuid4()), "run_id": "run", "style": "minimal", "description": "slides",
+            "produced_at": 1_700_000_000.0}
 
 
-def reason_of(raw: bytes | None, stage: str = "check") -> str:
+def reason_of(raw: bytes | None) -> str:
     with pytest.raises(events.InvalidEvent) as info:
-        events.parse(stage, raw)
+        parse(raw)
     return info.value.reason
 
 
@@ -51,36 +59,45 @@ def test_missing_field_is_named() -> None:
     event = valid_style()
     del event["description"]
     with pytest.raises(events.InvalidEvent) as info:
-        events.parse("check", json.dumps(event).encode())
+        parse(json.dumps(event).encode())
     assert (info.value.reason, info.value.detail) == ("missing_field", "description")
 
 
 def test_valid_event_round_trips_with_integer_timestamp() -> None:
     event = {**valid_style(), "produced_at": 1700000000}
-    assert events.parse("check", events.encode(event))["produced_at"] == 1700000000
+    assert parse(events.encode(event))["produced_at"] == 1700000000
 
 
 # ----------------------------------------------------------------- the corpus
-CASES = [(stage, case) for stage in events.STAGES for case in bad_input.corpus(stage)]
+STAGES = bad_input.cases()
+STAGE_IDS = [f"{spec.name}-{stage}" for spec, stage in STAGES]
+CASES = [(spec, stage, case) for spec, stage in STAGES for case in bad_input.corpus(spec, stage)]
 
 
-@pytest.mark.parametrize(("stage", "case"), CASES, ids=[f"{s}-{c.name}" for s, c in CASES])
-def test_every_corpus_case_is_refused_for_its_reason(stage: str, case: BadInput) -> None:
+@pytest.mark.parametrize(("spec", "stage", "case"), CASES,
+                         ids=[f"{p.name}-{s}-{c.name}" for p, s, c in CASES])
+def test_every_corpus_case_is_refused_for_its_reason(spec: pipeline_spec.PipelineSpec, stage: str,
+                                                     case: BadInput) -> None:
     with pytest.raises(events.InvalidEvent) as info:
-        events.parse(stage, case.value)
+        bad_input.parse(spec, stage, case.value)
     assert info.value.reason == case.reason, info.value.detail
     assert "\x00" not in info.value.detail  # the detail goes to a PostgreSQL text column
 
 
-@pytest.mark.parametrize("stage", events.STAGES)
-def test_each_corpus_is_built_from_a_valid_event(stage: str) -> None:
-    event = bad_input.valid_event(stage)
-    assert events.parse(stage, json.dumps(event, ensure_ascii=False).encode()) == event
+@pytest.mark.parametrize(("spec", "stage"), STAGES, ids=STAGE_IDS)
+def test_each_corpus_is_built_from_a_valid_event(spec: pipeline_spec.PipelineSpec, stage: str) -> None:
+    event = bad_input.valid_event(spec, stage)
+    assert bad_input.parse(spec, stage, json.dumps(event, ensure_ascii=False).encode()) == event
 
 
-@pytest.mark.parametrize("stage", events.STAGES)
-def test_the_corpus_covers_every_required_kind(stage: str) -> None:
-    names = [case.name for case in bad_input.corpus(stage)]
+def test_every_shipped_pipeline_has_its_corpus() -> None:
+    assert {spec.name for spec, _ in STAGES} == {"genai_image", "text_moderation"}
+    assert len(STAGES) == 3 + 4
+
+
+@pytest.mark.parametrize(("spec", "stage"), STAGES, ids=STAGE_IDS)
+def test_the_corpus_covers_every_required_kind(spec: pipeline_spec.PipelineSpec, stage: str) -> None:
+    names = [case.name for case in bad_input.corpus(spec, stage)]
     assert len(names) == len(set(names)) == 31
     assert {"invalid_json", "truncated_utf8", "empty_value", "null_value", "json_array",
             "missing_field", "bool_for_float", "float_for_string", "negative_timestamp", "nan",
@@ -90,7 +107,7 @@ def test_the_corpus_covers_every_required_kind(stage: str) -> None:
 
 
 def test_the_large_cases_have_their_sizes() -> None:
-    cases = {case.name: case for case in bad_input.corpus("check")}
+    cases = {case.name: case for case in bad_input.corpus(REFERENCE, "check")}
     assert len(cases["over_producer_limit"].value) == 1_020_000
     assert len(cases["oversize"].value) == events.MAX_EVENT_BYTES + 10
     assert len(cases["huge_key"].key) == 100_000
@@ -100,7 +117,7 @@ def test_the_large_cases_have_their_sizes() -> None:
 
 
 def test_the_over_limit_case_needs_a_producer_with_a_raised_limit() -> None:
-    value = {case.name: case for case in bad_input.corpus("check")}["over_producer_limit"].value
+    value = {case.name: case for case in bad_input.corpus(REFERENCE, "check")}["over_producer_limit"].value
     # librdkafka checks the size when the record is queued: no broker is contacted.
     nowhere = {"bootstrap.servers": "127.0.0.1:9", "log_level": 0}
     with pytest.raises(KafkaException) as info:
@@ -114,7 +131,7 @@ def test_the_over_limit_case_needs_a_producer_with_a_raised_limit() -> None:
 # ----------------------------------------------------------------- boundaries
 def with_extra(literal: str) -> bytes:
     """A valid style event (always the same) with an `extra` field holding a raw JSON literal."""
-    event = {**bad_input.valid_event("check"), "description": "slides", "extra": "@"}
+    event = {**bad_input.valid_event(REFERENCE, "check"), "description": "slides", "extra": "@"}
     return events.encode(event).replace(b'"@"', literal.encode())
 
 
@@ -123,17 +140,17 @@ def test_size_limit_is_inclusive() -> None:
     fill = events.MAX_EVENT_BYTES - len(base)
     exact = with_extra('"' + "x" * fill + '"')
     assert len(exact) == events.MAX_EVENT_BYTES
-    assert events.parse("check", exact)["extra"] == "x" * fill
+    assert parse(exact)["extra"] == "x" * fill
     assert reason_of(with_extra('"' + "x" * (fill + 1) + '"')) == "oversize"
 
 
 def test_nesting_depth_bound() -> None:
     # The event object is depth 1: an extra field nested 7 deep reaches MAX_DEPTH = 8.
-    assert events.parse("check", with_extra("[" * 7 + "]" * 7))["extra"] == [[[[[[[]]]]]]]
+    assert parse(with_extra("[" * 7 + "]" * 7))["extra"] == [[[[[[[]]]]]]]
     assert reason_of(with_extra("[" * 8 + "]" * 8)) == "too_deep"
     assert reason_of(with_extra('{"a":' * 8 + "1" + "}" * 8)) == "too_deep"
     # Brackets inside strings are text, not nesting (including after an escaped quote).
-    assert events.parse("check", with_extra('"\\"' + "[" * 50 + '"'))["extra"] == '"' + "[" * 50
+    assert parse(with_extra('"\\"' + "[" * 50 + '"'))["extra"] == '"' + "[" * 50
 
 
 @pytest.mark.parametrize(("produced_at", "reason"), [
@@ -146,14 +163,14 @@ def test_nesting_depth_bound() -> None:
 def test_produced_at_bounds(produced_at: float, reason: str | None) -> None:
     raw = events.encode({**valid_style(), "produced_at": produced_at})
     if reason is None:
-        assert events.parse("check", raw)["produced_at"] == produced_at
+        assert parse(raw)["produced_at"] == produced_at
     else:
         assert reason_of(raw) == reason
 
 
 def test_integer_literals_beyond_64_bits_are_refused() -> None:
-    assert events.parse("check", with_extra("9" * 20))["extra"] == int("9" * 20)
-    assert events.parse("check", with_extra("-" + "9" * 19))["extra"] == -int("9" * 19)
+    assert parse(with_extra("9" * 20))["extra"] == int("9" * 20)
+    assert parse(with_extra("-" + "9" * 19))["extra"] == -int("9" * 19)
     assert reason_of(with_extra("9" * 21)) == "out_of_range"
 
 
@@ -181,7 +198,7 @@ def test_request_id_must_be_a_canonical_uuid(spelling: str) -> None:
 ])
 def test_nested_values(literal: str, reason: str | None) -> None:
     if reason is None:
-        events.parse("check", with_extra(literal))
+        parse(with_extra(literal))
     else:
         assert reason_of(with_extra(literal)) == reason
 
@@ -193,27 +210,27 @@ def test_a_raw_surrogate_is_not_utf8() -> None:
 def test_duplicate_key_detail_names_the_key() -> None:
     raw = b'{"request_id": "a", "request_id": "b"}'
     with pytest.raises(events.InvalidEvent) as info:
-        events.parse("check", raw)
+        parse(raw)
     assert (info.value.reason, info.value.detail) == ("duplicate_key", "'request_id' appears more than once")
 
 
 # ----------------------------------------------------------------- nothing but InvalidEvent
 def test_every_prefix_of_a_valid_event_is_refused_cleanly() -> None:
-    raw = json.dumps(bad_input.valid_event("check"), ensure_ascii=False).encode()
+    raw = json.dumps(bad_input.valid_event(REFERENCE, "check"), ensure_ascii=False).encode()
     reasons = {reason_of(raw[:cut]) for cut in range(len(raw))}
     assert reasons == {"empty", "malformed_json"}
 
 
 def test_random_mutations_raise_nothing_but_invalid_event() -> None:
     rng = random.Random(11)
-    raw = bytearray(json.dumps(bad_input.valid_event("check")).encode())
+    raw = bytearray(json.dumps(bad_input.valid_event(REFERENCE, "check")).encode())
     refused = 0
     for _ in range(3000):
         mutated = bytearray(raw)
         for _ in range(rng.randint(1, 4)):
             mutated[rng.randrange(len(mutated))] = rng.choice(b'{}[]",:\\0123456789eE.-+ \x00\xff\xc3nNtf')
         try:
-            events.parse("check", bytes(mutated))
+            parse(bytes(mutated))
         except events.InvalidEvent:
             refused += 1
     assert refused > 2000  # most mutations break the event: the loop did exercise parse

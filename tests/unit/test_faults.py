@@ -21,7 +21,7 @@ from bench.fault_fleets import holdings
 from bench.fault_injection import OVERSIZE_BYTES, busiest_leader, in_flight_window, oversize_records
 from bench.fault_report import plot
 from bench.faults import Settings
-from consumers import events
+from consumers import events, pipeline_spec
 from consumers.pipeline_config import PipelineConfig, StageConfig
 
 
@@ -118,23 +118,24 @@ def test_holdings_follow_assign_revoke_and_lost_in_order() -> None:
 
 
 def test_in_flight_window_is_members_times_window_in_flow_mode() -> None:
-    flow = PipelineConfig(generate=StageConfig("flow", members=4, window=4))
+    flow = PipelineConfig(stages={"generate": StageConfig("flow", members=4, window=4)})
     assert in_flight_window(flow) == 16
-    bounded = PipelineConfig(generate=StageConfig("bounded", members=3, window=4))
+    bounded = PipelineConfig(stages={"generate": StageConfig("bounded", members=3, window=4)})
     assert in_flight_window(bounded) == 3
 
 
 def test_oversize_records_exceed_the_producer_limit_and_are_refused_as_oversize() -> None:
-    topics = events.Topics("run-x")
+    spec = pipeline_spec.load("genai_image")
+    topics = events.Topics("run-x", spec)
     records = oversize_records("run-x", topics)
-    assert [topic for topic, _ in records] == [topics.intake, topics.style, topics.generate]
-    stages = {topics.intake: "intake", topics.style: "check", topics.generate: "generate"}
+    assert [topic for topic, _ in records] == ["run-x.intake", "run-x.style", "run-x.generate"]
+    stages = {"run-x.intake": "intake", "run-x.style": "check", "run-x.generate": "generate"}
     for topic, value in records:
         assert len(value) == OVERSIZE_BYTES
         assert 1_000_000 < len(value) < 1_048_588
         assert json.loads(value)["run_id"] == "run-x"
         with pytest.raises(events.InvalidEvent) as refused:
-            events.parse(stages[topic], value)
+            events.parse(spec.validators[stages[topic]], value)
         assert refused.value.reason == "oversize"
 
 
@@ -144,7 +145,8 @@ def test_settings_put_the_load_at_88_percent_of_a_21_rps_capacity() -> None:
     assert s.load_rps == 18.77  # 0.88 x 21.333
     config = s.config()
     assert (config.profile, config.replication_factor, config.partitions) == ("durability", 3, 16)
-    assert (config.generate.mode, config.generate.members, config.generate.window) == ("flow", 4, 4)
+    generate = config.stage("generate")
+    assert (generate.mode, generate.members, generate.window) == ("flow", 4, 4)
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

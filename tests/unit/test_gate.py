@@ -1,11 +1,14 @@
-"""The promotion gate's decision (pipeline_ops.gate.evaluate): every check, at its boundaries."""
+"""The promotion gate's decision (pipeline_ops.gate.evaluate): every check, at its boundaries; and
+the gate page's decisions, each shown with its pipeline and filtered by it (no services)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from pipeline_ops import ui
 from pipeline_ops.gate import Thresholds, evaluate, summarise
 
 
@@ -144,3 +147,46 @@ def test_summarise_gives_intervals_totals_and_the_worst_skew() -> None:
     assert (got["utilization"]["estimate"], got["utilization"]["low"]) == (0.95, 0.9163)
     assert got["capacity_rps"]["low"] == got["capacity_rps"]["high"] == 105.0
     assert summarise([trial(None), trial()])["utilization"] is None
+
+
+# --- the gate page -----------------------------------------------------------------------------
+
+class DecisionRows:
+    """gate_decisions joined with configurations, as the page's query returns them."""
+
+    def __init__(self, rows: list[tuple]) -> None:
+        self.rows, self.parameters = rows, None
+
+    def get_records(self, sql: str, parameters: dict) -> list[tuple]:
+        self.parameters = parameters
+        return [r for r in self.rows if parameters["pipeline"] in (None, r[4])]
+
+
+def decision_row(n: int, pipeline: str) -> tuple:
+    reasons = [{"name": "utilization", "passed": True, "measured": 0.95, "required": ">= 0.9",
+                "interval": None}]
+    return (n, f"tuning-x-v{n}", n, "flow", pipeline, None, True, reasons, {"summary": {"trials": 3}}, {},
+            datetime(2026, 1, n, tzinfo=UTC))
+
+
+def test_decisions_carry_their_pipeline_and_filter_by_it() -> None:
+    hook = DecisionRows([decision_row(1, "genai_image"), decision_row(2, "text_moderation")])
+    assert [(d["version"], d["pipeline"]) for d in ui.decisions(hook)] == [(1, "genai_image"),
+                                                                          (2, "text_moderation")]
+    (only,) = ui.decisions(hook, pipeline="text_moderation")
+    assert only["pipeline"] == "text_moderation" and hook.parameters["pipeline"] == "text_moderation"
+
+
+def test_the_page_shows_each_decisions_pipeline_and_offers_a_filter() -> None:
+    hook = DecisionRows([decision_row(1, "genai_image"), decision_row(2, "text_moderation")])
+    actives = [{"version": 1, "name": "flow", "pipeline": "genai_image"},
+               {"version": 2, "name": "flow", "pipeline": "text_moderation"}]
+    versions = [{"version": 3, "name": "tuned", "pipeline": "text_moderation", "active": False}]
+    html = ui._templates.get_template("gate.html").render(
+        decisions=ui.decisions(hook), actives=actives, pipelines=["genai_image", "text_moderation"],
+        pipeline=None, history=[], alarms=[], versions=versions, capacity=[], latest=None, plots=[],
+        results_dir="results", api_base="", rollback_dag="pipeline_rollback")
+    assert all(f'<td class="pipeline">{p}</td>' in html for p in ("genai_image", "text_moderation"))
+    assert 'href="?pipeline=text_moderation"' in html  # the filter
+    assert 'data-pipeline="text_moderation">text_moderation: <strong>v2 (flow)</strong>' in html
+    assert 'value="text_moderation:0"' in html and 'value="text_moderation:3"' in html  # rollback targets

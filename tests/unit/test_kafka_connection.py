@@ -8,7 +8,7 @@ import json
 import pytest
 from confluent_kafka.admin import AclOperation, ResourceType
 
-from consumers import acls
+from consumers import acls, pipeline_spec
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
 
@@ -78,7 +78,7 @@ def test_a_child_gets_one_principal_only() -> None:
 
 
 def test_grants_follow_the_topics_each_role_uses() -> None:
-    t = Topics("r1")
+    t = Topics("r1", pipeline_spec.load("genai_image"))
     assert acls.grants(t, "source") == [(ResourceType.TOPIC, "r1.intake", AclOperation.WRITE),
                                         (ResourceType.TOPIC, "r1.style", AclOperation.WRITE)]
     assert acls.grants(t, "check") == [(ResourceType.TOPIC, "r1.style", AclOperation.READ),
@@ -91,7 +91,7 @@ def test_grants_follow_the_topics_each_role_uses() -> None:
 
 
 def test_only_principals_other_than_the_admin_are_granted_anything() -> None:
-    t = Topics("r1")
+    t = Topics("r1", pipeline_spec.load("genai_image"))
     assert acls.bindings(t, KafkaAccess.plain("h:1")) == []
     admin_as_role = KafkaAccess(KafkaConnection(SECURED), {"check": KafkaConnection(SECURED)})
     assert acls.bindings(t, admin_as_role) == []

@@ -1,6 +1,7 @@
 """The Kubernetes fleet backend without a cluster: the manifests of the reference configuration on
-a secured cluster, checked by the official client's models and for leaked secrets; the backend a
-connection selects; health from a Deployment's status; the render command; the image's packages."""
+a secured cluster, checked by the official client's models and for leaked secrets, and those of a
+second pipeline's; the backend a connection selects; health from a Deployment's status; the
+render command; the image's packages."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from consumers import fleet, presets
-from consumers.events import STAGES, Topics
+from consumers.events import Topics
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.pipeline_config import Endpoints, PipelineConfig
 from infra.fleet_program import fleet_program
 from infra.layout import REPO
 from pipeline_ops import fleets, operators
@@ -53,6 +55,8 @@ from pipeline_ops.fleets.records import Deployment
 
 RUN = "r1"
 CONFIG = presets.build("flow", presets.PresetParams())
+STAGES = CONFIG.spec.stage_names  # intake, check, generate
+AI_URLS = Endpoints.on("http://ai.example", CONFIG.spec).urls
 OPTIONS = manifests.Options(namespace="pipelines", image="registry.example/fleet:1", keda=True)
 PASSWORDS = {"admin": "admin-Pw-1", "intake": "intake-Pw-2", "check": "check-Pw-3",
              "generate": "generate-Pw-4"}
@@ -75,7 +79,7 @@ def secured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> fleets.FleetEnvi
     monkeypatch.setenv(TOKEN_ENV, TOKEN)
     access = KafkaAccess(principal("admin", ca), {stage: principal(stage, ca) for stage in STAGES})
     return fleets.FleetEnvironment(access, f"postgresql://pipeline:{DB_PASSWORD}@db.example:5432/pipeline",
-                                   "http://ai.example/v1/check", "http://ai.example/v1/generate")
+                                   AI_URLS)
 
 
 @pytest.fixture
@@ -174,7 +178,8 @@ def test_the_environment_comes_from_the_stage_secret(objects: list[dict], stage:
     assert (kafka["sasl.username"], kafka["sasl.password"]) == (stage, PASSWORDS[stage])  # its own principal
     assert kafka["ssl.ca.pem"] == CA and "ssl.ca.location" not in kafka  # no file of this machine
     assert DB_PASSWORD in env["DATABASE_URL"] and env[TOKEN_ENV] == TOKEN
-    assert env["AI_CHECK_URL"] == "http://ai.example/v1/check"
+    assert json.loads(env["AI_ENDPOINTS"]) == {"check": "http://ai.example/v1/check",
+                                               "generate": "http://ai.example/v1/generate"}
     others = [PASSWORDS[user] for user in PASSWORDS if user != stage]
     assert not any(password in json.dumps(env) for password in others)
 
@@ -199,7 +204,7 @@ def test_keda_scales_an_ai_stage_on_its_lag_up_to_one_member_per_partition(objec
     assert spec["minReplicaCount"] == CONFIG.stage(stage).members
     assert spec["maxReplicaCount"] == CONFIG.partitions
     (trigger,) = spec["triggers"]
-    topics = Topics(RUN)
+    topics = Topics(RUN, CONFIG.spec)
     assert trigger["type"] == "kafka"
     assert trigger["metadata"]["consumerGroup"] == topics.group_of(stage)
     assert trigger["metadata"]["topic"] == topics.source_of(stage)
@@ -223,9 +228,13 @@ def test_intake_is_not_autoscaled_and_keda_is_optional(secured: fleets.FleetEnvi
     assert not any(key.startswith("KEDA_") for o in plain if o["kind"] == "Secret" for key in o["stringData"])
 
 
+def open_cluster(config: PipelineConfig) -> fleets.FleetEnvironment:
+    return fleets.FleetEnvironment(KafkaAccess.plain("kafka:9092"), "postgresql://db/pipeline",
+                                   Endpoints.on("http://ai.example", config.spec).urls)
+
+
 def test_an_open_cluster_needs_no_trigger_authentication() -> None:
-    env = fleets.FleetEnvironment(KafkaAccess.plain("kafka:9092"), "postgresql://db/pipeline", "http://c", "http://g")
-    objects = manifests.render(RUN, CONFIG, env, OPTIONS)
+    objects = manifests.render(RUN, CONFIG, open_cluster(CONFIG), OPTIONS)
     assert "TriggerAuthentication" not in {o["kind"] for o in objects}
     scaled = [o for o in objects if o["kind"] == "ScaledObject"]
     assert scaled and all("authenticationRef" not in o["spec"]["triggers"][0] for o in scaled)
@@ -241,6 +250,25 @@ def test_names_and_labels_are_valid_for_any_run_id() -> None:
         assert all(c.islower() or c.isdigit() or c == "-" for c in name)
     assert manifests.object_name("tuning-20260101t020000-v7", "check") == (
         "fleet-tuning-20260101t020000-v7-check")  # a plain run id reads as it is
+    spec_stage = manifests.object_name("r1", "fan_out_" + "x" * 31)  # a spec's stage: `_`, 40 characters
+    as_model({"name": spec_stage}, "V1ObjectMeta")
+    assert len(spec_stage) <= 45 and "_" not in spec_stage
+
+
+def test_every_stage_of_another_pipeline_is_deployed_and_its_ai_stages_scaled() -> None:
+    config = presets.build("flow", presets.PresetParams(pipeline="text_moderation"))
+    objects = manifests.render(RUN, config, open_cluster(config), OPTIONS)
+    stages = [o["metadata"]["labels"][manifests.STAGE_LABEL] for o in objects if o["kind"] == "Deployment"]
+    assert stages == ["moderate", "summarize", "classify", "join"]
+    scaled = [o["metadata"]["labels"][manifests.STAGE_LABEL] for o in objects if o["kind"] == "ScaledObject"]
+    assert scaled == ["moderate", "summarize", "classify"]  # `join` calls no AI endpoint
+    (container,) = of(objects, "Deployment", "summarize")["spec"]["template"]["spec"]["containers"]
+    pod_config = fleet.config_from_args(fleet.parser().parse_args(container["command"][3:]))
+    assert (pod_config.pipeline, pod_config.stage("summarize").members) == ("text_moderation", 1)
+    endpoints = json.loads(of(objects, "Secret", "join")["stringData"]["AI_ENDPOINTS"])
+    assert endpoints["summarize"] == "http://ai.example/v1/summarize" and len(endpoints) == 3
+    trigger = of(objects, "ScaledObject", "summarize")["spec"]["triggers"][0]["metadata"]
+    assert (trigger["topic"], trigger["consumerGroup"]) == (f"{RUN}.summarize", f"{RUN}.summarize")
 
 
 # --- backend selection, health -------------------------------------------------------------------
@@ -383,7 +411,7 @@ def test_the_backend_drives_the_cluster_through_the_hook(secured: fleets.FleetEn
     assert [s["program"] for s in started] == [f"pipelines/fleet-r1-{stage}" for stage in STAGES]
     assert backend.check(RUN) == dict.fromkeys(STAGES, "healthy")
 
-    bigger = replace(CONFIG, check=replace(CONFIG.check, members=6))
+    bigger = CONFIG.with_stages(check=replace(CONFIG.stage("check"), members=6))
     backend.scale(RUN, 8, bigger, secured, stages=("check",), ready_timeout_s=5)
     assert cluster.replicas["fleet-r1-check"] == 6
     cluster.hook.core_v1_client.replace_namespaced_secret.assert_called_once()
@@ -406,7 +434,7 @@ def test_render_prints_no_secret_and_writes_the_secrets_owner_only(
         secured: fleets.FleetEnvironment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     for key, value in {**secured.kafka.environment(), "DATABASE_URL": secured.database_url,
-                       "AI_CHECK_URL": secured.check_url, "AI_GENERATE_URL": secured.generate_url}.items():
+                       "AI_SERVICE_URL": "http://ai.example"}.items():
         monkeypatch.setenv(key, value)
     secrets_file = tmp_path / "out" / "secrets.yaml"
     monkeypatch.setattr(sys, "argv", ["render", "render", "--run-id", RUN, "--preset", "flow", "--keda",
@@ -420,6 +448,29 @@ def test_render_prints_no_secret_and_writes_the_secrets_owner_only(
     written = list(yaml.safe_load_all(secrets_file.read_text()))
     assert [o["kind"] for o in written] == ["Secret"] * 3
     assert json.loads(written[1]["stringData"]["KAFKA_CLIENT_CONFIG"])["sasl.username"] == "check"
+    assert json.loads(written[1]["stringData"]["AI_ENDPOINTS"]) == AI_URLS
+
+
+def test_render_takes_the_pipeline_of_its_preset(monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://db/pipeline")
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "kafka:9092")
+    monkeypatch.setattr(sys, "argv", ["render", "render", "--run-id", RUN, "--pipeline", "text_moderation",
+                                      "--ai-base-url", "https://ai.example"])
+    render_main()
+    deployments = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o["kind"] == "Deployment"]
+    assert [d["metadata"]["labels"][manifests.STAGE_LABEL] for d in deployments] == [
+        "moderate", "summarize", "classify", "join"]
+
+
+def test_render_refuses_an_unknown_pipeline(monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://db/pipeline")
+    monkeypatch.setattr(sys, "argv", ["render", "render", "--run-id", RUN, "--pipeline", "nope",
+                                      "--ai-base-url", "https://ai.example"])
+    with pytest.raises(SystemExit):
+        render_main()
+    assert "no such spec" in capsys.readouterr().err
 
 
 def _with_dependencies(names: set[str]) -> set[str]:

@@ -23,10 +23,12 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from consumers import consumer as consumer_module
+from consumers import pipeline_spec
 from consumers.consumer import Member, MemberSettings
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
 from consumers.producer import DeliveryError
+from consumers.storage import Key
 
 TOPIC = "unit.style"
 TP = (TOPIC, 0)
@@ -185,7 +187,9 @@ def sink() -> Sink:
 def make_member(mode: str, sink: Sink) -> Member:
     storage = SimpleNamespace(record_rebalance=lambda *a: None, record_stats=lambda *a: None,
                               record_dead_letter=lambda *a: sink.sent.append("table"))
-    ctx = SimpleNamespace(topics=Topics("unit"), storage=storage, producer=sink,
+    topics = Topics("unit", pipeline_spec.load("genai_image"))
+    ctx = SimpleNamespace(topics=topics, storage=storage, producer=sink, entry=True,
+                          key=lambda event: Key("genai_image", event["request_id"], event["run_id"]),
                           send=lambda topic, event: None)
     settings = MemberSettings(run_id="r", stage="check", mode=mode, group_id="g",
                               kafka=KafkaConnection.plain("unused"), time_scale=0.02, window=4, buffer=8,

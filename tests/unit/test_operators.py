@@ -1,5 +1,6 @@
-"""Each operator's handling of missing or bad inputs, and the gate operator's decision flow, with
-the registry and the database replaced by in-memory fakes (no services)."""
+"""Each operator's handling of missing or bad inputs, the pipeline each one works on, and the gate
+operator's decision flow, with the registry and the database replaced by in-memory fakes (no
+services)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from consumers import pipeline_spec
 from consumers.pipeline_config import PipelineConfig
 from pipeline_ops import operators
 from pipeline_ops.registry import Version
@@ -24,12 +26,13 @@ class FakeHook:
 
     def __init__(self, documents: dict[str, dict], skews: dict[str, tuple]) -> None:
         self.documents, self.skews = documents, skews
+        self.topics: list[str] = []  # whose skew was read
 
     def get_first(self, sql: str, parameters: tuple) -> tuple | None:
         if "analysis_pipeline" in sql:
             return (self.documents[parameters[0]],) if parameters[0] in self.documents else None
-        topic = parameters[0]
-        return self.skews.get(topic.removesuffix(".style"))
+        self.topics.append(parameters[0])
+        return self.skews.get(parameters[0].rsplit(".", 1)[0])
 
 
 class FakeRegistry:
@@ -37,6 +40,7 @@ class FakeRegistry:
                  hook: FakeHook | None = None) -> None:
         self.active_version, self.reference_rps, self.hook = active, reference, hook
         self.registered: list[tuple[str, PipelineConfig]] = []
+        self.asked_active: list[str] = []
         self.decisions: list[dict] = []
         self.alarms: list[tuple] = []
         self.activations: list[tuple] = []
@@ -46,9 +50,10 @@ class FakeRegistry:
         self.registered.append((name, config))
         return 7
 
-    def active(self) -> Version | None:
+    def active(self, pipeline: str) -> Version | None:
+        self.asked_active.append(pipeline)
         return None if self.active_version is None else Version(self.active_version, "flow",
-                                                                PipelineConfig(), True)
+                                                                PipelineConfig(pipeline=pipeline), True)
 
     def reference(self, version: int, conditions: dict) -> list[float] | None:
         return self.reference_rps
@@ -69,8 +74,8 @@ class FakeRegistry:
         previous, self.active_version = self.active_version, version
         return previous
 
-    def rollback(self, to_version: int | None = None, reason: str = "") -> tuple[int, int]:
-        self.rollbacks.append((to_version, reason))
+    def rollback(self, pipeline: str, to_version: int | None = None, reason: str = "") -> tuple[int, int]:
+        self.rollbacks.append((pipeline, to_version, reason))
         if to_version == 404:
             raise ValueError("no configuration version 404")
         return 5, to_version or 4
@@ -123,6 +128,37 @@ def test_resolve_registers_a_preset_with_form_values(monkeypatch: pytest.MonkeyP
     assert (got["version"], got["name"], got["run_id"]) == (7, "flow", "tuning-20260101t020000-v7")
     (name, config), = registry.registered
     assert (name, config.partitions, config.time_scale, config.key_strategy) == ("flow", 12, 0.1, "none")
+    assert got["pipeline"] == config.pipeline == pipeline_spec.REFERENCE
+    assert PipelineConfig.from_dict(got["config"]) == config
+
+
+def test_resolve_builds_the_preset_of_the_chosen_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = FakeRegistry()
+    use(monkeypatch, registry)
+    got = operators.ResolveCandidateOperator(task_id="resolve", pipeline="text_moderation", candidate="flow",
+                                             preset_params={"flow_members": "3"}).execute(CONTEXT)
+    (_, config), = registry.registered
+    assert got["pipeline"] == config.pipeline == "text_moderation"
+    assert {s: config.stage(s).members for s in config.spec.ai_stages} == {
+        "moderate": 3, "summarize": 3, "classify": 3}
+    assert registry.asked_active == []  # a preset: no active version looked up
+
+
+def test_resolve_measures_the_active_version_of_the_chosen_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = FakeRegistry(active=4)
+    use(monkeypatch, registry)
+    got = operators.ResolveCandidateOperator(task_id="resolve", pipeline="text_moderation",
+                                             candidate="active").execute(CONTEXT)
+    assert registry.asked_active == ["text_moderation"]
+    assert got["pipeline"] == registry.registered[0][1].pipeline == "text_moderation"
+
+
+def test_resolve_refuses_overrides_that_change_the_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    use(monkeypatch, Untouchable())
+    op = operators.ResolveCandidateOperator(task_id="resolve", candidate="flow", preset_params={},
+                                            overrides='{"pipeline": "text_moderation"}')
+    with pytest.raises(ValueError, match="choose the pipeline with the form's `pipeline` field"):
+        op.execute(CONTEXT)
 
 
 # --- provision, deploy, load, trials -------------------------------------------------------------
@@ -187,9 +223,11 @@ def measured(steady: list[float]) -> tuple[dict, FakeHook]:
     return trials, hook
 
 
+CANDIDATE = {"version": 7, "run_id": "tuning-x-v7", "pipeline": pipeline_spec.REFERENCE}
+
+
 def gate_operator(trials: Any, **thresholds: Any) -> operators.PromotionGateOperator:
-    return operators.PromotionGateOperator(task_id="gate", candidate={"version": 7, "run_id": "tuning-x-v7"},
-                                           trials=trials, **thresholds)
+    return operators.PromotionGateOperator(task_id="gate", candidate=CANDIDATE, trials=trials, **thresholds)
 
 
 @pytest.mark.parametrize(("thresholds", "message"), [
@@ -234,6 +272,19 @@ def test_gate_promotes_good_trials_and_records_them(monkeypatch: pytest.MonkeyPa
     assert decision["thresholds"]["target_utilization"] == 0.9
     assert ti.pushed["decision"]["passed"] and ti.pushed["decision"]["alarm"] is None
     assert registry.alarms == []
+    assert registry.asked_active == [pipeline_spec.REFERENCE]  # compared within its own pipeline
+    assert hook.topics == [f"tuning-x-v7-t{n}.style" for n in (1, 2, 3)]  # genai_image's load.measure
+
+
+def test_the_gate_reads_the_skew_of_the_pipelines_measured_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    trials, hook = measured([95.0, 96.0, 97.0])
+    registry = FakeRegistry(hook=hook)
+    use(monkeypatch, registry)
+    moderation = operators.PromotionGateOperator(task_id="gate", trials=trials,
+                                                 candidate={**CANDIDATE, "pipeline": "text_moderation"})
+    moderation.choose_branch({"ti": FakeTaskInstance()})
+    assert hook.topics == [f"tuning-x-v7-t{n}.texts" for n in (1, 2, 3)]  # text_moderation's load.measure
+    assert registry.asked_active == ["text_moderation"]
 
 
 def test_gate_rejects_a_candidate_slower_than_the_active_version(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -262,7 +313,7 @@ def test_a_failed_re_measurement_of_the_active_version_raises_an_alarm(
 @pytest.mark.parametrize("decision", [None, {"passed": False, "figures": {}}])
 def test_promote_only_follows_a_passed_gate(monkeypatch: pytest.MonkeyPatch, decision: dict | None) -> None:
     use(monkeypatch, Untouchable())
-    op = operators.PromoteOperator(task_id="promote", candidate={"version": 7, "run_id": "r"})
+    op = operators.PromoteOperator(task_id="promote", candidate=CANDIDATE)
     with pytest.raises(RuntimeError, match="no passed gate decision"):
         op.execute({"ti": FakeTaskInstance(decision)})
 
@@ -270,13 +321,13 @@ def test_promote_only_follows_a_passed_gate(monkeypatch: pytest.MonkeyPatch, dec
 def test_promoting_the_active_version_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = FakeRegistry(active=7)
     use(monkeypatch, registry)
-    op = operators.PromoteOperator(task_id="promote", candidate={"version": 7, "run_id": "r"})
+    op = operators.PromoteOperator(task_id="promote", candidate=CANDIDATE)
     got = op.execute({"ti": FakeTaskInstance({"passed": True, "figures": {}})})
     assert got == {"active": 7, "previous": 7, "changed": False}
 
 
 def test_report_needs_the_gate_decision() -> None:
-    op = operators.GateReportOperator(task_id="report", candidate={"version": 7, "run_id": "r"})
+    op = operators.GateReportOperator(task_id="report", candidate=CANDIDATE)
     with pytest.raises(RuntimeError, match="no gate decision"):
         op.execute({"ti": FakeTaskInstance(None)})
 
@@ -297,8 +348,10 @@ def test_rollback_passes_the_version_and_reason_on(monkeypatch: pytest.MonkeyPat
     use(monkeypatch, registry)
     previous = operators.RollbackOperator(task_id="r", version="0", reason=" slow since Monday ").execute(
         CONTEXT)
-    named = operators.RollbackOperator(task_id="r", version="3", reason="known good").execute(CONTEXT)
-    assert registry.rollbacks == [(None, "slow since Monday"), (3, "known good")]
+    named = operators.RollbackOperator(task_id="r", pipeline="text_moderation", version="3",
+                                       reason="known good").execute(CONTEXT)
+    assert registry.rollbacks == [("genai_image", None, "slow since Monday"),
+                                  ("text_moderation", 3, "known good")]
     assert (previous["active"], previous["previous"], named["active"]) == (4, 5, 3)
     with pytest.raises(ValueError, match="no configuration version 404"):
         operators.RollbackOperator(task_id="r", version="404", reason="x").execute(CONTEXT)

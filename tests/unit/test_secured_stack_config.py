@@ -17,6 +17,7 @@ from psycopg2.extensions import parse_dsn
 from sqlalchemy.engine import make_url
 
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.pipeline_spec import roles
 from infra import kafka_cluster, kafka_tools, layout, tls
 from infra.layout import Layout
 from infra.stack import Credentials, environment, write_env
@@ -25,8 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 SECURE = Layout("secure")
 BOOTSTRAP = "127.0.0.1:31092,127.0.0.1:31093,127.0.0.1:31094"
 CA = str(REPO / ".local" / "secure" / "tls" / "ca.pem")
-PASSWORDS = {"admin": "admin-pw", "source": "source-pw", "intake": "intake-pw", "check": "check-pw",
-             "generate": "generate-pw"}
+PASSWORDS = {user: f"{user}-pw" for user in ("admin", *roles())}
 PG_PASSWORD = "p@ss/w:rd%"  # every character URL-quoting changes
 PG_QUOTED = "p%40ss%2Fw%3Ard%25"
 SECURED_ONLY = {"sasl.enabled.mechanisms", "sasl.mechanism.inter.broker.protocol",
@@ -147,7 +147,7 @@ def test_the_secured_environment_hands_out_every_principal() -> None:
     access = KafkaAccess.from_environment(env)
     assert access is not None and access.default.settings == client_settings("admin")
     assert {role: conn.settings for role, conn in access.roles.items()} == \
-        {role: client_settings(role) for role in ("source", "intake", "check", "generate")}
+        {role: client_settings(role) for role in roles()}
     assert access.of("check").principal == "User:check"
 
 
@@ -194,8 +194,10 @@ def test_stack_env_is_owner_only_and_gives_the_passwords_back(tmp_path: Path,
 
 def test_passwords_are_generated_once_and_kept() -> None:
     first = Credentials(None, {}).completed("sasl_ssl")
-    assert sorted(first.kafka) == ["admin", "check", "generate", "intake", "source"]
-    assert len({first.postgres, *first.kafka.values()}) == 6
+    # a principal per stage name of every shipped spec, the source and the admin
+    assert sorted(first.kafka) == ["admin", "check", "classify", "generate", "intake", "join", "moderate",
+                                   "source", "summarize"]
+    assert len({first.postgres, *first.kafka.values()}) == 10
     assert first.completed("sasl_ssl").kafka == first.kafka
     assert first.completed("sasl_ssl").postgres == first.postgres
     assert Credentials("pg", {}).completed("plaintext").kafka == {}

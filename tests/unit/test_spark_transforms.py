@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -15,6 +16,7 @@ from spark.session import build
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)  # epoch seconds 1767225600: every bucket boundary lines up
 T0_S = 1_767_225_600
+P = "genai_image"
 
 
 def at(seconds: float) -> datetime:
@@ -134,12 +136,11 @@ def run_frames(spark: SparkSession) -> pipeline_analysis.RunFrames:
     """A small run: 5 requests (3 completed, 1 rejected, 1 dead-lettered), stages check and
     generate, 3 members, two consumer groups."""
     requests = spark.createDataFrame(
-        [("r1", "completed", at(0), at(0.5), at(1), at(1.5)),
-         ("r2", "completed", at(0.5), at(1), at(2.5), None),
-         ("r3", "completed", at(1), at(2), at(4), at(5)), ("r4", "rejected", at(2), at(2.2), None, None),
-         ("r5", "dead_lettered", at(3), None, None, None)],
-        "request_id string, status string, produced_at timestamp, checked_at timestamp, "
-        "generated_at timestamp, notified_at timestamp")
+        [(P, "r1", "completed", at(0), at(1), at(1.5)), (P, "r2", "completed", at(0.5), at(2.5), None),
+         (P, "r3", "completed", at(1), at(4), at(5)), (P, "r4", "rejected", at(2), at(2.2), None),
+         (P, "r5", "dead_lettered", at(3), None, None)],
+        "pipeline string, request_id string, status string, produced_at timestamp, "
+        "finished_at timestamp, notified_at timestamp")
     stage_results = spark.createDataFrame(
         [("r1", "check", "ok", "m1", at(10.05)), ("r2", "check", "ok", "m2", at(10.9)),
          ("r3", "check", "rejected", "m1", at(12.2)),
@@ -159,9 +160,9 @@ def run_frames(spark: SparkSession) -> pipeline_analysis.RunFrames:
          ("g1", "m2", "assign", at(12.4)), ("g1", "m3", "max_poll_exceeded", at(19.9)),
          ("g1", "m3", "lost", at(20.0)), ("g1", "m1", "assign", at(21.5)), ("g2", "m9", "revoke", at(30.0))],
         "group_id string, member string, event string, at timestamp")
-    # r5's dead letter ends it at 6.0; r1's (a completed request) does not count
-    dead_letters = spark.createDataFrame([("r5", at(6.0)), ("r1", at(50.0))],
-                                         "request_id string, at timestamp")
+    # r5's dead letter ends it at 6.0; r1's (a completed request) and another pipeline's r5 do not count
+    dead_letters = spark.createDataFrame([(P, "r5", at(6.0)), (P, "r1", at(50.0)), ("other", "r5", at(40.0))],
+                                         "pipeline string, request_id string, at timestamp")
     return pipeline_analysis.RunFrames(requests, stage_results, attempts, rebalances, dead_letters)
 
 
@@ -185,8 +186,8 @@ def test_percentiles_interpolate_linearly_between_ranks(spark: SparkSession) -> 
 
 def test_end_to_end_latency_uses_requests_with_both_ends(spark: SparkSession) -> None:
     rows = by(collect(pipeline_analysis.end_to_end_latency(run_frames(spark).requests)), "measure")
-    generated, notified = rows["generated"], rows["notified"]  # generated 1, 2, 3 s; notified 1.5, 4 s
-    assert (generated["count"], generated["p50"], generated["p95"]) == (
+    finished, notified = rows["finished"], rows["notified"]  # finished 1, 2, 3 s; notified 1.5, 4 s
+    assert (finished["count"], finished["p50"], finished["p95"]) == (
         3, pytest.approx(2.0), pytest.approx(2.9))
     assert (notified["count"], notified["p50"], notified["p99"]) == (
         2, pytest.approx(2.75), pytest.approx(1.5 + 0.99 * 2.5))
@@ -194,11 +195,21 @@ def test_end_to_end_latency_uses_requests_with_both_ends(spark: SparkSession) ->
 
 def test_end_to_end_latency_counts_completed_requests_only(spark: SparkSession) -> None:
     requests = spark.createDataFrame(
-        [("a", "completed", at(0), at(2), at(3)), ("b", "rejected", at(0), None, at(0.4))],
-        "request_id string, status string, produced_at timestamp, generated_at timestamp, "
+        [("a", "completed", at(0), at(2), at(3)), ("b", "rejected", at(0), at(0.2), at(0.4))],
+        "request_id string, status string, produced_at timestamp, finished_at timestamp, "
         "notified_at timestamp")
     rows = by(collect(pipeline_analysis.end_to_end_latency(requests)), "measure")
+    assert (rows["finished"]["count"], rows["finished"]["p50"]) == (1, pytest.approx(2.0))
     assert (rows["notified"]["count"], rows["notified"]["p50"]) == (1, pytest.approx(3.0))
+
+
+def test_last_terminal_state_is_a_rejection_finishing_last(spark: SparkSession) -> None:
+    frames = run_frames(spark)
+    requests = frames.requests.unionByName(spark.createDataFrame(
+        [(P, "r6", "rejected", at(4), at(7.5), None), (P, "r7", "checking", at(5), None, None)],
+        frames.requests.schema))
+    last = pipeline_analysis.last_terminal_us(dataclasses.replace(frames, requests=requests))
+    assert last == (T0_S + 7.5) * 1_000_000  # r6's rejection, after r5's dead letter at 6
 
 
 def test_stage_latency_counts_successful_attempts_only(spark: SparkSession) -> None:
@@ -253,7 +264,7 @@ def test_analyse_document(spark: SparkSession) -> None:
     doc = pipeline_analysis.analyse(run_frames(spark), "run-x", bucket_seconds=1)
     assert (doc["requests"], doc["completed"]) == (5, 3)
     assert doc["status"] == {"completed": 3, "dead_lettered": 1, "rejected": 1}
-    # first produced at 0; last terminal state: r5's dead letter at 6 (after r3's generation at 4)
+    # first produced at 0; last terminal state: r5's dead letter at 6 (after r3's finish at 4)
     assert (doc["first_produced_at"], doc["last_terminal_at"]) == (at(0).isoformat(), at(6).isoformat())
     assert (doc["span_s"], doc["throughput_rps"]) == (pytest.approx(6.0), pytest.approx(0.5))
     assert doc["steady_throughput_rps"] == 0.0  # 4 generate completions: too few for a plateau

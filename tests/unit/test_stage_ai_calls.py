@@ -1,53 +1,74 @@
 """One stage's AI call: claimed first, tries on record, poison only after the request's own tries.
 
 The HTTP layer is scripted (each try's outcome is given), the retry loop is the real
-`AIClient`'s, and storage is an in-memory fake of the calls a stage makes.
+`AIClient`'s, and storage is an in-memory fake of the calls a stage makes. Every AI stage of
+every shipped pipeline is run through each case.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections import deque
 from typing import Any
 
 import psycopg2
 import pytest
 
-from consumers import events, stages
+from consumers import events, pipeline_spec, stages
 from consumers.ai_client import AIClient, AIUnavailable, Endpoint, RetryPolicy
 from consumers.failures import POISON, TRANSIENT, AIBusy, ClaimHeld, classify
-from consumers.storage import Claim, Origin
+from consumers.storage import Claim, Key, Origin, Status
+from tests import bad_input
 
-ORIGIN = Origin("generate-0", "p.generate", 0, 7)
-ANSWERS = {"ok": (200, {"result_url": "https://cdn/x.png"}), "http_5xx": (500, {}),
-           "http_429": (429, {}), "timeout": (None, {}), "http_4xx": (400, {})}
+AI_STAGES = [(spec, stage) for spec, stage in bad_input.cases() if stage in spec.ai_stages]
+
+
+@pytest.fixture(params=AI_STAGES, ids=[f"{spec.name}-{stage}" for spec, stage in AI_STAGES])
+def ai_stage(request: pytest.FixtureRequest) -> tuple[pipeline_spec.PipelineSpec, str]:
+    return request.param
+
+
+def answer(spec: pipeline_spec.PipelineSpec, stage: str) -> dict[str, str]:
+    """A successful body: each field the stage keeps, plus one it does not."""
+    work = spec.stages[stage].work
+    return {**{name: f"{name}-answer" for name in work.keep}, "unkept": "x"}
+
+
+STATUS = {"ok": 200, "http_5xx": 500, "http_429": 429, "timeout": None, "http_4xx": 400}
 
 
 class ScriptedClient(AIClient):
     """The real retry loop over scripted try outcomes; counts the requests it 'sent'."""
 
-    def __init__(self, *outcomes: str, max_attempts: int = 4) -> None:
-        super().__init__(Endpoint("http://ai/v1/generate"),
+    def __init__(self, body: dict[str, Any], *outcomes: str, max_attempts: int = 4) -> None:
+        super().__init__(Endpoint("http://ai/v1/work"),
                          RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.0, backoff_max_s=0.0))
+        self.body = body
         self.outcomes = deque(outcomes)
         self.sent = 0
+        self.payloads: list[dict[str, Any]] = []
 
     def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict, str, float | None]:
         self.sent += 1
+        self.payloads.append(payload)
         outcome = self.outcomes.popleft()
-        status, body = ANSWERS[outcome]
-        return status, body, outcome, None
+        return STATUS[outcome], self.body if outcome == "ok" else {}, outcome, None
 
 
 class FakeStorage:
-    def __init__(self, claim: Claim | None = None, fail_result_writes: int = 0) -> None:
+    def __init__(self, claim: Claim | None = None, fail_result_writes: int = 0,
+                 fail_attempt_writes: int = 0) -> None:
         self.claim_answer = claim or Claim(ours=True)
         self.fail_result_writes = fail_result_writes
+        self.fail_attempt_writes = fail_attempt_writes
         self.attempts: dict[int, list[Any]] = {}
-        self.results: list[str] = []
+        self.results: list[dict | None] = []
+        self.statuses: list[str | None] = []
         self.skips = 0
 
-    def claim(self, request_id: str, stage: str, owner: str, lease_s: float) -> Claim:
+    def take(self, key: Key, produced_at: float, fields: dict, status: Status | None) -> dict:
+        return fields
+
+    def claim(self, key: Key, stage: str, owner: str, lease_s: float) -> Claim:
         return self.claim_answer
 
     def start_attempt(self, *args: Any) -> int:
@@ -56,20 +77,25 @@ class FakeStorage:
         return row_id
 
     def end_attempts(self, ended: list[tuple[int, float, str, int | None]]) -> None:
+        if self.fail_attempt_writes:
+            self.fail_attempt_writes -= 1
+            raise psycopg2.OperationalError("server closed the connection unexpectedly")
         for row_id, _, outcome, _ in ended:
             self.attempts[row_id] = [outcome]
 
-    def record_result(self, stage: str, event: dict, detail: str, origin: Origin) -> bool:
+    def record_result(self, key: Key, stage: str, result: dict | None, origin: Origin,
+                      status: Status | None, entry: bool) -> bool:
         if self.fail_result_writes:
             self.fail_result_writes -= 1
             raise psycopg2.OperationalError("server closed the connection unexpectedly")
-        self.results.append(detail)
+        self.results.append(result)
+        self.statuses.append(status.name if status else None)
         return True
 
     def record_skip(self, *args: Any) -> None:
         self.skips += 1
 
-    def mark_notified(self, request_id: str) -> None:
+    def mark_notified(self, key: Key) -> None:
         pass
 
     def outcomes(self) -> list[str]:
@@ -84,77 +110,119 @@ class Sent:
         self.events.append((topic, event))
 
 
-def context(storage: FakeStorage, client: ScriptedClient) -> stages.StageContext:
-    ctx = stages.StageContext(stage="generate", topics=events.Topics("p"), storage=storage,  # type: ignore[arg-type]
-                              producer=None, generate_ai=client)  # type: ignore[arg-type]
+def context(spec: pipeline_spec.PipelineSpec, stage: str, storage: FakeStorage,
+            client: ScriptedClient) -> stages.StageContext:
+    ctx = stages.StageContext(stage=stage, topics=events.Topics("p", spec), storage=storage,  # type: ignore[arg-type]
+                              producer=None, ai=client)  # type: ignore[arg-type]
     ctx.send = Sent()  # type: ignore[method-assign]
     return ctx
 
 
-EVENT = events.style_event("run", str(uuid.uuid4()), "minimal", "a poster")
-
-
 def handle(ctx: stages.StageContext, state: stages.RecordState) -> Exception | None:
+    spec = ctx.topics.spec
+    origin = Origin(f"{ctx.stage}-0", ctx.topics.source_of(ctx.stage), 0, 7)
     try:
-        stages.handle(ctx, EVENT, ORIGIN, state)
+        stages.handle(ctx, bad_input.valid_event(spec, ctx.stage), origin, state)
     except Exception as exc:  # noqa: BLE001 - the test classifies it
         return exc
     return None
 
 
-def test_429s_do_not_use_up_the_requests_tries() -> None:
-    storage, client = FakeStorage(), ScriptedClient("http_429", "http_429", "http_429", "http_5xx")
+# Where each AI stage's outcome goes with the scripted answer ("<field>-answer" for every kept
+# field: no stage's `when` matches it), read off the specs by hand.
+ROUTED = {("genai_image", "check"): ["notify"], ("genai_image", "generate"): ["notify"],
+          ("text_moderation", "moderate"): ["replies"], ("text_moderation", "summarize"): ["answers"],
+          ("text_moderation", "classify"): ["answers"]}
+
+
+def test_every_ai_stage_has_its_expected_routes() -> None:
+    assert {(spec.name, stage) for spec, stage in AI_STAGES} == set(ROUTED)
+
+
+def test_429s_do_not_use_up_the_requests_tries(ai_stage: tuple) -> None:
+    spec, stage = ai_stage
+    storage = FakeStorage()
+    client = ScriptedClient(answer(spec, stage), "http_429", "http_429", "http_429", "http_5xx")
     state = stages.RecordState()
-    failure = handle(context(storage, client), state)
+    failure = handle(context(spec, stage, storage, client), state)
     # 4 tries, only one of them the request's own failure: the record waits, not dead-lettered.
     assert isinstance(failure, AIBusy) and classify(failure).kind == TRANSIENT
     assert storage.outcomes() == ["http_429", "http_429", "http_429", "http_5xx"]  # all on record
 
     client.outcomes.extend(["http_5xx", "timeout", "http_5xx", "ok"])
-    assert handle(context(storage, client), state) is None  # the retry of the record completes
-    assert storage.results == ["https://cdn/x.png"]
+    assert handle(context(spec, stage, storage, client), state) is None  # the retry completes
+    kept = {name: f"{name}-answer" for name in spec.stages[stage].work.keep}
+    assert storage.results == [kept]  # the kept fields only
     assert client.sent == 8
 
 
-def test_the_requests_own_failures_dead_letter_it_after_its_tries() -> None:
-    storage, client = FakeStorage(), ScriptedClient("http_429", "http_5xx", "timeout", "http_5xx")
+def test_the_request_fields_come_from_the_event(ai_stage: tuple) -> None:
+    spec, stage = ai_stage
+    client = ScriptedClient(answer(spec, stage), "ok")
+    assert handle(context(spec, stage, FakeStorage(), client), stages.RecordState()) is None
+    event = bad_input.valid_event(spec, stage)
+    request = spec.stages[stage].work.request
+    assert client.payloads == [{name: event[field] for name, field in request.items()}]
+    assert client.payloads[0][next(iter(request))] == bad_input.REQUEST_ID  # each spec sends its key first
+
+
+def test_the_requests_own_failures_dead_letter_it_after_its_tries(ai_stage: tuple) -> None:
+    spec, stage = ai_stage
+    storage = FakeStorage()
+    client = ScriptedClient(answer(spec, stage), "http_429", "http_5xx", "timeout", "http_5xx")
     state = stages.RecordState()
-    assert isinstance(handle(context(storage, client), state), AIBusy)  # 3 own failures of 4
+    assert isinstance(handle(context(spec, stage, storage, client), state), AIBusy)  # 3 own of 4
     client.outcomes.extend(["http_5xx", "http_429", "http_429", "http_429"])
-    failure = handle(context(storage, client), state)  # the 4th own failure
+    failure = handle(context(spec, stage, storage, client), state)  # the 4th own failure
     assert isinstance(failure, AIUnavailable) and classify(failure).kind == POISON
     sent = client.sent
-    assert isinstance(handle(context(storage, client), state), AIUnavailable)  # decided: no new call
+    assert isinstance(handle(context(spec, stage, storage, client), state), AIUnavailable)  # no new call
     assert client.sent == sent == 8
     assert storage.results == []
 
 
-def test_a_final_4xx_is_poison_at_once() -> None:
-    storage, client = FakeStorage(), ScriptedClient("http_4xx")
-    failure = handle(context(storage, client), stages.RecordState())
+def test_an_answer_without_a_kept_field_is_the_requests_fault(ai_stage: tuple) -> None:
+    spec, stage = ai_stage
+    client = ScriptedClient({"unkept": "x"}, "ok")
+    failure = handle(context(spec, stage, FakeStorage(), client), stages.RecordState())
+    assert isinstance(failure, AIUnavailable) and classify(failure).kind == POISON
+
+
+def test_a_final_4xx_is_poison_at_once(ai_stage: tuple) -> None:
+    spec, stage = ai_stage
+    client = ScriptedClient(answer(spec, stage), "http_4xx")
+    failure = handle(context(spec, stage, FakeStorage(), client), stages.RecordState())
     assert isinstance(failure, AIUnavailable) and classify(failure).kind == POISON
     assert client.sent == 1
 
 
-def test_an_answer_received_before_a_database_outage_is_stored_without_calling_again() -> None:
-    storage, client = FakeStorage(fail_result_writes=2), ScriptedClient("ok")
-    ctx, state = context(storage, client), stages.RecordState()
+@pytest.mark.parametrize("failing", ["fail_result_writes", "fail_attempt_writes"])
+def test_an_answer_received_before_a_database_outage_is_stored_without_calling_again(
+        ai_stage: tuple, failing: str) -> None:
+    spec, stage = ai_stage
+    storage, client = FakeStorage(**{failing: 2}), ScriptedClient(answer(spec, stage), "ok")
+    ctx, state = context(spec, stage, storage, client), stages.RecordState()
     for _ in range(2):
         failure = handle(ctx, state)
         assert classify(failure).kind == TRANSIENT  # type: ignore[arg-type]
     assert handle(ctx, state) is None
     assert client.sent == 1
-    assert storage.results == ["https://cdn/x.png"]
-    assert [topic for topic, _ in ctx.send.events] == ["p.notify"]  # type: ignore[attr-defined]
+    assert len(storage.results) == 1
+    assert [topic for topic, _ in ctx.send.events] == ROUTED[spec.name, stage]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("claim", "expected"),
-                         [(Claim(ours=False), ClaimHeld), (Claim(done="https://cdn/y"), None)])
-def test_a_claimed_or_finished_request_is_not_called(claim: Claim, expected: type | None) -> None:
-    storage, client = FakeStorage(claim=claim), ScriptedClient()
-    failure = handle(context(storage, client), stages.RecordState())
+                         [(Claim(ours=False), ClaimHeld), (Claim(done={"recorded": "before"}), None)])
+def test_a_claimed_or_finished_request_is_not_called(ai_stage: tuple, claim: Claim,
+                                                     expected: type | None) -> None:
+    spec, stage = ai_stage
+    storage, client = FakeStorage(claim=claim), ScriptedClient(answer(spec, stage))
+    ctx = context(spec, stage, storage, client)
+    failure = handle(ctx, stages.RecordState())
     assert client.sent == 0
     if expected is None:
-        assert failure is None and storage.skips == 1  # the recorded result is re-sent downstream
+        assert failure is None and storage.skips == 1
+        assert storage.results == [{"recorded": "before"}]
+        assert [topic for topic, _ in ctx.send.events] == ROUTED[spec.name, stage]  # re-sent downstream
     else:
         assert isinstance(failure, expected) and classify(failure).kind == TRANSIENT

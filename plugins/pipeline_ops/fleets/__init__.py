@@ -7,10 +7,10 @@ from __future__ import annotations
 from airflow.exceptions import AirflowNotFoundException
 from airflow.sdk import BaseHook
 
-from pipeline_ops.fleets.backend import AI_STAGES, FleetBackend, FleetEnvironment
+from pipeline_ops.fleets.backend import FleetBackend, FleetEnvironment
 from pipeline_ops.fleets.supervisord import FleetSupervisor
 
-__all__ = ["AI_STAGES", "FleetBackend", "FleetEnvironment", "FleetSupervisor", "backend_for"]
+__all__ = ["FleetBackend", "FleetEnvironment", "FleetSupervisor", "backend_for"]
 
 
 def backend_for(fleet_conn_id: str, postgres_conn_id: str = "postgres_default") -> FleetBackend:

@@ -1,16 +1,18 @@
-"""What every deployment backend takes and does: a run's fleets started from a configuration and
-the addresses in a `FleetEnvironment`, the AI stages resized, their health checked, all stopped."""
+"""What every deployment backend takes and does: a run's fleets, one per stage of the
+configuration's pipeline, started from a configuration and the addresses in a `FleetEnvironment`,
+stages resized (by default those that call an AI endpoint), their health checked, all stopped."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline_config import PipelineConfig
 
-AI_STAGES = ("check", "generate")
 TOKEN_ENV = "AI_SERVICE_TOKEN"  # the fleet's default --ai-token-env
 # A fleet's health, whatever runs it: healthy | starting | restarting | stopping | dead.
 DOWN = ("dead", "restarting")
@@ -22,22 +24,22 @@ class FleetEnvironment:
 
     kafka: KafkaAccess
     database_url: str
-    check_url: str
-    generate_url: str
+    ai_urls: Mapping[str, str]  # the URL of each AI endpoint of the pipeline spec, by endpoint name
 
     def variables(self, stage: str) -> dict[str, str]:
-        """A stage fleet's environment: its own Kafka principal, the addresses, and the AI token
-        when this process has one. Secrets travel here (an owner-only program file, a Kubernetes
-        Secret), never on the command line."""
+        """A stage fleet's environment: its own Kafka principal, the addresses (the AI endpoints
+        as the fleet's `AI_ENDPOINTS` JSON), and the AI token when this process has one. Secrets
+        travel here (an owner-only program file, a Kubernetes Secret), never on the command line."""
         env = {**self.kafka.of(stage).environment(), "DATABASE_URL": self.database_url,
-               "AI_CHECK_URL": self.check_url, "AI_GENERATE_URL": self.generate_url}
+               "AI_ENDPOINTS": json.dumps(dict(self.ai_urls), sort_keys=True)}
         if os.environ.get(TOKEN_ENV):
             env[TOKEN_ENV] = os.environ[TOKEN_ENV]
         return env
 
 
 class FleetBackend(Protocol):
-    """Runs the fleets of a run, one per stage, and records them in the `deployments` table."""
+    """Runs the fleets of a run, one per stage of its pipeline, and records them in the
+    `deployments` table."""
 
     def start(self, run_id: str, version: int, config: PipelineConfig, env: FleetEnvironment,
               ready_timeout_s: float = 90.0) -> list[dict]:
@@ -45,8 +47,8 @@ class FleetBackend(Protocol):
         ...
 
     def scale(self, run_id: str, version: int, config: PipelineConfig, env: FleetEnvironment,
-              stages: tuple[str, ...] = AI_STAGES, ready_timeout_s: float = 90.0) -> list[dict]:
-        """Run `stages` at `config`'s member counts."""
+              stages: tuple[str, ...] | None = None, ready_timeout_s: float = 90.0) -> list[dict]:
+        """Run `stages` (default: the pipeline's AI stages) at `config`'s member counts."""
         ...
 
     def check(self, run_id: str) -> dict[str, str]:

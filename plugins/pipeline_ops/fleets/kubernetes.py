@@ -9,6 +9,8 @@ by their labels and waits until its pods have terminated, each after draining on
 is recorded.
 
     python -m pipeline_ops.fleets.kubernetes render --run-id r1 --preset flow > fleet.yaml
+    python -m pipeline_ops.fleets.kubernetes render --run-id t1 --pipeline text_moderation \\
+        --ai-base-url https://ai.example > fleet.yaml
 """
 
 from __future__ import annotations
@@ -26,13 +28,12 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from kubernetes.client import V1Deployment, V1Pod
 from kubernetes.client.rest import ApiException
 
-from consumers import kafka_connection, presets
-from consumers.events import STAGES
+from consumers import kafka_connection, pipeline_spec, presets
 from consumers.fleet import member_name
-from consumers.pipeline_config import PipelineConfig
+from consumers.pipeline_config import Endpoints, PipelineConfig
 from infra.layout import write_private
 from pipeline_ops.fleets import manifests
-from pipeline_ops.fleets.backend import AI_STAGES, FleetEnvironment
+from pipeline_ops.fleets.backend import FleetEnvironment
 from pipeline_ops.fleets.records import KUBERNETES, Deployment, Records, wait_ready
 
 log = logging.getLogger(__name__)
@@ -100,18 +101,20 @@ class KubernetesFleets:
             for obj in filter(_is_keda, objects):
                 self.hook.create_custom_object(manifests.KEDA_GROUP, manifests.KEDA_VERSION,
                                                manifests.PLURALS[obj["kind"]], obj, self.namespace)
-            for stage in STAGES:
+            for stage in config.spec.stage_names:
                 self._record(run_id, version, config, stage)
-            self._wait_ready(run_id, config, STAGES, ready_timeout_s)
+            self._wait_ready(run_id, config, config.spec.stage_names, ready_timeout_s)
         except Exception:
             self.stop(run_id)  # no half-deployed run left behind
             raise
         return self.describe(run_id)
 
     def scale(self, run_id: str, version: int, config: PipelineConfig, env: FleetEnvironment,
-              stages: tuple[str, ...] = AI_STAGES, ready_timeout_s: float = 90.0) -> list[dict]:
-        """Replace `stages`' objects with `config`'s: at new member counts only the replicas (and
-        a ScaledObject's minimum) change and the running pods stay; a new version rolls them."""
+              stages: tuple[str, ...] | None = None, ready_timeout_s: float = 90.0) -> list[dict]:
+        """Replace `stages`' objects (default: the pipeline's AI stages) with `config`'s: at new
+        member counts only the replicas (and a ScaledObject's minimum) change and the running pods
+        stay; a new version rolls them."""
+        stages = config.spec.ai_stages if stages is None else stages
         deployed = {d.stage: d for d in self.running(run_id)}
         missing = [stage for stage in stages if stage not in deployed]
         if missing:
@@ -238,16 +241,17 @@ class KubernetesFleets:
 
 def _render(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """Manifests to standard output; the Secrets, which hold credentials, only to --secrets-file."""
-    given = {"--database-url": args.database_url, "--check-url": args.check_url,
-             "--generate-url": args.generate_url}
+    given = {"--database-url": args.database_url, "--ai-base-url": args.ai_base_url}
     missing = [flag for flag, value in given.items() if not value]
     if missing:
-        parser.error(f"set {', '.join(missing)} or DATABASE_URL, AI_CHECK_URL, AI_GENERATE_URL "
-                     "(source .local/stack.env)")
-    config = (PipelineConfig.from_argument(args.config) if args.config
-              else presets.build(args.preset, presets.PresetParams()))
-    env = FleetEnvironment(kafka_connection.from_args(args, parser), args.database_url, args.check_url,
-                           args.generate_url)
+        parser.error(f"set {', '.join(missing)} or DATABASE_URL, AI_SERVICE_URL (source .local/stack.env)")
+    try:
+        config = (PipelineConfig.from_argument(args.config) if args.config
+                  else presets.build(args.preset, presets.PresetParams(pipeline=args.pipeline)))
+    except ValueError as exc:  # a refused spec (SpecError) or configuration
+        parser.error(str(exc))
+    env = FleetEnvironment(kafka_connection.from_args(args, parser), args.database_url,
+                           Endpoints.on(args.ai_base_url, config.spec).urls)
     options = manifests.Options(namespace=args.namespace, image=args.image, keda=args.keda)
     objects = manifests.render(args.run_id, config, env, options)
     secrets = [o for o in objects if o["kind"] == "Secret"]
@@ -267,7 +271,10 @@ def main() -> None:
     render.add_argument("--run-id", required=True)
     source = render.add_mutually_exclusive_group()
     source.add_argument("--preset", choices=presets.NAMES, default="flow")
-    source.add_argument("--config", help="a configuration as JSON, or @file.json, instead of a preset")
+    source.add_argument("--config", help="a configuration as JSON, or @file.json, instead of a preset "
+                                         "(it names its own pipeline)")
+    render.add_argument("--pipeline", default=pipeline_spec.REFERENCE,
+                        help="the preset's pipeline: a spec's name or path")
     render.add_argument("--namespace", default=KubernetesHook.DEFAULT_NAMESPACE)
     render.add_argument("--image", default=manifests.DEFAULT_IMAGE)
     render.add_argument("--keda", action="store_true", help="ScaledObjects for the AI stages")
@@ -275,8 +282,8 @@ def main() -> None:
                         help="write the Secrets (the fleets' credentials) to this owner-only file")
     kafka_connection.add_argument(render)
     render.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
-    render.add_argument("--check-url", default=os.environ.get("AI_CHECK_URL"))
-    render.add_argument("--generate-url", default=os.environ.get("AI_GENERATE_URL"))
+    render.add_argument("--ai-base-url", default=os.environ.get("AI_SERVICE_URL"),
+                        help="where the pipeline's AI endpoints are served (each at its spec's path)")
     _render(parser.parse_args(), render)
 
 

@@ -1,13 +1,13 @@
 """A run's consumer fleets as Kubernetes objects: plain dicts, rendered without a cluster.
 
-Per stage, a `Secret` with the stage fleet's environment (`FleetEnvironment.variables`: its own
-Kafka principal, the database URL, the AI addresses and token) and a `Deployment` of one pod per
-member, each running `python -m consumers.fleet ... --members 1` with that Secret as its
-environment (`envFrom`), so no secret value is in the Deployment. A pod is ready once it serves
-/metrics. Kubernetes stops a pod with SIGTERM, on which the fleet's member stops taking work,
-finishes what is in flight within the configuration's shutdown deadline, commits and leaves the
-group; the grace period before SIGKILL is the supervisord backend's stop wait (that deadline plus
-`fleet_program.STOP_MARGIN_S`).
+Per stage of the configuration's pipeline, a `Secret` with the stage fleet's environment
+(`FleetEnvironment.variables`: its own Kafka principal, the database URL, the AI endpoints and
+token) and a `Deployment` of one pod per member, each running `python -m consumers.fleet ...
+--members 1` with that Secret as its environment (`envFrom`), so no secret value is in the
+Deployment. A pod is ready once it serves /metrics. Kubernetes stops a pod with SIGTERM, on
+which the fleet's member stops taking work, finishes what is in flight within the
+configuration's shutdown deadline, commits and leaves the group; the grace period before SIGKILL
+is the supervisord backend's stop wait (that deadline plus `fleet_program.STOP_MARGIN_S`).
 
 Optionally (KEDA installed), per AI stage a `ScaledObject` on the consumer lag of the stage's group
 on its source topic, from the configuration's members up to the partition count (a member beyond
@@ -23,11 +23,11 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from consumers.events import STAGES, Topics
+from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline_config import PipelineConfig
 from infra.fleet_program import fleet_command, stop_wait_s
-from pipeline_ops.fleets.backend import AI_STAGES, FleetEnvironment
+from pipeline_ops.fleets.backend import FleetEnvironment
 
 KEDA_GROUP, KEDA_VERSION = "keda.sh", "v1alpha1"
 KEDA_API = f"{KEDA_GROUP}/{KEDA_VERSION}"
@@ -65,8 +65,9 @@ def _dns_label(text: str, limit: int) -> str:
 
 def object_name(run_id: str, stage: str) -> str:
     """`fleet-<run>-<stage>`: the stage's Deployment and ScaledObject (at most 45 characters,
-    leaving room for the suffixes of its pods)."""
-    return f"fleet-{_dns_label(run_id, 30)}-{stage}"
+    leaving room for the suffixes of its pods; a spec's stage name may hold `_`, which a DNS
+    label may not)."""
+    return _dns_label(f"fleet-{_dns_label(run_id, 30)}-{stage}", 45)
 
 
 def secret_name(name: str) -> str:
@@ -136,7 +137,7 @@ def secret(name: str, run_id: str, stage: str, variables: dict[str, str], option
 def deployment(name: str, run_id: str, stage: str, config: PipelineConfig, options: Options) -> dict:
     """One pod per member. Every pod's --config says one member per stage, so scaling changes
     the replicas only and never rolls the pods; each names its member after itself."""
-    per_pod = replace(config, **{s: replace(config.stage(s), members=1) for s in STAGES})
+    per_pod = config.with_stages(**{s: replace(config.stage(s), members=1) for s in config.spec.stage_names})
     command = [*fleet_command(run_id, stage, per_pod, 1, METRICS_PORT, python="python"),
                "--metrics-host", "0.0.0.0", "--instance", "$(POD_NAME)"]
     container = {
@@ -169,7 +170,7 @@ def trigger_authentication(name: str, run_id: str, stage: str, parameters: list[
 def scaled_object(name: str, run_id: str, stage: str, config: PipelineConfig, bootstrap: str,
                   authenticated: bool, options: Options) -> dict:
     """Between the configuration's members and one per partition, on the group's lag."""
-    topics = Topics(run_id)
+    topics = Topics(run_id, config.spec)
     trigger = {"type": "kafka", "metadata": {
         "bootstrapServers": bootstrap, "consumerGroup": topics.group_of(stage),
         "topic": topics.source_of(stage), "lagThreshold": str(lag_per_member(config, stage)),
@@ -188,7 +189,7 @@ def stage_objects(run_id: str, stage: str, config: PipelineConfig, env: FleetEnv
     reading it, a TriggerAuthentication before the ScaledObject naming it."""
     name = object_name(run_id, stage)
     connection = inline_files(env.kafka.of(stage))
-    scaled = options.keda and stage in AI_STAGES
+    scaled = options.keda and stage in config.spec.ai_stages
     auth = keda_auth(connection) if scaled else {}
     variables = {**env.variables(stage), **connection.environment(),
                  **{keda_key(parameter): value for parameter, value in auth.items()}}
@@ -202,5 +203,6 @@ def stage_objects(run_id: str, stage: str, config: PipelineConfig, env: FleetEnv
 
 
 def render(run_id: str, config: PipelineConfig, env: FleetEnvironment, options: Options) -> list[dict]:
-    """Every object of a run's fleets, stage by stage."""
-    return [obj for stage in STAGES for obj in stage_objects(run_id, stage, config, env, options)]
+    """Every object of a run's fleets, stage by stage of the configuration's pipeline."""
+    return [obj for stage in config.spec.stage_names
+            for obj in stage_objects(run_id, stage, config, env, options)]

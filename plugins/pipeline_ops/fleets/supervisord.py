@@ -1,12 +1,12 @@
 """Deploy a configuration's consumer fleets as supervisord programs on this machine.
 
-One program per (run, stage) runs `python -m consumers.fleet`; supervisord (infra/supervisor.py,
-started with the stack) starts a fleet again when it crashes or exits non-zero because a member
-died, so a deployment outlives the task that made it and needs no one to watch it. The
-`deployments` table keeps the history: program, pid (the new one after a restart), metrics
-port, member count, supervisord's state, health and how each ended. Stopping is supervisord's
-SIGTERM to the fleet's process group: members finish their in-flight work, commit and leave
-their groups (SIGKILL only past the stop wait).
+One program per (run, stage of the configuration's pipeline) runs `python -m consumers.fleet`;
+supervisord (infra/supervisor.py, started with the stack) starts a fleet again when it crashes
+or exits non-zero because a member died, so a deployment outlives the task that made it and
+needs no one to watch it. The `deployments` table keeps the history: program, pid (the new one
+after a restart), metrics port, member count, supervisord's state, health and how each ended.
+Stopping is supervisord's SIGTERM to the fleet's process group: members finish their in-flight
+work, commit and leave their groups (SIGKILL only past the stop wait).
 """
 
 from __future__ import annotations
@@ -16,12 +16,11 @@ import socket
 import urllib.request
 from pathlib import Path
 
-from consumers.events import STAGES
 from consumers.pipeline_config import PipelineConfig
 from infra import supervisor
 from infra.fleet_program import fleet_program
 from infra.processes import tail
-from pipeline_ops.fleets.backend import AI_STAGES, FleetEnvironment
+from pipeline_ops.fleets.backend import FleetEnvironment
 from pipeline_ops.fleets.records import SUPERVISORD, Deployment, Records, wait_ready
 
 # supervisord's states as deployment health (RUNNING is healthy once /metrics answers).
@@ -78,19 +77,22 @@ class FleetSupervisor:
         self.records.refuse_running(run_id)
         client = self._client()
         since = self.records.now()
+        stages = config.spec.stage_names
         try:
-            for stage in STAGES:
+            for stage in stages:
                 self._deploy(client, run_id, version, config, env, stage, _free_port())
         except Exception:
             self.stop(run_id)  # no half-deployed run left behind
             raise
-        self._wait_ready(client, run_id, config, STAGES, since, ready_timeout_s)
+        self._wait_ready(client, run_id, config, stages, since, ready_timeout_s)
         return self.describe(run_id)
 
     def scale(self, run_id: str, version: int, config: PipelineConfig, env: FleetEnvironment,
-              stages: tuple[str, ...] = AI_STAGES, ready_timeout_s: float = 90.0) -> list[dict]:
-        """Run `stages` at `config`'s member counts: each program is rewritten with the new
-        --members and restarted (the old process stops gracefully first), on the same port."""
+              stages: tuple[str, ...] | None = None, ready_timeout_s: float = 90.0) -> list[dict]:
+        """Run `stages` (default: the pipeline's AI stages) at `config`'s member counts: each
+        program is rewritten with the new --members and restarted (the old process stops
+        gracefully first), on the same port."""
+        stages = config.spec.ai_stages if stages is None else stages
         deployed = {d.stage: d for d in self.running(run_id)}
         missing = [stage for stage in stages if stage not in deployed]
         if missing:
