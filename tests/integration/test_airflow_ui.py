@@ -291,8 +291,9 @@ def test_pick_another_pipeline_in_the_form_and_find_its_decision(airflow: str, p
             f"v{resolved['version']}")
         gate.locator("#pipeline-filter").get_by_role("link", name=pipeline, exact=True).click()
         expect(row).to_be_visible()
-        expect(gate.locator("#decisions tbody tr").first).to_have_attribute("data-pipeline", pipeline)
-        expect(gate.locator(f'#decisions tbody tr:not([data-pipeline="{pipeline}"])')).to_have_count(0)
+        # the decision rows (each holds a table of its checks, whose rows are not decisions)
+        expect(gate.locator("#decisions > tbody > tr").first).to_have_attribute("data-pipeline", pipeline)
+        expect(gate.locator(f'#decisions > tbody > tr:not([data-pipeline="{pipeline}"])')).to_have_count(0)
         page.screenshot(path=SHOTS / "gate_page_text_moderation.png")
     except BaseException:
         page.screenshot(path=SHOTS / "failure_text_moderation.png")

@@ -128,7 +128,7 @@ def test_a_principal_without_the_acl_is_refused(secure: Stack, secured_run: Topi
     consumer = Consumer(check.client(**{"group.id": secured_run.group_of("check"),
                                         "enable.auto.commit": False}))
     try:
-        consumer.subscribe([secured_run.intake])
+        consumer.subscribe([secured_run.name("intake")])
         codes = {m.error().code() for m in _consume(consumer) if m.error()}
     finally:
         consumer.close()
@@ -137,7 +137,7 @@ def test_a_principal_without_the_acl_is_refused(secure: Stack, secured_run: Topi
     consumer = Consumer(check.client(**{"group.id": secured_run.group_of("generate"),
                                         "auto.offset.reset": "earliest"}))
     try:
-        consumer.subscribe([secured_run.style])
+        consumer.subscribe([secured_run.name("style")])
         codes = {m.error().code() for m in _consume(consumer) if m.error()}
     finally:
         consumer.close()
@@ -183,7 +183,7 @@ def test_partition_load_reads_the_secured_topic_through_spark_submit(secure: Sta
     # The connection (credentials included) reaches the job in its environment, as the DAG passes it.
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
            "--jars", secure.env["SPARK_JARS"], str(REPO / "spark" / "partition_load.py"),
-           "--topics", secured_run.style, "--run-id", f"{secured_run.prefix}-load",
+           "--topics", secured_run.name("style"), "--run-id", f"{secured_run.prefix}-load",
            "--output-json", str(output)]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     OUTPUTS.append(proc.stdout + proc.stderr)
