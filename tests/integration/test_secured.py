@@ -145,7 +145,7 @@ def test_a_principal_without_the_acl_is_refused(secure: Stack, secured_run: Topi
     # The load source may not write a stage's output.
     failures: list[KafkaError] = []
     producer = Producer(secure.kafka.of("source").client(**{"message.timeout.ms": 10000}))
-    producer.produce(secured_run.generate, b"{}", on_delivery=lambda err, _m: failures.append(err))
+    producer.produce(secured_run.name("generate"), b"{}", on_delivery=lambda err, _m: failures.append(err))
     producer.flush(15)
     assert [e.code() for e in failures if e] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
 
