@@ -85,10 +85,9 @@ class SupervisedFleets:
         members all had an assignment, every partition is held, and nothing changed for
         `quiet_s`; return when that was first seen (epoch seconds)."""
         stages = stages or self.config.spec.stage_names
-        topics = events.Topics(self.run_id, self.config.spec)
         deadline = time.monotonic() + timeout_s
         while True:
-            states = {stage: self._group_state(stage, topics.source_of(stage), since, quiet_s)
+            states = {stage: self._group_state(stage, since, quiet_s)
                       for stage in stages}
             if all(state == "ready" for state in states.values()):
                 return time.time()
@@ -99,12 +98,17 @@ class SupervisedFleets:
                                    f"logs in {self.client.paths.logs}")
             time.sleep(0.5)
 
-    def _group_state(self, stage: str, topic: str, since: float, quiet_s: float) -> str:
+    @property
+    def topics(self) -> events.Topics:
+        return events.Topics(self.run_id, self.config.spec)
+
+    def _group_state(self, stage: str, since: float, quiet_s: float) -> str:
+        topic = self.topics.source_of(stage)
         try:
             with psycopg2.connect(self.env["DATABASE_URL"]) as conn, conn.cursor() as cur:
                 cur.execute("SELECT member, event, partitions, extract(epoch FROM at) FROM rebalance_events "
                             "WHERE run_id = %s AND group_id = %s AND at >= to_timestamp(%s) ORDER BY id",
-                            (self.run_id, f"{self.run_id}.{stage}", since))
+                            (self.run_id, self.topics.group_of(stage), since))
                 rows = cur.fetchall()
         except psycopg2.Error as exc:
             return f"unknown ({exc.__class__.__name__})"

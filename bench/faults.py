@@ -141,7 +141,7 @@ class Phase:
         self.config = s.config()
         self.topics = events.Topics(run_id, self.config.spec)
         fleet_env = {"DATABASE_URL": env["DATABASE_URL"],
-                     "AI_ENDPOINTS": Endpoints.on(env["AI_SERVICE_URL"], self.config.spec).to_json()}
+                     **Endpoints.on(env["AI_SERVICE_URL"], self.config.spec).environment()}
         self.fleets = SupervisedFleets(client, run_id, self.config, kafka, fleet_env)
         self.pipeline = Pipeline(run_id, self.topics, self.config, kafka, env["DATABASE_URL"])
         self._say = say

@@ -25,7 +25,7 @@ from consumers import events, kafka_connection, metrics, pipeline_spec, profiles
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
 from consumers.consumer import Member, MemberSettings
 from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline_config import Endpoints, PipelineConfig
+from consumers.pipeline_config import ENDPOINTS_ENV, Endpoints, PipelineConfig
 from consumers.pipeline_spec import HttpWork
 from consumers.producer import KeyedProducer
 from consumers.stages import StageContext
@@ -208,7 +208,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stats-interval-ms", type=int)
     kafka_connection.add_argument(p)
     p.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
-    p.add_argument("--ai-endpoints", default=os.environ.get("AI_ENDPOINTS", "{}"),
+    p.add_argument("--ai-endpoints", default=os.environ.get(ENDPOINTS_ENV, "{}"),
                    help="JSON object: the URL of each AI endpoint the pipeline spec names")
     p.add_argument("--ai-token-env", default="AI_SERVICE_TOKEN",
                    help="environment variable holding the bearer token (unset: no auth header)")

@@ -16,6 +16,7 @@ from consumers import pipeline_spec
 from consumers.ai_client import RetryPolicy
 
 MIN_AI_TIMEOUT_S = 5.0
+ENDPOINTS_ENV = "AI_ENDPOINTS"  # how a fleet process is told where the AI endpoints are
 
 
 @dataclass(frozen=True)
@@ -124,5 +125,6 @@ class Endpoints:
         """Every endpoint of `spec` served under one base URL (the stand-in serves them all)."""
         return cls({name: base_url.rstrip("/") + e.path for name, e in spec.endpoints.items()}, auth_header)
 
-    def to_json(self) -> str:
-        return json.dumps(self.urls, sort_keys=True)
+    def environment(self) -> dict[str, str]:
+        """The variable that hands the URLs to a fleet process (`consumers.fleet` reads it)."""
+        return {ENDPOINTS_ENV: json.dumps(dict(self.urls), sort_keys=True)}

@@ -205,12 +205,12 @@ class PipelineSpec(_Model):
     def stage_names(self) -> tuple[str, ...]:
         return tuple(self.stages)
 
-    @property
+    @cached_property
     def ai_stages(self) -> tuple[str, ...]:
         """Stages that call an AI endpoint: the ones whose consumer mode is tuned."""
         return tuple(n for n, s in self.stages.items() if isinstance(s.work, HttpWork))
 
-    @property
+    @cached_property
     def entry_stages(self) -> tuple[str, ...]:
         """Stages fed by the load source rather than by another stage: a request is settled
         once each of them has taken it (they may arrive in any order)."""
@@ -223,10 +223,10 @@ class PipelineSpec(_Model):
         its completion times are the pipeline's throughput."""
         return next(n for n, s in self.stages.items() if any(r.status == "completed" for r in s.routes))
 
-    @property
-    def ai_limit(self) -> int:
-        """The concurrency the fleets size their windows to: the tightest endpoint's."""
-        return min((e.concurrency for e in self.endpoints.values()), default=64)
+    def summary(self) -> str:
+        """One line for logs and the check commands: the stages and where each endpoint is."""
+        endpoints = [f"{name} on connection {e.connection}" for name, e in self.endpoints.items()]
+        return f"{self.name}: stages {', '.join(self.stages)}; endpoints {', '.join(endpoints) or 'none'}"
 
     def endpoint_of(self, stage: str) -> EndpointSpec | None:
         work = self.stages[stage].work
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(f"{spec.name}: stages {', '.join(spec.stages)}; endpoints {', '.join(spec.endpoints) or 'none'}")
+    print(spec.summary())
     return 0
 
 

@@ -38,9 +38,14 @@ class PresetParams:
         return pipeline_spec.load(self.pipeline)
 
     @property
+    def bottleneck(self) -> str:
+        """The endpoint with the highest mean latency: with equal limits, the pipeline's bottleneck."""
+        return max(self.spec.endpoints, key=lambda name: self.spec.endpoints[name].latency.mean_s)
+
+    @property
     def slowest_call_s(self) -> float:
-        """The mean latency of the slowest endpoint (real scale): the pipeline's bottleneck."""
-        return max(e.latency.mean_s for e in self.spec.endpoints.values())
+        """The bottleneck's mean latency (real scale)."""
+        return self.spec.endpoints[self.bottleneck].latency.mean_s
 
     @property
     def slowest_p99_s(self) -> float:
@@ -56,10 +61,10 @@ class PresetParams:
         """`PUT /v1/config` of the stand-in: every endpoint at its spec's latency (the slowest
         one's times `bottleneck_factor`, to make a slower candidate), this concurrency, no
         injected faults, this time scale."""
-        slowest = max(self.spec.endpoints, key=lambda name: self.spec.endpoints[name].latency.mean_s)
+        factors = {self.bottleneck: bottleneck_factor}
         return {"time_scale": self.time_scale,
-                **{name: {"latency_s": e.latency.median_s * (bottleneck_factor if name == slowest else 1.0),
-                          "limit": self.concurrency, "error_rate": 0.0}
+                **{name: {"latency_s": e.latency.median_s * factors.get(name, 1.0), "limit": self.concurrency,
+                          "error_rate": 0.0}
                    for name, e in self.spec.endpoints.items()}}
 
 

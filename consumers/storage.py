@@ -29,6 +29,7 @@ from psycopg2.extensions import connection
 from psycopg2.pool import ThreadedConnectionPool
 
 from consumers.failures import Transient
+from consumers.pipeline_spec import TERMINAL_STATUSES
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,6 @@ def ts(epoch_s: float | None) -> datetime | None:
 
 
 DEAD_LETTERED_RANK = 1_000_000  # above every stage's: only a settled status outranks it
-SETTLED = ("completed", "rejected")
 
 # The request row's status moves to %(status)s unless it is settled or ranked higher.
 _FORWARD = ("status = CASE WHEN requests.status = ANY(%(settled)s) OR requests.status_rank > %(rank)s "
@@ -130,7 +130,7 @@ class Storage:
         arrives first), move its status forward; return every field the row holds now."""
         params = {"p": key.pipeline, "r": key.request_id, "run": key.run_id, "at": ts(produced_at),
                   "fields": json.dumps(fields), "status": status.name if status else None,
-                  "rank": status.rank if status else -1, "settled": list(SETTLED)}
+                  "rank": status.rank if status else -1, "settled": list(TERMINAL_STATUSES)}
         with self._tx() as cur:
             cur.execute(
                 "INSERT INTO requests (pipeline, request_id, run_id, status, status_rank, produced_at, "
@@ -138,7 +138,7 @@ class Storage:
                 "greatest(%(rank)s, 0), %(at)s, %(fields)s) ON CONFLICT (pipeline, request_id) DO UPDATE "
                 "SET fields = requests.fields || EXCLUDED.fields, "
                 "produced_at = least(requests.produced_at, EXCLUDED.produced_at), "
-                f"{_FORWARD.replace('%(status)s', 'coalesce(%(status)s, requests.status)')} "
+                f"{_FORWARD} "
                 "RETURNING fields", params)
             return cur.fetchone()[0]
 
@@ -158,14 +158,14 @@ class Storage:
             if first:
                 cur.execute(
                     "UPDATE requests SET fields = fields || %(fields)s, entries = entries + %(entry)s, "
-                    "finished_at = CASE WHEN %(settles)s AND NOT status = ANY(%(settled)s) THEN now() "
-                    f"ELSE finished_at END, {_FORWARD.replace('requests.', '')} "
+                    "finished_at = CASE WHEN %(settles)s AND NOT requests.status = ANY(%(settled)s) "
+                    f"THEN now() ELSE finished_at END, {_FORWARD} "
                     "WHERE pipeline = %(p)s AND request_id = %(r)s",
                     {"p": key.pipeline, "r": key.request_id, "fields": json.dumps(result or {}),
                      "entry": int(entry), "settles": bool(status and status.settles),
                      # no status: rank -1 is below every row's, so the row keeps its own
                      "status": status.name if status else "", "rank": status.rank if status else -1,
-                     "settled": list(SETTLED)})
+                     "settled": list(TERMINAL_STATUSES)})
             return first
 
     def mark_notified(self, key: Key) -> None:
@@ -258,7 +258,7 @@ class Storage:
                     "ON CONFLICT (pipeline, request_id) DO UPDATE SET "
                     f"entries = requests.entries + %(entry)s, {_FORWARD}",
                     {"p": key.pipeline, "r": key.request_id, "run": key.run_id, "status": "dead_lettered",
-                     "rank": DEAD_LETTERED_RANK, "entry": int(entry), "settled": list(SETTLED)})
+                     "rank": DEAD_LETTERED_RANK, "entry": int(entry), "settled": list(TERMINAL_STATUSES)})
 
     def record_rebalance(self, run_id: str, group_id: str, member: str, event: str,
                          partitions: Sequence[str]) -> None:

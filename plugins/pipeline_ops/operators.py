@@ -121,8 +121,7 @@ class CheckPipelineOperator(BaseOperator):
                 ConfigRegistry(self.postgres_conn_id).get(int(self.version), spec.name)
         except ValueError as exc:  # SpecError is one, as is a version of another pipeline
             raise AirflowFailException(str(exc)) from None
-        self.log.info("pipeline %s: stages %s, endpoints %s", spec.name, ", ".join(spec.stage_names),
-                      ", ".join(f"{n} on {e.connection}" for n, e in spec.endpoints.items()) or "none")
+        self.log.info("pipeline %s", spec.summary())
         return {"pipeline": spec.name, "completing_stage": spec.completing_stage,
                 "measure": spec.load.measure}
 

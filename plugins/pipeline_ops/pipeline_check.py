@@ -52,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as exc:
         print(exc, file=sys.stderr)
         return 2
-    endpoints = [f"{name} on connection {e.connection}" for name, e in spec.endpoints.items()]
-    print(f"{spec.name}: stages {', '.join(spec.stages)}; endpoints {', '.join(endpoints) or 'none'}")
+    print(spec.summary())
     return 0
 
 

@@ -31,6 +31,7 @@ from confluent_kafka.admin import (
 
 from consumers import pipeline_spec
 from consumers.events import Topics
+from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
 from infra.layout import Layout
@@ -125,22 +126,10 @@ def refused(config: dict) -> set[int]:
 def test_a_principal_without_the_acl_is_refused(secure: Stack, secured_run: Topics) -> None:
     check = secure.kafka.of("check")
     # Another stage's topic: check may read only the style topic.
-    consumer = Consumer(check.client(**{"group.id": secured_run.group_of("check"),
-                                        "enable.auto.commit": False}))
-    try:
-        consumer.subscribe([secured_run.name("intake")])
-        codes = {m.error().code() for m in _consume(consumer) if m.error()}
-    finally:
-        consumer.close()
+    codes = consume_errors(check, secured_run.group_of("check"), secured_run.name("intake"))
     assert KafkaError.TOPIC_AUTHORIZATION_FAILED in codes
     # Its own topic under another stage's group.
-    consumer = Consumer(check.client(**{"group.id": secured_run.group_of("generate"),
-                                        "auto.offset.reset": "earliest"}))
-    try:
-        consumer.subscribe([secured_run.name("style")])
-        codes = {m.error().code() for m in _consume(consumer) if m.error()}
-    finally:
-        consumer.close()
+    codes = consume_errors(check, secured_run.group_of("generate"), secured_run.name("style"))
     assert KafkaError.GROUP_AUTHORIZATION_FAILED in codes
     # The load source may not write a stage's output.
     failures: list[KafkaError] = []
@@ -150,11 +139,18 @@ def test_a_principal_without_the_acl_is_refused(secure: Stack, secured_run: Topi
     assert [e.code() for e in failures if e] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
 
 
-def _consume(consumer: Consumer, timeout_s: float = 20.0) -> list:
-    deadline, messages = time.monotonic() + timeout_s, []
-    while time.monotonic() < deadline and not any(m.error() for m in messages):
-        messages += consumer.consume(10, timeout=1.0)
-    return messages
+def consume_errors(connection: KafkaConnection, group: str, topic: str, timeout_s: float = 20.0) -> set[int]:
+    """The error codes `connection` meets consuming `topic` as `group`, until the first one."""
+    consumer = Consumer(connection.client(**{"group.id": group, "enable.auto.commit": False,
+                                             "auto.offset.reset": "earliest"}))
+    try:
+        consumer.subscribe([topic])
+        deadline, messages = time.monotonic() + timeout_s, []
+        while time.monotonic() < deadline and not any(m.error() for m in messages):
+            messages += consumer.consume(10, timeout=1.0)
+    finally:
+        consumer.close()
+    return {m.error().code() for m in messages if m.error()}
 
 
 def test_clients_without_valid_credentials_are_refused(secure: Stack) -> None:

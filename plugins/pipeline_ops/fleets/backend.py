@@ -4,14 +4,13 @@ stages resized (by default those that call an AI endpoint), their health checked
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline_config import PipelineConfig
+from consumers.pipeline_config import Endpoints, PipelineConfig
 
 TOKEN_ENV = "AI_SERVICE_TOKEN"  # the fleet's default --ai-token-env
 # A fleet's health, whatever runs it: healthy | starting | restarting | stopping | dead.
@@ -31,7 +30,7 @@ class FleetEnvironment:
         as the fleet's `AI_ENDPOINTS` JSON), and the AI token when this process has one. Secrets
         travel here (an owner-only program file, a Kubernetes Secret), never on the command line."""
         env = {**self.kafka.of(stage).environment(), "DATABASE_URL": self.database_url,
-               "AI_ENDPOINTS": json.dumps(dict(self.ai_urls), sort_keys=True)}
+               **Endpoints(dict(self.ai_urls)).environment()}
         if os.environ.get(TOKEN_ENV):
             env[TOKEN_ENV] = os.environ[TOKEN_ENV]
         return env
