@@ -4,7 +4,9 @@ A call is retried on 429 (waiting at least the server's `Retry-After`), on 5xx, 
 and on connection errors, with exponential backoff and full jitter; any other 4xx is final.
 Every try is reported to an observer before it is sent and after it ends (the consumer
 writes one attempt row ahead of the call and completes it after), and when the last try fails
-`AIUnavailable` carries the reason so the request can be dead-lettered.
+`AIUnavailable` carries the reason so the request can be dead-lettered. With a
+`consumers.concurrency_limit.AdaptiveLimit`, each try first takes a permit from it and tells it
+how the try ended, so the calls in flight follow the limit the service shows.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any, Protocol
 
 import requests
 from requests.adapters import HTTPAdapter
+
+from consumers.concurrency_limit import AdaptiveLimit
 
 
 @dataclass(frozen=True)
@@ -77,9 +81,10 @@ class AIClient:
     """Calls one AI endpoint with retries; safe to share between threads."""
 
     def __init__(self, endpoint: Endpoint, policy: RetryPolicy | None = None,
-                 pool_size: int = 64, seed: int | None = None) -> None:
+                 pool_size: int = 64, seed: int | None = None, limiter: AdaptiveLimit | None = None) -> None:
         self.endpoint = endpoint
         self.policy = policy or RetryPolicy()
+        self.limiter = limiter
         self._session = requests.Session()
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
         self._session.mount("http://", adapter)
@@ -92,10 +97,7 @@ class AIClient:
         """POST the payload; return the JSON answer or raise AIUnavailable."""
         reason, outcome = "no attempt made", ""
         for attempt in range(1, self.policy.max_attempts + 1):
-            started = time.time()
-            if observer is not None:
-                observer.started(attempt, started)
-            status, body, outcome, retry_after = self._post(payload)
+            status, body, outcome, retry_after, started = self._try(payload, attempt, observer)
             if observer is not None:
                 observer.ended(Try(attempt, started, time.time(), outcome, status))
             if outcome == "ok":
@@ -105,6 +107,21 @@ class AIClient:
                 break
             time.sleep(self.policy.backoff(attempt, retry_after, self._rng))
         raise AIUnavailable(reason, final=outcome == "http_4xx")
+
+    def _try(self, payload: dict[str, Any], attempt: int, observer: CallObserver | None,
+             ) -> tuple[int | None, dict, str, float | None, float]:
+        """One try, inside a permit of the limiter when there is one."""
+        permit = self.limiter.acquire() if self.limiter is not None else None
+        outcome, retry_after = "not_sent", None
+        try:
+            started = time.time()
+            if observer is not None:
+                observer.started(attempt, started)
+            status, body, outcome, retry_after = self._post(payload)
+            return status, body, outcome, retry_after, started
+        finally:
+            if permit is not None:
+                self.limiter.release(permit, outcome, retry_after)
 
     def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict, str, float | None]:
         try:

@@ -13,7 +13,10 @@ Faults are injected per endpoint (`error_rate`: 500 after the latency; `hang_rat
 `PUT /v1/config`, so a test can start an error burst and clear it. A request-rate limit
 (`rate_limit_rps`, a token bucket of `rate_burst` requests, as real APIs meter requests per
 minute) answers 429 with the time until the next token as `Retry-After`; switching it on for
-a few seconds makes the 429 bursts a shared quota produces. `GET /v1/stats` reports what was
+a few seconds makes the 429 bursts a shared quota produces. A `limit_schedule` of
+`[[at_s, limit], ...]` (real-scale seconds since the setting was applied) changes the
+concurrency limit during a run, as a provider's does with its load, so a client that adapts
+can be measured; `limit_in_force` in the stats says which holds. `GET /v1/stats` reports what was
 served per endpoint name, including the highest concurrency seen (how tests verify that a
 consumer fleet never exceeds the API's limit) and how many requests were served more than once
 (`duplicate_served`: the calls a client paid for twice, counted on the service's side). A
@@ -106,8 +109,10 @@ class EndpointConfig:
     retry_after_s: float | None = None  # Retry-After on 429; None means the latency
     rate_limit_rps: float | None = None  # requests per real-scale second; None: no rate limit
     rate_burst: int = 1  # token bucket size: requests admitted back to back at the full rate
+    limit_schedule: tuple[tuple[float, int], ...] = ()  # (at_s, limit): `limit` from at_s on
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "limit_schedule", _schedule(self.limit_schedule))
         if not isinstance(self.path, str) or not self.path.startswith("/"):
             raise ConfigError(f"path must start with '/', got {self.path!r}")
         if not self.answers:
@@ -158,6 +163,29 @@ class EndpointConfig:
     @property
     def retry_after(self) -> float:
         return self.latency_s if self.retry_after_s is None else self.retry_after_s
+
+    def limit_at(self, elapsed_s: float) -> int:
+        """The concurrency limit `elapsed_s` real-scale seconds after this config was applied."""
+        in_force = self.limit
+        for at_s, limit in self.limit_schedule:
+            if elapsed_s >= at_s:
+                in_force = limit
+        return in_force
+
+
+def _schedule(value: Any) -> tuple[tuple[float, int], ...]:
+    """A limit schedule as pairs (at_s >= 0, limit >= 0) in time order (JSON gives lists)."""
+    try:
+        pairs = tuple((at_s, limit) for at_s, limit in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"limit_schedule must be a list of [at_s, limit] pairs, got {value!r}") from None
+    for at_s, limit in pairs:
+        _number("limit_schedule at_s", at_s)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ConfigError(f"limit_schedule limits must be non-negative integers, got {limit!r}")
+    if [at for at, _ in pairs] != sorted(at for at, _ in pairs):
+        raise ConfigError(f"limit_schedule must be in time order, got {value!r}")
+    return pairs
 
 
 # Endpoint names that would be ambiguous in /v1/stats or in a PUT /v1/config body.
@@ -265,6 +293,7 @@ class Endpoint:
         self._clock = clock
         self._tokens = float(config.rate_burst)
         self._refilled_at = clock()
+        self._applied_at = clock()  # when the config in force was applied (its schedule's zero)
 
     @property
     def config(self) -> EndpointConfig:
@@ -277,6 +306,8 @@ class Endpoint:
             if (config.rate_limit_rps, config.rate_burst) != (self._config.rate_limit_rps,
                                                               self._config.rate_burst):
                 self._tokens, self._refilled_at = float(config.rate_burst), self._clock()
+            if config.limit_schedule != self._config.limit_schedule:
+                self._applied_at = self._clock()
             self._config = config
 
     def count(self, counter: str) -> None:
@@ -296,15 +327,15 @@ class Endpoint:
         gateway meters requests before they reach the model servers."""
         with self._lock:
             config = self._config
+            now = self._clock()
             if config.rate_limit_rps is not None:
                 rate = config.rate_limit_rps / scale  # tokens per wall-clock second
-                now = self._clock()
                 self._tokens = min(config.rate_burst, self._tokens + (now - self._refilled_at) * rate)
                 self._refilled_at = now
                 if self._tokens < 1:
                     self._counts["rate_limited"] += 1
                     return Refusal("rate_limited", (1 - self._tokens) / rate)
-            if self._in_flight >= config.limit:
+            if self._in_flight >= config.limit_at((now - self._applied_at) / scale):
                 self._counts["rejected_429"] += 1
                 return Refusal("rejected_429", config.retry_after * scale)
             if config.rate_limit_rps is not None:
@@ -335,12 +366,13 @@ class Endpoint:
             self._served.clear()
             self._max_in_flight = self._in_flight
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, scale: float) -> dict[str, Any]:
         with self._lock:
             distinct = len(self._served)
             return {**self._counts, "distinct_served": distinct,
                     "duplicate_served": self._served.total() - distinct,
                     "in_flight": self._in_flight, "max_in_flight": self._max_in_flight,
+                    "limit_in_force": self._config.limit_at((self._clock() - self._applied_at) / scale),
                     "config": asdict(self._config)}
 
 
@@ -450,7 +482,7 @@ class StandIn:
         return Reply(200, result)
 
     def stats(self) -> dict[str, Any]:
-        result: dict[str, Any] = {name: ep.snapshot() for name, ep in self.endpoints.items()}
+        result: dict[str, Any] = {name: ep.snapshot(self.time_scale) for name, ep in self.endpoints.items()}
         for snapshot in result.values():
             config = snapshot["config"]
             config["scaled_latency_s"] = config["latency_s"] * self.time_scale
@@ -526,7 +558,7 @@ class _Collector:
                 requests.add_metric([name, counter], snapshot[counter])
             gauges["in_flight"].add_metric([name], snapshot["in_flight"])
             gauges["max_in_flight"].add_metric([name], snapshot["max_in_flight"])
-            gauges["limit"].add_metric([name], snapshot["config"]["limit"])
+            gauges["limit"].add_metric([name], snapshot["limit_in_force"])
             gauges["duplicate_served"].add_metric([name], snapshot["duplicate_served"])
             gauges["latency_seconds"].add_metric([name], snapshot["config"]["scaled_latency_s"])
         scale = GaugeMetricFamily("ai_service_time_scale", "Factor applied to every duration",

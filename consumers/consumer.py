@@ -381,10 +381,17 @@ class Member:
         raise AssertionError(f"FetchBuffer returned a data record: {msg.topic()}:{msg.partition()}")
 
     def _free_slots(self) -> int:
-        return self.settings.window - self._tracker.in_flight()
+        """Records that may start now: room in the window and, when the fleet's AI calls follow
+        an adaptive limit, no more than the limit has spare (the rest wait in the buffer, where
+        its back-pressure applies, rather than in a worker)."""
+        free = self.settings.window - self._tracker.in_flight()
+        limiter = self.ctx.ai.limiter if self.ctx.ai is not None else None
+        return free if limiter is None else min(free, limiter.spare())
 
     def _dispatch(self, pool: ThreadPoolExecutor) -> None:
-        while self._free_slots() > 0 and (msg := self._buffer.pop()) is not None:
+        for _ in range(self._free_slots()):  # counted once: workers take their permits later
+            if (msg := self._buffer.pop()) is None:
+                break
             epoch = self._tracker.dispatched(_tp(msg), msg.offset())
             pool.submit(self._work, msg, epoch)
         metrics.IN_FLIGHT.labels(**self.labels).set(self._tracker.in_flight())

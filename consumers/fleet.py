@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from consumers import events, kafka_connection, metrics, pipeline_spec, profiles
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
+from consumers.concurrency_limit import AdaptiveLimit
 from consumers.consumer import Member, MemberSettings
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline_config import ENDPOINTS_ENV, Endpoints, PipelineConfig
@@ -34,6 +35,7 @@ from consumers.storage import Storage
 log = logging.getLogger(__name__)
 
 CLAIM_MARGIN_S = 2.0  # clock and database round trips between a lease's renewal and its try
+LIMIT_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's changes are written
 
 
 def member_name(stage: str, index: int, instance: str | None = None) -> str:
@@ -55,6 +57,7 @@ class FleetSettings:
     ai_url: str | None = None  # the stage's AI endpoint, when its work calls one
     ai_timeout_s: float = 10.0
     ai_auth_header: str | None = None
+    adaptive: bool = False  # the AI calls in flight follow a limit discovered from the endpoint
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     shutdown_deadline_s: float = 30.0
     instance: str | None = None  # tells this process's members from another's (a pod's name)
@@ -88,19 +91,39 @@ class Fleet:
                         for i in range(s.members)]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._recorder: threading.Thread | None = None
 
     def _client(self, url: str | None, pool: int) -> AIClient | None:
         if not url:
             return None
         s = self.settings
-        return AIClient(Endpoint(url, s.ai_timeout_s, s.ai_auth_header), s.retry, pool_size=pool)
+        return AIClient(Endpoint(url, s.ai_timeout_s, s.ai_auth_header), s.retry, pool_size=pool,
+                        limiter=AdaptiveLimit(maximum=pool) if s.adaptive else None)
 
     def start(self) -> Fleet:
         for member in self.members:
             thread = threading.Thread(target=member.run, args=(self._stop,), name=member.name)
             thread.start()
             self._threads.append(thread)
+        if self.ctx.ai is not None and self.ctx.ai.limiter is not None:
+            self._recorder = threading.Thread(target=self._record_limits, args=(self.ctx.ai.limiter,),
+                                              name=f"{self.settings.member.stage}-limits", daemon=True)
+            self._recorder.start()
         return self
+
+    def _record_limits(self, limiter: AdaptiveLimit) -> None:
+        """Write the limit's changes every second until the fleet stops, then the last ones."""
+        stopping = False
+        while not stopping:
+            stopping = self._stop.wait(LIMIT_RECORD_INTERVAL_S)
+            changes = [limiter.changes.popleft() for _ in range(len(limiter.changes))]
+            if changes:
+                try:
+                    self.storage.record_limits(self.settings.member.run_id, self.settings.member.stage,
+                                               changes)
+                except Exception as exc:  # noqa: BLE001 - a measurement, never a reason to stop
+                    log.warning("limit changes not recorded: %s", exc)
+                    limiter.changes.extendleft(reversed(changes))
 
     def wait_assigned(self, timeout_s: float = 60.0) -> None:
         """Block until every member that can get partitions has them and the group is settled."""
@@ -137,6 +160,8 @@ class Fleet:
         for thread in self._threads:
             thread.join(max(0.1, deadline - time.monotonic()))
         alive = [t.name for t in self._threads if t.is_alive()]
+        if self._recorder is not None:
+            self._recorder.join(5)
         self.producer.close()
         if self.ctx.ai is not None:
             self.ctx.ai.close()
@@ -172,7 +197,8 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
         pipeline=config.pipeline, key_strategy=config.key_strategy,
         ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
         ai_timeout_s=config.ai_timeout(stage), ai_auth_header=endpoints.auth_header,
-        retry=config.retry(stage), shutdown_deadline_s=config.shutdown_deadline_s)
+        adaptive=stage_cfg.adaptive, retry=config.retry(stage),
+        shutdown_deadline_s=config.shutdown_deadline_s)
 
 
 def config_from_args(args: argparse.Namespace) -> PipelineConfig:

@@ -21,12 +21,14 @@ ENDPOINTS_ENV = "AI_ENDPOINTS"  # how a fleet process is told where the AI endpo
 
 @dataclass(frozen=True)
 class StageConfig:
-    """How one stage consumes."""
+    """How one stage consumes. `adaptive`: the stage's AI calls in flight follow a limit
+    discovered from the endpoint (`consumers.concurrency_limit`); `window` only caps them."""
 
     mode: str = "flow"
     members: int = 1
     window: int = 16
     batch_size: int = 1
+    adaptive: bool = False
 
 
 @dataclass(frozen=True)

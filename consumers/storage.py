@@ -267,6 +267,14 @@ class Storage:
                         "VALUES (%s, %s, %s, %s, %s)",
                         (run_id, group_id, member, event, list(partitions)))
 
+    def record_limits(self, run_id: str, stage: str, changes: Sequence[tuple[float, float, int]]) -> None:
+        """An adaptive limiter's changes: (epoch seconds, limit, calls in flight)."""
+        with self._tx() as cur:
+            cur.executemany("INSERT INTO ai_limits (run_id, stage, at, limit_value, in_flight) "
+                            "VALUES (%s, %s, %s, %s, %s)",
+                            [(run_id, stage, ts(at), int(limit), in_flight)
+                             for at, limit, in_flight in changes])
+
     def record_stats(self, run_id: str, member: str, stats: dict[str, Any]) -> None:
         with self._tx() as cur:
             cur.execute("INSERT INTO client_stats (run_id, member, stats) VALUES (%s, %s, %s)",

@@ -248,9 +248,34 @@ def test_stats_reset_zeroes_counters_and_peak(start: Start) -> None:
     after = stats(base)
     assert set(after) == {*NAMES, "service"}
     for name in NAMES:
-        counters = {k: v for k, v in after[name].items() if k != "config"}
+        counters = {k: v for k, v in after[name].items() if k not in ("config", "limit_in_force")}
         assert set(counters.values()) == {0}, counters
-    assert after["check"]["config"]["limit"] == 1
+    assert after["check"]["config"]["limit"] == after["check"]["limit_in_force"] == 1
+
+
+def test_a_limit_schedule_changes_the_limit_at_its_scaled_times() -> None:
+    clock = FakeClock()
+    schedule = [[10, 1], [20, 2]]  # JSON's lists, as PUT /v1/config brings them
+    endpoint = Endpoint("check", replace(CONFIGS["check"], limit=2, limit_schedule=schedule), seed=1,
+                        clock=clock)
+    scale = 0.5  # 10 real-scale seconds pass in 5 wall seconds
+    assert [isinstance(endpoint.admit(scale), EndpointConfig) for _ in range(3)] == [True, True, False]
+    endpoint.release()
+    clock.now = 5.0  # the limit is 1 now, and one call is still in flight
+    assert endpoint.admit(scale) == Refusal("rejected_429", CONFIGS["check"].retry_after * scale)
+    assert endpoint.snapshot(scale)["limit_in_force"] == 1
+    clock.now = 10.0  # back to 2
+    assert isinstance(endpoint.admit(scale), EndpointConfig)
+    assert endpoint.snapshot(scale)["limit_in_force"] == 2
+    clock.now = 11.0
+    endpoint.reconfigure(replace(endpoint.config, limit_schedule=[[0, 5]]))  # a new schedule starts now
+    assert endpoint.snapshot(scale)["limit_in_force"] == 5
+
+
+@pytest.mark.parametrize("schedule", [[[10, 1], [5, 2]], [[1, -1]], [[1, 1.5]], [[1]], 7])
+def test_a_malformed_limit_schedule_is_refused(schedule: object) -> None:
+    with pytest.raises(ConfigError, match="limit_schedule"):
+        replace(CONFIGS["check"], limit_schedule=schedule)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -311,7 +336,7 @@ def test_rate_limit_is_a_token_bucket_with_retry_after_until_the_next_token() ->
     assert isinstance(endpoint.admit(1.0), EndpointConfig)
     assert isinstance(endpoint.admit(1.0), EndpointConfig)
     assert endpoint.admit(1.0) == Refusal("rate_limited", pytest.approx(0.5))
-    snapshot = endpoint.snapshot()
+    snapshot = endpoint.snapshot(1.0)
     assert (snapshot["rate_limited"], snapshot["rejected_429"], snapshot["in_flight"]) == (4, 0, 5)
 
 

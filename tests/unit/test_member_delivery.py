@@ -188,7 +188,7 @@ def make_member(mode: str, sink: Sink) -> Member:
     storage = SimpleNamespace(record_rebalance=lambda *a: None, record_stats=lambda *a: None,
                               record_dead_letter=lambda *a: sink.sent.append("table"))
     topics = Topics("unit", pipeline_spec.load("genai_image"))
-    ctx = SimpleNamespace(topics=topics, storage=storage, producer=sink, entry=True,
+    ctx = SimpleNamespace(topics=topics, storage=storage, producer=sink, entry=True, ai=None,
                           key=lambda event: Key("genai_image", event["request_id"], event["run_id"]),
                           send=lambda topic, event: None)
     settings = MemberSettings(run_id="r", stage="check", mode=mode, group_id="g",

@@ -1,0 +1,217 @@
+"""The adaptive limit, step by step on a hand-driven clock, then against a simulated service."""
+
+from __future__ import annotations
+
+import heapq
+import threading
+
+import pytest
+
+from consumers.concurrency_limit import OK, OVERLOAD, AdaptiveLimit, Permit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def take(limit: AdaptiveLimit, n: int) -> list[Permit]:
+    return [limit.acquire() for _ in range(n)]
+
+
+def test_acquire_waits_while_the_limit_is_reached() -> None:
+    limit = AdaptiveLimit(initial=2, clock=Clock())
+    first, _ = take(limit, 2)
+    assert limit.spare() == 0
+    got = threading.Event()
+    waiter = threading.Thread(target=lambda: (limit.acquire(), got.set()))
+    waiter.start()
+    assert not got.wait(0.2)
+    limit.release(first, "http_5xx")  # an outcome that teaches nothing still frees the permit
+    assert got.wait(2)
+    waiter.join()
+    assert (limit.limit, limit.in_flight) == (2, 2)
+
+
+def test_a_429_brings_the_limit_down_to_the_calls_still_in_flight() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=8, clock=clock)
+    permits = take(limit, 8)
+    clock.now = 0.01
+    limit.release(permits[0], OVERLOAD)
+    assert limit.limit == 7  # the service held the 7 others
+
+
+def test_saturated_successes_grow_the_limit_one_call_each_paced_by_the_latency() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=4, clock=clock)
+    permits = take(limit, 4)
+    clock.now = 1.0  # latency 1 s
+    limit.release(permits.pop(0), OK)  # in use, nothing refused: slow start, +1
+    assert limit.limit == 5
+    permits += take(limit, limit.spare())
+    # Growth waits latency / limit / 2 = 0.1 s: a success at the same instant adds nothing.
+    limit.release(permits.pop(0), OK)
+    assert limit.limit == 5
+    permits += take(limit, limit.spare())
+    clock.now = 1.1
+    limit.release(permits.pop(0), OK)
+    assert limit.limit == 6
+
+
+def test_a_limit_not_in_use_does_not_grow() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=8, clock=clock)
+    permit = limit.acquire()
+    clock.now = 1.0
+    limit.release(permit, OK)
+    assert limit.limit == 8
+
+
+def test_after_a_429_the_limit_holds_for_two_rounds_then_probes_by_one() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=4, hold_rounds=2, clock=clock)
+    permits = take(limit, 4)
+    clock.now = 0.01
+    limit.release(permits.pop(), OVERLOAD)  # limit 3, hold 2 rounds x 3 = 6 successes
+    assert limit.limit == 3
+    grown_at = None
+    for success in range(1, 12):
+        clock.now += 1.0
+        limit.release(permits.pop(0), OK)
+        permits.append(limit.acquire())  # keep the limit in use
+        if limit.limit > 3 and grown_at is None:
+            grown_at = success
+    # 6 held, then growth at 1/limit per success: the 7th to 9th successes add 3 x 1/3.
+    assert grown_at == 9
+    assert limit.limit == 4
+
+
+def test_a_second_429_within_a_latency_of_the_cut_cuts_by_the_backoff() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=10, backoff=0.5, clock=clock)
+    permits = take(limit, 10)
+    clock.now = 1.0
+    limit.release(permits.pop(), OK)  # latency seen: 1 s
+    clock.now = 1.01
+    limit.release(permits.pop(), OVERLOAD)  # 8 in flight: limit 8
+    assert limit.limit == 8
+    clock.now = 1.012
+    limit.release(permits.pop(), OK)
+    sent_after_cut = limit.acquire()
+    clock.now = 1.02
+    limit.release(sent_after_cut, OVERLOAD)  # refused again 0.01 s after the cut: 7 x 0.5
+    assert limit.limit == 3
+
+
+def test_a_429_for_a_try_sent_before_the_cut_only_counts_the_call_it_freed() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=10, backoff=0.5, clock=clock)
+    permits = take(limit, 10)
+    clock.now = 0.01
+    limit.release(permits.pop(), OVERLOAD)  # limit 9
+    limit.release(permits.pop(), OVERLOAD)  # sent before that cut: 8 in flight, limit 8, no backoff
+    assert limit.limit == 8
+
+
+def test_retry_after_holds_growth_until_it_has_passed() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=4, hold_rounds=0, clock=clock)
+    permits = take(limit, 4)
+    limit.release(permits.pop(), OVERLOAD, retry_after_s=5.0)  # limit 3, no growth before t=5
+    for at in (1.0, 2.0, 3.0, 4.0):
+        clock.now = at
+        limit.release(permits.pop(0), OK)
+        permits.append(limit.acquire())
+    assert limit.limit == 3
+    for at in (6.0, 7.0):
+        clock.now = at
+        limit.release(permits.pop(0), OK)
+        permits.append(limit.acquire())
+    assert limit.limit == 3  # two successes at 1/3 each
+    clock.now = 8.0
+    limit.release(permits.pop(0), OK)
+    assert limit.limit == 4
+
+
+def test_latency_rising_past_the_tolerance_cuts_by_the_ratio_at_most_by_half() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=16, maximum=16, latency_tolerance=1.5, clock=clock)
+
+    def round_at(latency: float) -> None:
+        permits = take(limit, limit.limit)
+        clock.now += latency
+        for permit in permits:
+            limit.release(permit, OK)
+
+    round_at(1.0)  # baseline: 1 s (a round: 16 calls)
+    assert limit.limit == 16
+    round_at(1.25)  # within the tolerance
+    assert limit.limit == 16
+    round_at(1.75)  # queueing: 16 x 1 / 1.75 = 9.1
+    assert limit.limit == 9
+    round_at(1.0)
+    round_at(4.0)  # 9 x 1/4, but at most by half: 4.5
+    assert limit.limit == 4
+
+
+def simulate(schedule: list[tuple[float, int]], until: float, latency: float = 1.0) -> dict:
+    """A service refusing past its limit (which follows `schedule`) in 3 ms, answering calls in
+    `latency` +-10 %, fed by a caller with unlimited work; returns what happened."""
+    import random
+
+    rng = random.Random(7)
+    clock = Clock()
+    limit = AdaptiveLimit(clock=clock)
+    events: list[tuple[float, int, bool, Permit]] = []
+    state = {"serving": 0, "calls": 0, "refused": 0, "done": []}
+
+    def service_limit(t: float) -> int:
+        return [lim for at, lim in schedule if t >= at][-1]
+
+    def send(t: float) -> None:
+        while limit.spare():
+            permit = limit.acquire()
+            state["calls"] += 1
+            if state["serving"] >= service_limit(t):
+                state["refused"] += 1
+                heapq.heappush(events, (t + 0.003, state["calls"], False, permit))
+            else:
+                state["serving"] += 1
+                heapq.heappush(events, (t + latency * rng.uniform(0.9, 1.1), state["calls"], True, permit))
+
+    send(0.0)
+    while events and events[0][0] < until:
+        t, _, ok, permit = heapq.heappop(events)
+        clock.now = t
+        if ok:
+            state["serving"] -= 1
+            state["done"].append(t)
+        limit.release(permit, OK if ok else OVERLOAD)
+        send(t)
+    return {**state, "limit": limit}
+
+
+def completions(done: list[float], start: float, end: float) -> int:
+    return sum(start <= t < end for t in done)
+
+
+def test_against_a_service_whose_limit_halves_and_comes_back() -> None:
+    run = simulate([(0, 64), (20, 32), (40, 64)], until=60)
+    # Each phase's last 10 latencies: at least 90 % of what the limit in force allows
+    # (limit / latency calls per second; latency 1 s on average).
+    for end, service_limit in ((20, 64), (40, 32), (60, 64)):
+        assert completions(run["done"], end - 10, end) >= 0.9 * service_limit * 10
+    # Never far above the service's limit, and refusals a small share of the calls.
+    assert run["limit"].limit <= 64 + 1
+    assert run["refused"] / run["calls"] <= 0.02, run["refused"]
+
+
+@pytest.mark.parametrize("service_limit", [5, 200])
+def test_finds_limits_far_from_where_it_starts(service_limit: int) -> None:
+    run = simulate([(0, service_limit)], until=30)
+    assert service_limit - 1 <= run["limit"].limit <= service_limit + 1
+    assert completions(run["done"], 20, 30) >= 0.9 * service_limit * 10
