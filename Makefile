@@ -63,10 +63,14 @@ demo: up
 capacity: up
 	$(DEV_ENV) && $(PY) -m infra.capacity
 
-# The benchmark: baseline, tuned, flow and flow-kip848 side by side, plus Kafka-level figures
-# (PIPELINE=<spec name> for another pipeline than the reference one).
+# The benchmark: every preset side by side, `durable` on a three-broker stack of its own
+# (ports +2000, stopped afterwards), plus Kafka-level and Spark figures (PIPELINE=<spec name> for
+# another pipeline than the reference one).
 bench: up
-	$(DEV_ENV) && $(PY) -m bench.run $(if $(SCALE),--scale $(SCALE),) $(if $(PIPELINE),--pipeline $(PIPELINE),)
+	@STACK=durable SECURITY=plaintext SPARK=local $(PY) -m infra.stack up --brokers 3; rc=$$?; \
+	if [ $$rc -eq 0 ]; then $(DEV_ENV) && $(PY) -m bench.run $(if $(SCALE),--scale $(SCALE),) \
+	  $(if $(PIPELINE),--pipeline $(PIPELINE),); rc=$$?; fi; \
+	STACK=durable $(PY) -m infra.stack down; exit $$rc
 
 bench-smoke: up
 	$(DEV_ENV) && $(PY) -m bench.run --smoke

@@ -17,6 +17,13 @@ Benchmark-only figures:
   it shows whether that partition bounded the run.
 - refetch_amplification: bytes librdkafka received for the AI stages' topics (its statistics
   count re-fetched data) / bytes of distinct records on those topics.
+- physical_minimum_s, span_over_minimum, overload_share (measure.figures), against the nominal
+  capacity: the concurrency in force over the bottleneck endpoint's mean latency at the run's
+  time scale.
+- for a limit that changes during the run (`adaptive`): the limit the fleet discovered (its
+  `ai_limits` rows) beside the one the service had in force, utilization_in_force and a
+  recovery_s per change (measure.figures), against the capacity with the bottleneck's measured
+  mean call.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
+from consumers.presets import PresetParams
 from consumers.run_figures import rows, standard_figures
 from measure import figures
 
@@ -95,6 +103,20 @@ def topic_bytes(kafka: KafkaConnection, topic: str) -> int:
     return total
 
 
+def overhead_ms(extras: dict[str, Any], q: float) -> float | None:
+    """The q-quantile of end-to-end latency minus the request's AI time, in ms."""
+    return _ms(figures.percentile([e2e - ai for e2e, ai in extras["latency"] if ai is not None], q))
+
+
+def phase_figures(database_url: str, run_id: str, topics: Topics, produced: int, ai_limit: int,
+                  per_partition: list[int]) -> dict[str, Any]:
+    """The standard figures of one phase of a scenario (its own run id) and its overhead."""
+    standard, extras = standard_figures(database_url, run_id, topics.spec.completing_stage, produced,
+                                        ai_limit, per_partition)
+    return {"run_id": run_id, **standard, "overhead_p50_ms": overhead_ms(extras, 0.5),
+            "overhead_p99_ms": overhead_ms(extras, 0.99)}
+
+
 def scenario_figures(database_url: str, kafka: KafkaConnection, run_id: str, topics: Topics, produced: int,
                      ai_limit: int) -> dict[str, Any]:
     """Every figure of one scenario run: the standard ones and the benchmark's own."""
@@ -105,17 +127,67 @@ def scenario_figures(database_url: str, kafka: KafkaConnection, run_id: str, top
     rebalances = rows(database_url, "SELECT count(*) FROM rebalance_events WHERE run_id = %s AND "
                        "event IN ('revoke', 'lost', 'max_poll_exceeded') AND at BETWEEN "
                        "to_timestamp(%s) AND to_timestamp(%s)", (run_id, first, last))[0][0]
-    overhead = [e2e - ai for e2e, ai in extras["latency"] if ai is not None]
     return {
         "run_id": run_id,
         **standard,
         "rebalances": rebalances,
         "requests_per_partition": per_partition,
-        "overhead_p99_ms": _ms(figures.percentile(overhead, 0.99)),
+        "overhead_p99_ms": overhead_ms(extras, 0.99),
         "stage_latency": {stage: {"p50_ms": _ms(figures.percentile(s, 0.5)),
                                   "p99_ms": _ms(figures.percentile(s, 0.99))}
                           for stage, s in sorted(extras["per_stage"].items())},
         "busiest_partition": busiest_partitions(extras["calls"]),
         "refetch_amplification": refetch_amplification(database_url, kafka, run_id, topics),
+        "first_produced_s": first,
         "completion_times": extras["completion_times"],
     }
+
+
+def _relative(schedule: list[list[float]], p: PresetParams, applied_at: float,
+              first_produced: float) -> list[tuple[float, float]]:
+    """A stand-in limit schedule (real-scale seconds since `applied_at`) as (seconds since the first
+    produce, limit)."""
+    return [(at * p.time_scale + applied_at - first_produced, limit) for at, limit in schedule]
+
+
+def limit_figures(result: dict[str, Any], p: PresetParams, schedule: list[list[float]],
+                  applied_at: float) -> dict[str, Any]:
+    """The span against the physical minimum and the share of calls refused with 429."""
+    call_s = p.slowest_call_s * p.time_scale
+    first = result["first_produced_s"] or applied_at
+    capacity = [(max(0.0, at), limit / call_s) for at, limit in _relative(schedule, p, applied_at, first)]
+    minimum = figures.physical_minimum_s(result["produced"], capacity, p.spec.ai_path_s * p.time_scale)
+    service = result["ai_service"].values()
+    refused = sum(e["rejected_429"] + e["rate_limited"] for e in service)
+    calls = refused + sum(e["served"] + e["errors_5xx"] + e["hangs"] for e in service)
+    share = figures.overload_share(refused, calls)
+    return {"physical_minimum_s": round(minimum, 3),
+            "span_over_minimum": _rounded(figures.span_over_minimum(result["span_s"], minimum), 4),
+            "ai_calls": calls, "ai_429": refused, "overload_share": _rounded(share, 5)}
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def adaptive_figures(database_url: str, run_id: str, result: dict[str, Any], p: PresetParams,
+                     schedule: list[list[float]], applied_at: float) -> dict[str, Any]:
+    """How the discovered limit followed the service's (see the module docstring)."""
+    stage = result["bottleneck_stage"]
+    first = result["first_produced_s"]
+    service_s = result["service_s"][stage]
+    in_force = _relative([[0.0, p.concurrency], *schedule], p, applied_at, first)
+    capacity = [(max(0.0, at), limit / service_s) for at, limit in in_force]
+    times = [t - first for t in result["completion_times"]]
+    discovered = [(float(at) - first, limit) for at, limit in rows(
+        database_url, "SELECT extract(epoch FROM at), limit_value FROM ai_limits WHERE run_id = %s "
+        "AND stage = %s ORDER BY at", (run_id, stage))]
+    recoveries = []
+    for at, limit in in_force[1:]:
+        took = figures.recovery_s(times, at, limit / service_s, service_s)
+        recoveries.append({"at_s": round(at, 3), "limit": limit, "recovery_s": _rounded(took, 3),
+                           "recovery_real_s": _rounded(None if took is None else took / p.time_scale, 2)})
+    return {"stage": stage, "service_s": round(service_s, 5),
+            "utilization_in_force": _rounded(figures.utilization_in_force(times, capacity), 4),
+            "recoveries": recoveries, "service_limits": [(round(at, 3), limit) for at, limit in in_force],
+            "discovered_limits": [(round(at, 3), limit) for at, limit in discovered]}

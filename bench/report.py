@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import csv
 import itertools
 import json
@@ -14,9 +15,11 @@ from rich.console import Console
 from rich.table import Table
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-COLUMNS = ("throughput_rps", "steady_throughput_rps", "capacity_rps", "utilization", "lost",
+COLUMNS = ("brokers", "throughput_rps", "steady_throughput_rps", "capacity_rps", "utilization", "lost",
            "duplicate_ai_calls", "rebalances", "skew_max_over_mean", "skew_cv", "p50_ms", "p95_ms",
-           "p99_ms", "overhead_p99_ms", "refetch_amplification", "span_s")
+           "p99_ms", "overhead_p99_ms", "refetch_amplification", "span_s", "physical_minimum_s",
+           "span_over_minimum", "ai_429", "overload_share")
+STEADY_COLUMNS = ("rate_rps", "lost", "p50_ms", "p99_ms", "overhead_p50_ms", "overhead_p99_ms")
 
 
 def run_dir(run_id: str) -> Path:
@@ -48,6 +51,9 @@ def write(summary: dict[str, Any], series: dict[str, list[float]], starts: dict[
     _plot_completions(rows, summary.get("ai_capacity_rps"), out / "completions.png")
     _plot_partitions({n: s["requests_per_partition"] for n, s in summary["scenarios"].items()},
                      out / "requests_per_partition.png")
+    for name, scenario in summary["scenarios"].items():
+        if "adaptive" in scenario:
+            _plot_adaptive(name, scenario, series[name], out / "adaptive.png")
     latest = RESULTS / "latest"
     if latest.is_symlink() or latest.exists():
         latest.unlink()
@@ -74,6 +80,36 @@ def _plot_completions(rows: dict[str, list[int]], capacity: float | None, path: 
     plt.close(fig)
 
 
+def _plot_adaptive(name: str, scenario: dict[str, Any], times: list[float], path: Path) -> None:
+    """The limit the fleet discovered beside the one in force, and throughput (completions over the
+    last mean call, per second) beside the capacity in force, against time since the first produce."""
+    adaptive = scenario["adaptive"]
+    first, call_s = scenario["first_produced_s"], adaptive["service_s"]
+    relative = sorted(t - first for t in times)
+    fig, (limits, rates) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    end = relative[-1] if relative else 1.0
+    for label, points, style in (("limit in force at the service", adaptive["service_limits"], "--"),
+                                 ("limit discovered by the fleet", adaptive["discovered_limits"], "-")):
+        if points:
+            xs, ys = zip(*[(max(0.0, at), limit) for at, limit in points], strict=True)
+            limits.step([*xs, end], [*ys, ys[-1]], where="post", linestyle=style, label=label)
+    limits.set(ylabel="calls in flight", title=f"{name}: {adaptive['stage']} concurrency limit")
+    limits.legend()
+    grid = [i * call_s / 4 for i in range(1, int(end / call_s * 4) + 1)]
+    rate = [(bisect.bisect_right(relative, t) - bisect.bisect_right(relative, t - call_s)) / call_s
+            for t in grid]
+    rates.plot(grid, rate, label="completions per second (over one call)")
+    capacity = [(max(0.0, at), limit / call_s) for at, limit in adaptive["service_limits"]]
+    xs, ys = zip(*capacity, strict=True)
+    rates.step([*xs, end], [*ys, ys[-1]], where="post", color="grey", linestyle="--",
+               label="capacity in force")
+    rates.set(xlabel="seconds since the first request was produced", ylabel="requests/s")
+    rates.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _plot_partitions(per_partition: dict[str, list[int]], path: Path) -> None:
     fig, axes = plt.subplots(len(per_partition), 1, figsize=(9, 1.8 * len(per_partition) + 0.6),
                              sharex=True, squeeze=False)
@@ -93,6 +129,15 @@ def _busiest(scenario: dict[str, Any], stage: str) -> str:
     return f"{busiest['requests']} / {busiest['ai_s']}" if busiest else "-"
 
 
+def _adaptive(scenario: dict[str, Any], figure: str) -> str:
+    adaptive = scenario.get("adaptive")
+    if adaptive is None:
+        return "-"
+    if figure == "utilization":
+        return str(adaptive["utilization_in_force"])
+    return ", ".join(f"{r['recovery_s']} ({r['recovery_real_s']})" for r in adaptive["recoveries"])
+
+
 def print_table(summary: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=f"run {summary['run_id']}  time scale {summary['time_scale']}  "
@@ -105,6 +150,11 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
         table.add_row(column, *(str(s.get(column)) for s in scenarios))
     for stage in sorted({stage for s in scenarios for stage in s.get("busiest_partition", {})}):
         table.add_row(f"busiest {stage} partition: requests / AI s", *(_busiest(s, stage) for s in scenarios))
+    for column in STEADY_COLUMNS:
+        table.add_row(f"steady phase {column}", *(str(s["steady"].get(column)) if "steady" in s else "-"
+                                                  for s in scenarios))
+    table.add_row("adaptive: utilization in force", *(_adaptive(s, "utilization") for s in scenarios))
+    table.add_row("adaptive: recovery s (real-scale s)", *(_adaptive(s, "recovery") for s in scenarios))
     console.print(table)
     for key in ("ratios", "producer_vs_perftest", "pause_benchmark"):
         if key in summary:

@@ -1,13 +1,19 @@
-"""The benchmark: the named scenarios side by side in one run on the same broker, with the same
-AI stand-in limits and the same load, plus Kafka-level throughput and the pause benchmark.
+"""The benchmark: the named scenarios side by side in one run, with the same AI stand-in limits
+and the same load, plus Kafka-level throughput and the pause benchmark.
 
     python -m bench.run                      # the full comparison at real latencies (make bench)
     python -m bench.run --scale 0.5 --burst 2560
     python -m bench.run --smoke              # small and quick: checks the output, not timings
 
 Needs the stack (`make up`): Kafka, PostgreSQL and the AI service stand-in, whose time scale,
-latencies and concurrency limit the run sets through its config endpoint. Figures are computed
-from the database and Kafka (bench/figures.py); results go to results/<run-id>/.
+latencies and concurrency limit the run sets through its config endpoint. The `durable`
+scenario is `flow` on three brokers with RF 3, min ISR 2 and acks=all: on the main stack when
+it has three brokers, else on the stack whose stack.env `--durable-env` names (`make bench`
+starts one). `flow-adaptive` meets a limit that halves and comes back during its burst
+(LIMIT_SCHEDULE); the scenarios named by `--steady` first take a steady load at STEADY_SHARE of
+the capacity, which measures the platform's own overhead apart from the burst's queueing.
+Figures are computed from the database and Kafka (bench/figures.py); results go to
+results/<run-id>/.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ import argparse
 import os
 import platform
 import time
-from dataclasses import asdict, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,44 +34,100 @@ from rich.console import Console
 from bench import figures, kafka_throughput, pause_benchmark, report
 from consumers import pipeline_spec, presets
 from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline import new_run_id, remove_pipeline, running_pipeline
+from consumers.pipeline import Pipeline, new_run_id, remove_pipeline, running_pipeline
 from consumers.pipeline_config import Endpoints
+from infra.layout import Layout
 
 console = Console()
 STATS_INTERVAL_MS = 2000
+SCENARIOS = (*presets.NAMES, "durable")
+DURABLE_BROKERS = 3
+STEADY_SHARE = 0.8  # of the AI capacity: a load the pipeline keeps up with
+# flow-adaptive: the bottleneck's limit as a share of the concurrency, from a share of the time
+# the burst needs at full capacity on (real-scale seconds, scaled like every other duration).
+LIMIT_SCHEDULE = ((0.4, 0.5), (0.8, 1.0))
 
 
-def configure_ai(base_url: str, p: presets.PresetParams) -> None:
+@dataclass(frozen=True)
+class Stack:
+    """Where scenarios run: a local stack's Kafka, PostgreSQL and AI stand-in."""
+
+    kafka: KafkaAccess
+    database_url: str
+    ai_url: str
+    brokers: int
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> Stack | None:
+        kafka = KafkaAccess.from_environment(environ)
+        if kafka is None or not environ.get("DATABASE_URL") or not environ.get("AI_SERVICE_URL"):
+            return None
+        return cls(kafka, environ["DATABASE_URL"], environ["AI_SERVICE_URL"],
+                   int(environ.get("KAFKA_BROKERS", "1")))
+
+
+def configure_ai(base_url: str, settings: dict[str, Any]) -> None:
     """Same limits for every scenario; counters reset so each scenario's are its own."""
-    requests.put(f"{base_url}/v1/config", timeout=10, json=p.stand_in_settings()).raise_for_status()
+    requests.put(f"{base_url}/v1/config", timeout=10, json=settings).raise_for_status()
     requests.post(f"{base_url}/v1/stats/reset", timeout=10).raise_for_status()
 
 
-def run_scenario(name: str, p: presets.PresetParams, bench_id: str, kafka: KafkaAccess, env: dict[str, str],
+def limit_schedule(p: presets.PresetParams) -> list[list[float]]:
+    """flow-adaptive's `limit_schedule` for the bottleneck endpoint (see LIMIT_SCHEDULE)."""
+    full_s = p.burst / (p.concurrency / p.slowest_call_s)
+    return [[round(share * full_s, 3), max(1, round(limit * p.concurrency))]
+            for share, limit in LIMIT_SCHEDULE]
+
+
+def steady_phase(pipeline: Pipeline, p: presets.PresetParams, timeout_s: float) -> dict[str, Any]:
+    """STEADY_SHARE of the capacity through the running pipeline under a run id of its own."""
+    count = max(10, p.burst // 2)
+    steady = replace(pipeline, run_id=f"{pipeline.run_id}-steady")
+    console.print(f"steady phase: {count} requests at {STEADY_SHARE * p.ai_capacity_rps:.1f}/s")
+    sent = steady.send(count, rate=STEADY_SHARE * p.ai_capacity_rps, progress=True)
+    steady.wait_terminal(count, timeout_s, progress=True)
+    return {"rate_rps": round(STEADY_SHARE * p.ai_capacity_rps, 3),
+            **figures.phase_figures(pipeline.database_url, steady.run_id, pipeline.topics,
+                                    len(sent.request_ids), p.concurrency, sent.per_partition(p.partitions))}
+
+
+def run_scenario(name: str, p: presets.PresetParams, bench_id: str, stack: Stack, steady: bool = False,
                  keep_topics: bool = False) -> dict[str, Any]:
-    config = replace(presets.build(name, p), stats_interval_ms=STATS_INTERVAL_MS)
-    base = env["AI_SERVICE_URL"]
-    configure_ai(base, p)
-    endpoints = Endpoints.on(base, p.spec)
+    preset = "flow" if name == "durable" else name
+    config = replace(presets.build(preset, p), stats_interval_ms=STATS_INTERVAL_MS)
+    schedule = limit_schedule(p) if name == "flow-adaptive" else []
+    configure_ai(stack.ai_url, p.stand_in_settings())
+    endpoints = Endpoints.on(stack.ai_url, p.spec)
     # Worst case: every request on one partition, processed one at a time by every AI stage.
     calls_s = sum(p.spec.endpoint_of(stage).latency.mean_s for stage in p.spec.ai_stages)
     timeout_s = 60 + 1.5 * p.burst * calls_s * p.time_scale
     console.rule(f"[bold]{name}")
-    with running_pipeline(config, kafka, env["DATABASE_URL"], endpoints,
+    result: dict[str, Any] = {}
+    with running_pipeline(config, stack.kafka, stack.database_url, endpoints,
                           run_id=f"{bench_id}-{name}", scenario=name, fleet_processes=True) as pipeline:
-        started = time.time()
+        if steady:
+            result["steady"] = steady_phase(pipeline, p, timeout_s)
+            configure_ai(stack.ai_url, p.stand_in_settings())  # the burst's counters are its own
+        if schedule:
+            configure_ai(stack.ai_url, {p.bottleneck: {"limit_schedule": schedule}})
+        schedule_at = time.time()
         sent = pipeline.send(p.burst, progress=True)
         counts = pipeline.wait_terminal(p.burst, timeout_s, progress=True)
         # One more statistics emission from every member: its last snapshot is written at close.
         time.sleep(1.5 * STATS_INTERVAL_MS / 1000)
-    console.print(f"{name}: {counts} in {time.time() - started:.1f}s")
-    result = figures.scenario_figures(env["DATABASE_URL"], kafka.default, pipeline.run_id, pipeline.topics,
-                                      len(sent.request_ids), p.concurrency)
-    result["ai_service"] = {k: v for k, v in requests.get(f"{base}/v1/stats", timeout=10).json().items()
-                            if k in p.spec.endpoints}
+    console.print(f"{name}: {counts} in {time.time() - schedule_at:.1f}s")
+    result.update(figures.scenario_figures(stack.database_url, stack.kafka.default, pipeline.run_id,
+                                           pipeline.topics, len(sent.request_ids), p.concurrency))
+    served = requests.get(f"{stack.ai_url}/v1/stats", timeout=10).json()
+    result["ai_service"] = {k: v for k, v in served.items() if k in p.spec.endpoints}
+    result.update(figures.limit_figures(result, p, [(0.0, p.concurrency), *schedule], schedule_at))
+    if schedule:
+        result["adaptive"] = figures.adaptive_figures(stack.database_url, pipeline.run_id, result, p,
+                                                      schedule, schedule_at)
     if not keep_topics:  # the rows stay in PostgreSQL; the next scenario gets an unburdened broker
-        remove_pipeline(pipeline.topics, kafka)
-    result["load_started"] = started
+        remove_pipeline(pipeline.topics, stack.kafka)
+    result["brokers"] = stack.brokers
+    result["load_started"] = schedule_at
     return result
 
 
@@ -79,14 +142,23 @@ def versions() -> dict[str, str]:
 
 def ratios(s: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     def ratio(a: str, b: str, key: str = "throughput_rps") -> float | None:
-        if a in s and b in s and s[b][key]:
-            return round(s[a][key] / s[b][key], 2)
+        if a in s and b in s and s[b].get(key):
+            return round(s[a][key] / s[b][key], 3)
+        return None
+
+    def points(a: str, b: str) -> float | None:
+        if a in s and b in s and s[a].get("utilization") is not None and s[b].get("utilization") is not None:
+            return round(100 * (s[a]["utilization"] - s[b]["utilization"]), 2)
         return None
 
     return {"tuned_over_baseline": ratio("tuned", "baseline"),
             "flow_over_baseline": ratio("flow", "baseline"),
             "flow_over_tuned": ratio("flow", "tuned"),
-            "flow_kip848_over_flow": ratio("flow-kip848", "flow")}
+            "flow_kip848_over_flow": ratio("flow-kip848", "flow"),
+            "flow_adaptive_over_flow": ratio("flow-adaptive", "flow"),
+            "share_over_flow": ratio("share", "flow"),
+            "durable_over_flow": ratio("durable", "flow"),
+            "durable_minus_flow_utilization_points": points("durable", "flow")}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,12 +172,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst", type=int, default=0, help="requests (default 20 x concurrency)")
     p.add_argument("--flow-members", type=int, default=4)
     p.add_argument("--pipeline", default=pipeline_spec.REFERENCE, help="the pipeline spec to benchmark")
-    p.add_argument("--scenarios", default=",".join(presets.NAMES))
+    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--steady", default="flow", help="scenarios that first take a steady load (comma list)")
+    p.add_argument("--durable-stack", default="durable",
+                   help="the local stack (STACK name) that runs `durable` when the main one has one broker")
     p.add_argument("--perf-records", type=int, default=1_000_000)
     p.add_argument("--pause-seconds", type=float, default=10.0)
     p.add_argument("--keep-topics", action="store_true", help="keep the scenarios' topics for inspection")
     p.add_argument("--smoke", action="store_true", help="a small run that checks the output")
     return p.parse_args(argv)
+
+
+def stacks(args: argparse.Namespace, names: list[str]) -> dict[str, Stack]:
+    """The stack each scenario runs on."""
+    main = Stack.from_environment(os.environ)
+    if main is None:
+        raise SystemExit("the stack's addresses are not set: run `make up` and source "
+                         ".local/<stack>/stack.env")
+    durable = main
+    if "durable" in names and main.brokers < DURABLE_BROKERS:
+        durable = Stack.from_environment(Layout(args.durable_stack).saved_env())
+        if durable is None or durable.brokers < DURABLE_BROKERS:
+            raise SystemExit(f"`durable` needs {DURABLE_BROKERS} brokers: `STACK={args.durable_stack} "
+                             "python -m infra.stack up --brokers 3` starts them (or leave it out of "
+                             "--scenarios)")
+    return {name: durable if name == "durable" else main for name in names}
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -114,35 +205,36 @@ def main(argv: list[str] | None = None) -> Path:
         args.partitions, args.concurrency, args.flow_members = 8, 8, 2
         args.burst, args.perf_records, args.pause_seconds = 80, 50_000, 2.0
         args.scale = min(args.scale, 0.05)
-    env = {k: os.environ[k] for k in ("DATABASE_URL", "AI_SERVICE_URL") if k in os.environ}
-    kafka = KafkaAccess.from_environment()
-    if kafka is None or len(env) < 2:
-        raise SystemExit("the stack's addresses are not set: run `make up` and source .local/stack.env")
-    brokers = int(os.environ.get("KAFKA_BROKERS", "1"))
+    names = args.scenarios.split(",")
+    where = stacks(args, names)
+    main_stack = Stack.from_environment(os.environ)
     params = presets.PresetParams(partitions=args.partitions, concurrency=args.concurrency,
-                                   time_scale=args.scale, burst=args.burst or 20 * args.concurrency,
-                                   flow_members=args.flow_members, replication_factor=min(3, brokers),
-                                   pipeline=args.pipeline)
+                                  time_scale=args.scale, burst=args.burst or 20 * args.concurrency,
+                                  flow_members=args.flow_members, pipeline=args.pipeline)
+    steady = set(args.steady.split(",")) if args.steady else set()
     bench_id = new_run_id("bench")
-    results = {name: run_scenario(name, params, bench_id, kafka, env, args.keep_topics)
-               for name in args.scenarios.split(",")}
+    results = {name: run_scenario(name, replace(params, replication_factor=min(3, where[name].brokers)),
+                                  bench_id, where[name], name in steady, args.keep_topics)
+               for name in names}
+    rf = min(3, main_stack.brokers)
     console.rule("[bold]Kafka-level throughput")
-    producer = kafka_throughput.compare(kafka.default, args.perf_records, 512, (1, params.partitions),
-                                        params.replication_factor)
+    producer = kafka_throughput.compare(main_stack.kafka.default, args.perf_records, 512,
+                                        (1, params.partitions), rf)
     console.rule("[bold]pause benchmark")
-    pause = pause_benchmark.run(kafka.default, seconds=args.pause_seconds,
+    pause = pause_benchmark.run(main_stack.kafka.default, seconds=args.pause_seconds,
                                 records_per_partition=5_000 if args.smoke else 50_000)
     summary = {
         "run_id": bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
-        "versions": versions(), "params": asdict(params),
-        "scenarios": {n: {k: v for k, v in r.items() if k != "completion_times"}
+        "versions": versions(), "params": {**asdict(params), "replication_factor": rf},
+        "scenarios": {n: {k: v for k, v in r.items() if k not in ("completion_times", "load_started")}
                       for n, r in results.items()},
         "ratios": ratios(results), "producer_vs_perftest": producer, "pause_benchmark": pause,
     }
     out = report.write(summary, {n: r["completion_times"] for n, r in results.items()},
                        {n: r["load_started"] for n, r in results.items()})
     report.print_table(summary, console)
-    console.print(f"results in {out} (plots: completions.png, requests_per_partition.png)")
+    console.print(f"results in {out} (plots: completions.png, requests_per_partition.png"
+                  f"{', adaptive.png' if 'flow-adaptive' in results else ''})")
     return out
 
 

@@ -240,6 +240,20 @@ class PipelineSpec(_Model):
             outputs.append(self.failure_notice.to)
         return sorted(set(outputs))
 
+    @cached_property
+    def ai_path_s(self) -> float:
+        """The longest chain of AI calls one request makes, in mean seconds (real scale): the
+        endpoints' latencies summed along the routes, the slowest branch where they fork."""
+        def longest(stage: str, seen: frozenset[str]) -> float:
+            spec = self.stages[stage]
+            work = spec.work
+            own = self.endpoints[work.endpoint].latency.mean_s if isinstance(work, HttpWork) else 0.0
+            after = [longest(n, seen | {n}) for route in spec.routes for n, s in self.stages.items()
+                     if s.source == route.to and n not in seen]
+            return own + max(after, default=0.0)
+
+        return max(longest(stage, frozenset({stage})) for stage in self.entry_stages)
+
     def producing_topics(self) -> list[str]:
         """Topics the load source writes: the entry stages' sources."""
         return sorted({self.stages[s].source for s in self.entry_stages})

@@ -8,6 +8,9 @@ tuned        a UUID key per event and bounded polls of one record: the article's
 flow         UUID keys and the flow-controlled consumer: a few members whose windows add up to
              the AI concurrency
 flow-kip848  `flow` with the KIP-848 consumer group protocol (`group.protocol=consumer`)
+flow-adaptive  `flow` told nothing of the AI concurrency: each fleet discovers its endpoint's
+             limit while calling it (`consumers.concurrency_limit`); the members' windows only
+             cap it at ADAPTIVE_CEILING calls
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any
 from consumers import pipeline_spec
 from consumers.pipeline_config import PipelineConfig, StageConfig
 
-NAMES = ("baseline", "tuned", "flow", "flow-kip848")
+NAMES = ("baseline", "tuned", "flow", "flow-kip848", "flow-adaptive")
+ADAPTIVE_CEILING = 256  # calls in flight per AI stage, far above the published limits
 
 
 @dataclass(frozen=True)
@@ -60,11 +64,11 @@ class PresetParams:
     def stand_in_settings(self, bottleneck_factor: float = 1.0) -> dict[str, Any]:
         """`PUT /v1/config` of the stand-in: every endpoint at its spec's latency (the slowest
         one's times `bottleneck_factor`, to make a slower candidate), this concurrency, no
-        injected faults, this time scale."""
+        injected faults, no limit schedule, this time scale."""
         factors = {self.bottleneck: bottleneck_factor}
         return {"time_scale": self.time_scale,
                 **{name: {"latency_s": e.latency.median_s * factors.get(name, 1.0), "limit": self.concurrency,
-                          "error_rate": 0.0}
+                          "error_rate": 0.0, "limit_schedule": []}
                    for name, e in self.spec.endpoints.items()}}
 
 
@@ -90,6 +94,8 @@ def build(name: str, p: PresetParams) -> PipelineConfig:
         "tuned": common.with_stages(**ai_stages(StageConfig("bounded", members=members, batch_size=1))),
         "flow": flow,
         "flow-kip848": replace(flow, group_protocol="consumer"),
+        "flow-adaptive": common.with_stages(**ai_stages(StageConfig(
+            "flow", members=p.flow_members, window=ADAPTIVE_CEILING // p.flow_members, adaptive=True))),
     }
     if name not in configs:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(NAMES)}")

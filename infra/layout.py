@@ -1,7 +1,8 @@
 """Where a local stack lives on disk and which loopback ports it uses.
 
 Stacks run side by side: `dev` (what `make up` starts), `test` (what `make test` starts and
-stops), `secure` (the secured stack `make test` starts beside it) and `faults` (what
+stops), `secure` (the secured stack `make test` starts beside it), `durable` (the three-broker
+stack `make bench` starts beside `dev` for its `durable` scenario) and `faults` (what
 `make faults` starts, kills parts of and stops), so running the suite or injecting faults never
 disturbs a stack someone is using. They differ only in their folder and a port offset.
 
@@ -25,7 +26,7 @@ KAFKA_JARS = LOCAL / "jars" / "kafka"
 # Every port of every stack stays below 32768, where Linux's ephemeral range begins: a listening
 # port inside it can already be the source port of some outgoing connection (at offset 30000 the
 # secure stack's third controller port, 39194, was, and that broker could not start).
-PORT_OFFSETS = {"dev": 0, "test": 10000, "faults": 20000, "secure": 22000}
+PORT_OFFSETS = {"dev": 0, "durable": 2000, "test": 10000, "faults": 20000, "secure": 22000}
 PLAINTEXT, SASL_SSL = "plaintext", "sasl_ssl"
 SECURITIES = (PLAINTEXT, SASL_SSL)
 

@@ -34,10 +34,24 @@ turns them into figures, so a figure cannot mean two things.
   watermark when it committed nothing); a pipeline's lag sums its stages' groups.
 - lag trend: the least-squares slope of lag samples against time (records/s): a pipeline keeps
   up with a steady rate when the trend stays near 0, and falls behind by the trend otherwise.
+
+Against the physical limits, where the AI service's capacity may change during a run (a
+schedule: (from_s, capacity_rps) pieces, seconds since the first produce):
+- physical_minimum_s: the shortest span the AI services allow: `requests` served at the capacity
+  in force, plus one request's chain of AI calls (the last one still has to go through them).
+- span_over_minimum: span_s / physical_minimum_s.
+- utilization_in_force: completions on the plateau (the STEADY_BAND of completions, as for
+  steady_throughput_rps) / what the capacity in force could serve over that time.
+- recovery_s after a change of capacity: from the change until the completions of the last
+  `window_s` (one call of the bottleneck: as many completions as calls fit in flight) first
+  reach RECOVERED of what the new capacity serves in that window.
+- overload_share: 429 answers / calls, as the AI service counts them.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -47,6 +61,7 @@ TERMINAL = ("completed", "rejected", "dead_lettered")
 CALL_OUTCOMES = ("ok", "started")
 QUANTILES = (0.5, 0.95, 0.99)
 STEADY_BAND = (0.2, 0.8)  # completion percentiles bounding the plateau
+RECOVERED = 0.9  # share of the new capacity that ends a recovery
 MIN_STEADY_POINTS = 10
 
 
@@ -205,3 +220,55 @@ def from_analysis(document: Mapping[str, Any], *, produced: int, ai_limit: int,
         ai_limit=ai_limit, duplicate_ai_calls=document["duplicates"]["total"],
         skew_max_over_mean=skew_max_over_mean, skew_cv=skew_cv, skew_records=skew_records,
         skew_partitions=skew_partitions, latency_s={q: latency.get(f"p{round(q * 100)}") for q in QUANTILES})
+
+
+Schedule = Sequence[tuple[float, float]]  # (from_s, capacity_rps), in time order, the first from 0
+
+
+def capacity_at(schedule: Schedule, t: float) -> float:
+    return [rps for at, rps in schedule if t >= at][-1] if t >= schedule[0][0] else schedule[0][1]
+
+
+def servable(schedule: Schedule, start: float, end: float) -> float:
+    """Requests the capacity in force can serve between `start` and `end`."""
+    bounds = [start, *(at for at, _ in schedule if start < at < end), end]
+    return sum(capacity_at(schedule, a) * (b - a) for a, b in itertools.pairwise(bounds))
+
+
+def physical_minimum_s(requests: int, schedule: Schedule, ai_path_s: float) -> float:
+    """See the module docstring; the schedule's last capacity holds until the end."""
+    served, at = 0.0, 0.0
+    for (start, rps), (end, _) in itertools.pairwise([*schedule, (math.inf, 0.0)]):
+        if served + rps * (end - start) >= requests:
+            return start + (requests - served) / rps + ai_path_s
+        served, at = served + rps * (end - start), end
+    return at + ai_path_s
+
+
+def span_over_minimum(span: float | None, minimum_s: float) -> float | None:
+    return None if span is None or minimum_s <= 0 else span / minimum_s
+
+
+def utilization_in_force(times: Sequence[float], schedule: Schedule) -> float | None:
+    """Completion times are seconds since the first produce, like the schedule's."""
+    if len(times) < MIN_STEADY_POINTS:
+        return None
+    ordered = sorted(times)
+    lo, hi = (round(share * (len(ordered) - 1)) for share in STEADY_BAND)
+    could = servable(schedule, ordered[lo], ordered[hi])
+    return (hi - lo) / could if could > 0 else None
+
+
+def recovery_s(times: Sequence[float], change_at: float, capacity_rps: float,
+               window_s: float) -> float | None:
+    """See the module docstring; None when the completions never get there."""
+    ordered = sorted(times)
+    for t in (t for t in ordered if t >= change_at):
+        recent = bisect.bisect_right(ordered, t) - bisect.bisect_right(ordered, t - window_s)
+        if recent >= RECOVERED * capacity_rps * window_s:
+            return t - change_at
+    return None
+
+
+def overload_share(refused: int, calls: int) -> float | None:
+    return refused / calls if calls else None

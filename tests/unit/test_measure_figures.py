@@ -141,3 +141,42 @@ def test_run_figures_without_successful_calls_has_no_capacity() -> None:
     assert (got["lost"], got["throughput_rps"]) == (3, 0.0)
     assert (got["capacity_rps"], got["utilization"]) == (None, None)
     assert got["p99_ms"] is None and got["bottleneck_stage"] is None
+
+
+# 10 rps for 20 s, 5 rps for 20 s, then 10 rps again.
+HALVED = [(0.0, 10.0), (20.0, 5.0), (40.0, 10.0)]
+
+
+def test_servable_adds_the_capacity_in_force_piece_by_piece() -> None:
+    assert figures.servable(HALVED, 10.0, 30.0) == 10 * 10 + 10 * 5
+    assert figures.servable(HALVED, 35.0, 50.0) == 5 * 5 + 10 * 10
+    assert figures.servable([(0.0, 4.0)], 1.0, 3.0) == 8
+
+
+def test_physical_minimum_is_the_requests_at_the_capacity_in_force_plus_one_chain_of_calls() -> None:
+    assert figures.physical_minimum_s(1280, [(0.0, 64 / 3)], 3.5) == pytest.approx(60 + 3.5)
+    # 200 in the first 20 s, 100 in the next 20, the last 50 at 10 rps: 45 s, + 1 s of calls.
+    assert figures.physical_minimum_s(350, HALVED, 1.0) == pytest.approx(46.0)
+    assert figures.physical_minimum_s(150, HALVED, 0.0) == pytest.approx(15.0)
+    assert figures.span_over_minimum(47.5, 46.0) == pytest.approx(1.0326, abs=1e-4)
+
+
+def test_utilization_in_force_divides_the_plateau_by_what_the_schedule_could_serve() -> None:
+    # One completion every 0.125 s for 40 s (8 rps) against 10 rps then 5 rps: 321 completions,
+    # the band from the 64th (8 s) to the 256th (32 s): 192 done where 120 + 60 = 180 could be.
+    times = [i * 0.125 for i in range(321)]
+    assert figures.utilization_in_force(times, HALVED) == pytest.approx(192 / 180)
+    assert figures.utilization_in_force(times[:5], HALVED) is None
+
+
+def test_recovery_is_when_the_last_window_of_completions_reaches_90_percent_of_the_new_capacity() -> None:
+    # 5 rps until 40 s, then completions every 0.1 s from 42 s on (10 rps); window 1 s: the
+    # window ending at t holds the completions in (t - 1, t], 9 of them first at 42.8 s.
+    times = [i * 0.2 for i in range(200)] + [42 + i * 0.1 for i in range(50)]
+    assert figures.recovery_s(times, 40.0, 10.0, 1.0) == pytest.approx(2.8)
+    assert figures.recovery_s(times[:200], 40.0, 10.0, 1.0) is None
+
+
+def test_overload_share() -> None:
+    assert figures.overload_share(3, 300) == 0.01
+    assert figures.overload_share(0, 0) is None

@@ -19,8 +19,9 @@ from sqlalchemy.engine import make_url
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.pipeline_spec import roles
 from infra import kafka_cluster, kafka_tools, layout, tls
-from infra.layout import Layout
+from infra.layout import PORT_OFFSETS, Layout
 from infra.stack import Credentials, environment, write_env
+from infra.stack import ports as stack_ports
 
 REPO = Path(__file__).resolve().parents[2]
 SECURE = Layout("secure")
@@ -226,11 +227,18 @@ def test_kafka_tools_connect_as_the_admin_through_an_owner_only_file() -> None:
 
 def test_every_stack_port_is_below_the_ephemeral_range() -> None:
     # Linux hands out 32768-60999 as source ports; a listening port there can be taken.
-    for name in ("dev", "test", "faults", "secure"):
+    for name in PORT_OFFSETS:
         stack = Layout(name)
         assert max(stack.controller_port(3), stack.airflow_port, stack.ai_service_port,
                    stack.postgres_port, stack.spark_master_port, stack.spark_master_ui_port,
                    stack.spark_worker_ui_port) < 32768, name
+
+
+def test_no_two_stacks_share_a_port() -> None:
+    taken: dict[int, str] = {}
+    for name in PORT_OFFSETS:
+        for port in stack_ports(Layout(name), 3, "cluster").values():
+            assert taken.setdefault(port, name) == name, (port, taken[port], name)
 
 
 def test_security_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
