@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 import requests
 
+from consumers import ai_client
+from consumers.ai_client import AIClient, RetryPolicy
 from consumers.ai_service import (
     ConfigError,
     Endpoint,
@@ -30,6 +33,7 @@ from consumers.ai_service import (
     sample_latency,
     serve,
 )
+from consumers.concurrency_limit import AdaptiveLimit
 from consumers.pipeline_spec import load
 
 SCALE = 0.1
@@ -496,3 +500,36 @@ def test_command_line_serves_and_stops_on_sigterm() -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_client_with_an_adaptive_limit_settles_on_the_service_limit(start: Start) -> None:
+    base = start(time_scale=1.0, generate={"latency_s": 0.2, "limit": 2, "retry_after_s": 0.05})
+    limiter = AdaptiveLimit(initial=6)  # told nothing: starts above the service's 2
+    client = AIClient(ai_client.Endpoint(f"{base}/v1/generate", timeout_s=5), RetryPolicy(max_attempts=20),
+                      limiter=limiter)
+    payloads = [{**GENERATE, "request_id": f"r-{i}"} for i in range(12)]
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        answers = list(pool.map(client.call, payloads))
+    assert [a["request_id"] for a in answers] == [p["request_id"] for p in payloads]
+    served = stats(base)["generate"]
+    assert served["max_in_flight"] <= 2 and served["served"] == 12
+    assert limiter.limit <= 3 and limiter.in_flight == 0  # at most one probe above the service's 2
+    assert served["rejected_429"] >= 1  # what it learned the limit from
+
+
+def test_a_try_the_observer_stops_gives_its_permit_back(start: Start) -> None:
+    base = start(time_scale=1.0, generate={"latency_s": 0.01})
+    limiter = AdaptiveLimit(initial=1)
+
+    class Refusing:
+        def started(self, attempt: int, at: float) -> None:
+            raise RuntimeError("claim lost")
+
+        def ended(self, attempt: object) -> None:
+            raise AssertionError("a try that was not sent has no end")
+
+    client = AIClient(ai_client.Endpoint(f"{base}/v1/generate"), limiter=limiter)
+    with pytest.raises(RuntimeError, match="claim lost"):
+        client.call(GENERATE, Refusing())
+    assert (limiter.in_flight, limiter.limit) == (0, 1)
+    assert client.call(GENERATE)["request_id"] == GENERATE["request_id"]
