@@ -6,14 +6,16 @@ nothing about it; every try of an `AIClient` takes a permit and reports how it e
 
 - a 429 is the service saying it is full: the calls still in flight are what it holds of ours,
   so the limit falls to that count. A 429 for a try sent after the last cut, within one
-  latency of it, means the service shrank further than what it held: the cut is then
-  multiplicative (`backoff`), so a limit that halves costs a handful of 429s, not one per call.
+  latency of it and with a tenth fewer calls in flight than that cut left, means the service
+  shrank further than what it held: the cut is then multiplicative (`backoff`), so a limit
+  that halves costs a handful of 429s, not one per call.
   A `Retry-After` holds any growth until it has passed.
 - a round's mean latency (a round: `limit` successful calls, at least MIN_ROUND) more than
   `latency_tolerance` times the lowest round mean seen (a service that queues instead of
   refusing) shrinks the limit by their ratio, at most by half: a gradient step, in the manner
   of Netflix's Gradient2.
-- while the limit is in use and nothing refuses, it grows: after a hold of `hold_rounds` rounds
+- while the limit is in use (at least half of it, as Netflix's limiters count it) and nothing
+  refuses, it grows: after a hold of `hold_rounds` rounds
   (`limit` successes each, one latency when saturated) by one call per round, the
   rate quadrupling every half round up to one call per success (doubling per latency). So a
   steady service sees one probing 429 every few rounds, and a service whose limit rose is
@@ -34,7 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 OK, OVERLOAD = "ok", "http_429"
-MIN_ROUND = 16  # latencies averaged before comparing with the baseline: fewer are mostly noise
+SHRINK_SIGN = 0.9  # a refusal this far under the last cut's level means the service shrank
+MIN_ROUND = 32  # latencies averaged before comparing with the baseline: fewer are mostly noise
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,8 @@ class Permit:
 class AdaptiveLimit:
     """An in-flight limit for one endpoint; thread-safe, `acquire` blocks while it is reached."""
 
-    def __init__(self, initial: int = 8, minimum: int = 1, maximum: int = 1024, backoff: float = 0.7,
-                 hold_rounds: float = 2.0, latency_tolerance: float = 1.5,
+    def __init__(self, initial: int = 8, minimum: int = 1, maximum: int = 1024, backoff: float = 0.85,
+                 hold_rounds: float = 2.0, latency_tolerance: float = 2.0,
                  clock: Callable[[], float] = time.time, history: int = 100_000) -> None:
         self.minimum, self.maximum = minimum, maximum
         self.backoff = backoff
@@ -61,6 +64,7 @@ class AdaptiveLimit:
         self._in_flight = 0
         self._generation = 0
         self._cut_at = -math.inf
+        self._cut_level = math.inf
         self._hold = 0.0  # successes to see before growing again
         self._hold_until = -math.inf  # Retry-After
         self._rate = 1.0  # limit growth per success while probing (starts as slow start)
@@ -114,10 +118,16 @@ class AdaptiveLimit:
             # Sent before the last cut: the cut already answered it; one call fewer is held.
             self._set(min(self._limit, self._in_flight), now)
             return
+        # Refused again within a latency of the cut that began this episode of refusals, holding a
+        # tenth fewer calls than it left: the service shrank, not just our last probes were over.
         recent = self._min_latency is not None and now - self._cut_at < self._min_latency
-        target = self._in_flight * (self.backoff if recent else 1.0)
+        shrank = recent and self._in_flight < SHRINK_SIGN * self._cut_level
+        target = self._in_flight * (self.backoff if shrank else 1.0)
         if target < self._limit:
-            self._cut(math.floor(target), now)
+            self._set(math.floor(target), now)
+            self._generation += 1
+            if not recent:
+                self._cut_at, self._cut_level = now, self._limit
         self._start_hold()
 
     def _succeeded(self, latency: float, now: float) -> None:
@@ -131,8 +141,10 @@ class AdaptiveLimit:
                 self._cut(self._limit * max(0.5, self._baseline / mean), now)
                 self._start_hold()
                 return
-        if self._in_flight + 1 < int(self._limit):
-            return  # the limit is not in use: this success says nothing about it
+        if 2 * (self._in_flight + 1) < self._limit:
+            # Under half in use: this success says nothing about the limit. (Not "all in use":
+            # replacements for calls that just ended are still on their way to `acquire`.)
+            return
         if self._hold > 0 or now < self._hold_until:
             self._hold -= 1
             return
@@ -148,7 +160,7 @@ class AdaptiveLimit:
     def _cut(self, value: float, now: float) -> None:
         self._set(value, now)
         self._generation += 1
-        self._cut_at = now
+        self._cut_at, self._cut_level = now, self._limit
 
     def _start_hold(self) -> None:
         self._hold = self.hold_rounds * self._limit

@@ -85,9 +85,10 @@ def test_after_a_429_the_limit_holds_for_two_rounds_then_probes_by_one() -> None
         permits.append(limit.acquire())  # keep the limit in use
         if limit.limit > 3 and grown_at is None:
             grown_at = success
-    # 6 held, then growth at 1/limit per success: the 7th to 9th successes add 3 x 1/3.
+    # 6 held, then 1/3 per success for half a round (the 7th and 8th), then 4 x 1/3 capped at
+    # one call per success: 3 + 2/3 + 1 at the 9th, + 1 at the 10th and 11th.
     assert grown_at == 9
-    assert limit.limit == 4
+    assert limit.limit == 6
 
 
 def test_a_second_429_within_a_latency_of_the_cut_cuts_by_the_backoff() -> None:
@@ -105,6 +106,23 @@ def test_a_second_429_within_a_latency_of_the_cut_cuts_by_the_backoff() -> None:
     clock.now = 1.02
     limit.release(sent_after_cut, OVERLOAD)  # refused again 0.01 s after the cut: 7 x 0.5
     assert limit.limit == 3
+
+
+def test_refusals_of_a_few_probes_over_the_limit_do_not_cut_by_the_backoff() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=20, backoff=0.5, clock=clock)
+    permits = take(limit, 20)
+    clock.now = 1.0
+    limit.release(permits.pop(), OK)  # latency seen: 1 s
+    permits.append(limit.acquire())
+    clock.now = 1.01
+    limit.release(permits.pop(), OVERLOAD)  # 19 held: limit 19
+    clock.now = 1.012
+    limit.release(permits.pop(), OK)
+    probe = limit.acquire()  # sent after the cut, refused too: 18 held, not a tenth under 19
+    clock.now = 1.02
+    limit.release(probe, OVERLOAD)
+    assert limit.limit == 18
 
 
 def test_a_429_for_a_try_sent_before_the_cut_only_counts_the_call_it_freed() -> None:
@@ -139,7 +157,7 @@ def test_retry_after_holds_growth_until_it_has_passed() -> None:
 
 def test_latency_rising_past_the_tolerance_cuts_by_the_ratio_at_most_by_half() -> None:
     clock = Clock()
-    limit = AdaptiveLimit(initial=16, maximum=16, latency_tolerance=1.5, clock=clock)
+    limit = AdaptiveLimit(initial=32, maximum=32, latency_tolerance=1.5, clock=clock)
 
     def round_at(latency: float) -> None:
         permits = take(limit, limit.limit)
@@ -147,15 +165,15 @@ def test_latency_rising_past_the_tolerance_cuts_by_the_ratio_at_most_by_half() -
         for permit in permits:
             limit.release(permit, OK)
 
-    round_at(1.0)  # baseline: 1 s (a round: 16 calls)
-    assert limit.limit == 16
+    round_at(1.0)  # baseline: 1 s (a round: 32 calls)
+    assert limit.limit == 32
     round_at(1.25)  # within the tolerance
-    assert limit.limit == 16
-    round_at(1.75)  # queueing: 16 x 1 / 1.75 = 9.1
+    assert limit.limit == 32
+    round_at(1.75)  # queueing: 32 x 1 / 1.75 = 18.3
+    assert limit.limit == 18
+    round_at(4.0)
+    round_at(4.0)  # the round's 32 latencies end 14 calls into this one: 18 x 1/4, at most halved
     assert limit.limit == 9
-    round_at(1.0)
-    round_at(4.0)  # 9 x 1/4, but at most by half: 4.5
-    assert limit.limit == 4
 
 
 def simulate(schedule: list[tuple[float, int]], until: float, latency: float = 1.0) -> dict:
