@@ -138,7 +138,7 @@ def in_flight_window(config: PipelineConfig, stage: str = "generate") -> int:
     """AI calls a stage's fleet can have under way at once: what a kill -9 can leave answered
     but unrecorded, so called again after the restart."""
     stage_config = config.stage(stage)
-    return stage_config.members * (stage_config.window if stage_config.mode == "flow" else 1)
+    return stage_config.members * stage_config.concurrent
 
 
 def kill_fleet(t: Target) -> Window:

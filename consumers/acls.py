@@ -39,8 +39,11 @@ def grants(topics: Topics, role: str) -> list[Grant]:
         return [(ResourceType.TOPIC, t, AclOperation.WRITE) for t in topics.producing()]
     if role not in topics.spec.stages:
         raise ValueError(f"unknown role {role!r}; roles: source, {', '.join(topics.spec.stages)}")
+    # ALTER_CONFIGS on its own group: a share-group member sets its group's offset reset and
+    # record lock before it subscribes (consumers/share_member.py).
     return [(ResourceType.TOPIC, topics.source_of(role), AclOperation.READ),
             (ResourceType.GROUP, topics.group_of(role), AclOperation.READ),
+            (ResourceType.GROUP, topics.group_of(role), AclOperation.ALTER_CONFIGS),
             *((ResourceType.TOPIC, t, AclOperation.WRITE) for t in topics.outputs_of(role))]
 
 

@@ -1,4 +1,4 @@
-"""One member of a stage's consumer group, in one of three modes.
+"""One member of a stage's consumer group, in one of three modes; what every member shares.
 
 baseline  consume up to 500 records, process them one by one, commit after the batch: the
           client defaults of the reference article, which get expelled when a batch outlasts
@@ -18,6 +18,10 @@ the worker, whose slot stays taken, so the window fills and the fetch buffer app
 back-pressure while polling keeps the member in its group; `baseline` and `bounded` seek the
 partition back to the record and poll on. Any other failure takes the member down, and with
 it the fleet process, so its supervisor restarts it: nothing is committed past that record.
+
+`StageMember` holds what does not depend on the kind of group: handling one record to the end
+or dead-lettering it, retrying a dependency's failure, group events and client statistics. The
+share-group member (`consumers.share_member`) builds on it too.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -55,6 +59,8 @@ STATS_RECORD_INTERVAL_S = 10.0
 TRANSIENT_BACKOFF_S = 0.1
 TRANSIENT_BACKOFF_MAX_S = 5.0
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class MemberSettings:
@@ -69,7 +75,7 @@ class MemberSettings:
     time_scale: float = 1.0
     group_protocol: str = "classic"
     batch_size: int = 1  # bounded
-    window: int = 16  # flow: records in flight
+    window: int = 16  # flow: records in flight; share: records per poll, handled at once
     buffer: int = 64  # flow: application buffer that triggers a pause
     commit_interval_s: float = 0.5
     revoke_deadline_s: float = 30.0
@@ -82,10 +88,15 @@ class MemberSettings:
         return min(TRANSIENT_BACKOFF_MAX_S, self.kafka_config()["max.poll.interval.ms"] / 1000 / 5)
 
     def kafka_config(self) -> dict[str, Any]:
-        config = profiles.consumer_config(self.profile, self.kafka, self.group_id, mode=self.mode,
-                                          time_scale=self.time_scale,
-                                          group_protocol=self.group_protocol,
-                                          **dict(self.consumer_overrides))
+        if self.mode == "share":
+            config = profiles.share_consumer_config(self.profile, self.kafka, self.group_id,
+                                                    window=self.window, time_scale=self.time_scale,
+                                                    **dict(self.consumer_overrides))
+        else:
+            config = profiles.consumer_config(self.profile, self.kafka, self.group_id, mode=self.mode,
+                                              time_scale=self.time_scale,
+                                              group_protocol=self.group_protocol,
+                                              **dict(self.consumer_overrides))
         if self.stats_interval_ms:
             config["statistics.interval.ms"] = self.stats_interval_ms
         return config
@@ -111,11 +122,12 @@ def stats_summary(raw: str) -> dict[str, Any]:
     return {"rxmsgs": sum(p["rxmsgs"] for p in partitions.values()),
             "rxbytes": sum(p["rxbytes"] for p in partitions.values()),
             "rebalance_cnt": stats.get("cgrp", {}).get("rebalance_cnt", 0),
+            "assignment_size": stats.get("cgrp", {}).get("assignment_size", 0),
             "partitions": partitions}
 
 
-class Member:
-    """A consumer-group member running one stage; `run()` returns when `stop` is set."""
+class StageMember:
+    """A member of a stage's group, whatever the group's kind; `run()` returns when `stop` is set."""
 
     def __init__(self, name: str, settings: MemberSettings, ctx: StageContext) -> None:
         self.name = name
@@ -123,24 +135,14 @@ class Member:
         self.ctx = ctx
         self.labels = {"stage": settings.stage, "member": name}
         self.topic = ctx.topics.source_of(settings.stage)
-        self.assignment: set[tuple[str, int]] = set()
+        self.assignment: set[tuple[str, int]] = set()  # as far as the client tells
         self.assigned_once = threading.Event()
         self.consumed_bytes = 0  # key + value bytes handed to the application
         self.last_stats: dict[str, Any] = {}
         self._stats_recorded_at = 0.0
         self.failure: BaseException | None = None
-        self._consumer: Consumer | None = None
         self._unrecorded: list[tuple[str, list[str]]] = []  # group events not yet stored
-        # baseline / bounded: the state of records sought back after a transient failure
-        self._retrying: dict[tuple[str, int, int], RecordState] = {}
-        # flow-mode state
-        self._buffer: FetchBuffer | None = None
-        self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
-        self._tracker = OffsetTracker()
-        self._assignment_changed = False
-        self._fatal: tuple[str, Exception] | None = None  # a worker failure that ends the member
 
-    # ----------------------------------------------------------------- lifecycle
     def run(self, stop: threading.Event) -> None:
         """Consume until `stop`; a failure is kept in `self.failure` for the fleet to report."""
         try:
@@ -151,24 +153,14 @@ class Member:
             raise
 
     def _run(self, stop: threading.Event) -> None:
-        config = self.settings.kafka_config()
-        config["client.id"] = self.name
-        if self.settings.stats_interval_ms:
-            config["stats_cb"] = self._on_stats
-        self._consumer = Consumer(config)
-        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                 on_lost=self._on_lost)
-        try:
-            if self.settings.mode == "flow":
-                self._run_flow(stop)
-            else:
-                self._run_batches(stop)
-        finally:
-            self._consumer.close()  # leaves the group; triggers a final revoke
-            self._record("closed", [])
-            if self.last_stats:
-                self._best_effort(self.ctx.storage.record_stats, self.settings.run_id, self.name,
-                                  self.last_stats)
+        raise NotImplementedError
+
+    def _closed(self) -> None:
+        """Once the client is closed: count it, and store the last statistics."""
+        self._record("closed", [])
+        if self.last_stats:
+            self._best_effort(self.ctx.storage.record_stats, self.settings.run_id, self.name,
+                              self.last_stats)
 
     # ----------------------------------------------------------------- group events
     def _best_effort(self, write: Callable[..., None], *args: Any) -> bool:
@@ -195,32 +187,13 @@ class Member:
                 self.name, *self._unrecorded[0]):
             self._unrecorded.pop(0)
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        assigned = {(p.topic, p.partition) for p in partitions}
-        for tp in assigned:
-            self._tracker.assigned(tp)
-        self.assignment |= assigned
-        self._record("assign", _names(partitions))
-        self._assignment_changed = True
-        self.assigned_once.set()
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        revoked = {(p.topic, p.partition) for p in partitions}
-        self._record("revoke", _names(partitions))
-        self._release(revoked, commit=True)
-        self.assignment -= revoked
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        lost = {(p.topic, p.partition) for p in partitions}
-        self._record("lost", _names(partitions))
-        self._release(lost, commit=False)
-        self.assignment -= lost
-
     def _on_stats(self, raw: str) -> None:
-        summary = stats_summary(raw)
-        buffered = self._buffer
-        summary["app_consumed_bytes"] = self.consumed_bytes + (buffered.delivered_bytes if buffered else 0)
-        summary["pause_cycles"] = buffered.pause_cycles if buffered else 0
+        self._keep_stats(stats_summary(raw))
+
+    def _keep_stats(self, summary: dict[str, Any]) -> None:
+        """The latest statistics for the lag gauge and the member's close; stored every
+        STATS_RECORD_INTERVAL_S."""
+        summary.update(self._app_stats())
         self.last_stats = summary
         metrics.LAG.labels(**self.labels).set(
             sum(max(0, p["consumer_lag"]) for p in summary["partitions"].values()))
@@ -228,16 +201,21 @@ class Member:
             self._stats_recorded_at = time.monotonic()
             self._best_effort(self.ctx.storage.record_stats, self.settings.run_id, self.name, summary)
 
+    def _app_stats(self) -> dict[str, Any]:
+        """What the application took beside the client's own counts."""
+        return {"app_consumed_bytes": self.consumed_bytes, "pause_cycles": 0}
+
     # ----------------------------------------------------------------- one record
-    def _process(self, msg: Message, state: RecordState) -> None:
-        """Handle one record to the end: done, or dead-lettered when it is its own fault.
+    def _process(self, msg: Message, state: RecordState) -> bool:
+        """Handle one record to the end: True when done, False when dead-lettered because it is
+        its own fault.
 
         Raises when it could not be handled: `failures.classify` says whether to retry.
         """
-        origin = Origin(self.name, msg.topic(), msg.partition(), msg.offset())
+        origin = self._origin(msg)
         event: dict[str, Any] | None = None
         try:
-            event = events.parse(self.ctx.topics.spec.validators[self.settings.stage], msg.value())
+            event = self._event(msg)
             handle(self.ctx, event, origin, state)
         except Exception as exc:
             verdict = failures.classify(exc)
@@ -246,13 +224,21 @@ class Member:
             detail = (exc.detail if isinstance(exc, events.InvalidEvent)
                       else exc.reason if isinstance(exc, AIUnavailable) else repr(exc))
             self._dead_letter(msg, origin, event, verdict.reason, detail, state)
-            return
+            return False
         metrics.COMPLETED.labels(**self.labels).inc()
         if state.skipped_duplicate:
             metrics.DUPLICATES.labels(**self.labels).inc()
         retries = max(0, len(state.tries) - 1)
         if retries:
             metrics.RETRIES.labels(**self.labels).inc(retries)
+        return True
+
+    def _origin(self, msg: Message) -> Origin:
+        return Origin(self.name, msg.topic(), msg.partition(), msg.offset())
+
+    def _event(self, msg: Message) -> dict[str, Any]:
+        """The record's event, validated against the stage's schema (raises InvalidEvent)."""
+        return events.parse(self.ctx.topics.spec.validators[self.settings.stage], msg.value())
 
     def _dead_letter(self, msg: Message, origin: Origin, event: dict[str, Any] | None, reason: str,
                      detail: str, state: RecordState) -> None:
@@ -284,6 +270,24 @@ class Member:
         log.warning("%s: %s:%d@%d waits (%s): %s", self.name, msg.topic(), msg.partition(),
                     msg.offset(), reason, exc)
 
+    def _retry(self, msg: Message, attempt: Callable[[], T], keep_going: Callable[[], bool]) -> T | None:
+        """`attempt()`'s result, retrying a dependency's failure with backoff for as long as
+        `keep_going()`; None once it says stop. Any other failure raises."""
+        backoff = TRANSIENT_BACKOFF_S
+        while True:
+            try:
+                return attempt()
+            except Exception as exc:
+                if failures.classify(exc).kind != failures.TRANSIENT:
+                    raise
+                self._transient(msg, exc)
+                deadline = time.monotonic() + backoff
+                while time.monotonic() < deadline and keep_going():
+                    time.sleep(min(0.05, backoff))
+                if not keep_going():
+                    return None
+                backoff = min(2 * backoff, self.settings.transient_backoff_max_s)
+
     def _accept(self, msgs: list[Message], on_record: Callable[[Message], None]) -> None:
         """Route fetched records, handling the client errors that arrive as messages."""
         for msg in msgs:
@@ -296,6 +300,68 @@ class Member:
                 self._record("max_poll_exceeded", sorted(f"{t}:{p}" for t, p in self.assignment))
             elif err.code() != KafkaError._PARTITION_EOF:
                 log.warning("%s: consume error: %s", self.name, err)
+
+
+class Member(StageMember):
+    """A consumer-group member running one stage in baseline, bounded or flow mode."""
+
+    def __init__(self, name: str, settings: MemberSettings, ctx: StageContext) -> None:
+        super().__init__(name, settings, ctx)
+        self._consumer: Consumer | None = None
+        # baseline / bounded: the state of records sought back after a transient failure
+        self._retrying: dict[tuple[str, int, int], RecordState] = {}
+        # flow-mode state
+        self._buffer: FetchBuffer | None = None
+        self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
+        self._tracker = OffsetTracker()
+        self._assignment_changed = False
+        self._fatal: tuple[str, Exception] | None = None  # a worker failure that ends the member
+
+    # ----------------------------------------------------------------- lifecycle
+    def _run(self, stop: threading.Event) -> None:
+        config = self.settings.kafka_config()
+        config["client.id"] = self.name
+        if self.settings.stats_interval_ms:
+            config["stats_cb"] = self._on_stats
+        self._consumer = Consumer(config)
+        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_lost)
+        try:
+            if self.settings.mode == "flow":
+                self._run_flow(stop)
+            else:
+                self._run_batches(stop)
+        finally:
+            self._consumer.close()  # leaves the group; triggers a final revoke
+            self._closed()
+
+    # ----------------------------------------------------------------- group events
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assigned = {(p.topic, p.partition) for p in partitions}
+        for tp in assigned:
+            self._tracker.assigned(tp)
+        self.assignment |= assigned
+        self._record("assign", _names(partitions))
+        self._assignment_changed = True
+        self.assigned_once.set()
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = {(p.topic, p.partition) for p in partitions}
+        self._record("revoke", _names(partitions))
+        self._release(revoked, commit=True)
+        self.assignment -= revoked
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = {(p.topic, p.partition) for p in partitions}
+        self._record("lost", _names(partitions))
+        self._release(lost, commit=False)
+        self.assignment -= lost
+
+    def _app_stats(self) -> dict[str, Any]:
+        """Flow mode counts what its buffer took from the client too, and its pause cycles."""
+        buffered = self._buffer
+        return {"app_consumed_bytes": self.consumed_bytes + (buffered.delivered_bytes if buffered else 0),
+                "pause_cycles": buffered.pause_cycles if buffered else 0}
 
     def _commit(self, positions: dict[tuple[str, int], int]) -> bool:
         if not positions:
@@ -399,22 +465,14 @@ class Member:
     def _work(self, msg: Message, epoch: int) -> None:
         """Worker: handle the record, retrying a dependency's failure with backoff for as long
         as the partition is still this member's under the same epoch; report how it ended."""
-        tp, state, backoff = _tp(msg), RecordState(), TRANSIENT_BACKOFF_S
+        tp, state = _tp(msg), RecordState()
+
+        def owned() -> bool:
+            return self._tracker.owns(tp, epoch)
+
         try:
-            while self._tracker.owns(tp, epoch):
-                try:
-                    self._process(msg, state)
-                    self._done.put(_Done(msg, epoch, handled=True))
-                    return
-                except Exception as exc:
-                    if failures.classify(exc).kind != failures.TRANSIENT:
-                        raise
-                    self._transient(msg, exc)
-                    deadline = time.monotonic() + backoff
-                    while time.monotonic() < deadline and self._tracker.owns(tp, epoch):
-                        time.sleep(min(0.05, backoff))
-                    backoff = min(2 * backoff, self.settings.transient_backoff_max_s)
-            self._done.put(_Done(msg, epoch, handled=False))
+            handled = owned() and self._retry(msg, lambda: self._process(msg, state), owned) is not None
+            self._done.put(_Done(msg, epoch, handled=handled))
         except Exception as exc:  # noqa: BLE001 - handed to the poll loop, which ends the member
             self._done.put(_Done(msg, epoch, handled=False, failure=exc))
 

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field, replace
 from consumers import events, kafka_connection, metrics, pipeline_spec, profiles
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
 from consumers.concurrency_limit import AdaptiveLimit
-from consumers.consumer import Member, MemberSettings
+from consumers.consumer import Member, MemberSettings, StageMember
 from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline_config import ENDPOINTS_ENV, Endpoints, PipelineConfig
+from consumers.pipeline_config import ENDPOINTS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
 from consumers.pipeline_spec import HttpWork
 from consumers.producer import KeyedProducer
+from consumers.share_member import ShareMember
 from consumers.stages import StageContext
 from consumers.storage import Storage
 
@@ -76,8 +77,7 @@ class Fleet:
     def __init__(self, settings: FleetSettings) -> None:
         self.settings = settings
         s = settings
-        per_member = s.member.window if s.member.mode == "flow" else 1
-        concurrency = per_member * s.members
+        concurrency = s.member.window * s.members if s.member.mode in WINDOW_MODES else s.members
         # Transactions take about a millisecond: 16 connections serve 64 workers without a queue.
         self.storage = Storage(s.database_url, pool_size=min(16, concurrency + 2))
         self.producer = KeyedProducer(s.member.kafka, profile=s.member.profile,
@@ -87,8 +87,9 @@ class Fleet:
             storage=self.storage, producer=self.producer, ai=self._client(s.ai_url, concurrency),
             claim_lease_s=s.claim_lease_s,
         )
-        self.members = [Member(member_name(s.member.stage, i, s.instance), s.member, self.ctx)
-                        for i in range(s.members)]
+        kind = ShareMember if s.member.mode == "share" else Member
+        self.members: list[StageMember] = [kind(member_name(s.member.stage, i, s.instance), s.member,
+                                                self.ctx) for i in range(s.members)]
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._recorder: threading.Thread | None = None
@@ -224,7 +225,7 @@ def parser() -> argparse.ArgumentParser:
                    help="pipeline configuration as JSON, or @file.json (defaults for missing keys)")
     p.add_argument("--mode", choices=profiles.CONSUMER_MODES)
     p.add_argument("--members", type=int, help="group members in this process")
-    p.add_argument("--window", type=int, help="flow mode: records in flight per member")
+    p.add_argument("--window", type=int, help="flow and share modes: records in flight per member")
     p.add_argument("--batch-size", type=int, help="bounded mode: records per consume")
     p.add_argument("--profile", choices=list(profiles.PROFILES))
     p.add_argument("--group-protocol", choices=profiles.GROUP_PROTOCOLS)

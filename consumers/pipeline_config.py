@@ -16,6 +16,7 @@ from consumers import pipeline_spec
 from consumers.ai_client import RetryPolicy
 
 MIN_AI_TIMEOUT_S = 5.0
+WINDOW_MODES = ("flow", "share")
 ENDPOINTS_ENV = "AI_ENDPOINTS"  # how a fleet process is told where the AI endpoints are
 
 
@@ -29,6 +30,12 @@ class StageConfig:
     window: int = 16
     batch_size: int = 1
     adaptive: bool = False
+
+    @property
+    def concurrent(self) -> int:
+        """Records one member works on at once: its window in the modes that have one (flow,
+        share), one in the modes that handle a batch one record after another."""
+        return self.window if self.mode in WINDOW_MODES else 1
 
 
 @dataclass(frozen=True)

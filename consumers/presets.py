@@ -11,6 +11,9 @@ flow-kip848  `flow` with the KIP-848 consumer group protocol (`group.protocol=co
 flow-adaptive  `flow` told nothing of the AI concurrency: each fleet discovers its endpoint's
              limit while calling it (`consumers.concurrency_limit`); the members' windows only
              cap it at ADAPTIVE_CEILING calls
+share        UUID keys and share-group members (KIP-932, `consumers.share_member`; the client
+             marks its ShareConsumer preview): twice flow's members, each handling a poll of
+             `window` records at once, for the same AI concurrency in total
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 from consumers import pipeline_spec
 from consumers.pipeline_config import PipelineConfig, StageConfig
 
-NAMES = ("baseline", "tuned", "flow", "flow-kip848", "flow-adaptive")
+NAMES = ("baseline", "tuned", "flow", "flow-kip848", "flow-adaptive", "share")
 ADAPTIVE_CEILING = 256  # calls in flight per AI stage, far above the published limits
 
 
@@ -96,6 +99,8 @@ def build(name: str, p: PresetParams) -> PipelineConfig:
         "flow-kip848": replace(flow, group_protocol="consumer"),
         "flow-adaptive": common.with_stages(**ai_stages(StageConfig(
             "flow", members=p.flow_members, window=ADAPTIVE_CEILING // p.flow_members, adaptive=True))),
+        "share": common.with_stages(**ai_stages(StageConfig(
+            "share", members=2 * p.flow_members, window=max(1, p.concurrency // (2 * p.flow_members))))),
     }
     if name not in configs:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(NAMES)}")

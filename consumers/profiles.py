@@ -7,7 +7,8 @@ provisioning, producers, consumers, DAGs and benchmarks read them and never rest
 
 Timeouts are given at real scale; `scaled()` shrinks the consumer-group clocks with the
 experiment's time-scale factor, so a run at 0.1x keeps the same ratios between AI latency and
-`max.poll.interval.ms` as a run at 1x.
+`max.poll.interval.ms` as a run at 1x. A share group's record lock shrinks with them, as far as
+the broker lets it (`group.share.min.record.lock.duration.ms`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 
 from consumers.kafka_connection import KafkaConnection
 
-CONSUMER_MODES = ("baseline", "bounded", "flow")
+GROUP_MODES = ("baseline", "bounded", "flow")  # members of a consumer group
+CONSUMER_MODES = (*GROUP_MODES, "share")  # share: members of a share group (KIP-932)
 GROUP_PROTOCOLS = ("classic", "consumer")
 
 
@@ -93,6 +95,12 @@ PROFILES: dict[str, Profile] = {
 MAX_POLL_INTERVAL_MS = 300_000
 SESSION_TIMEOUT_MS = 45_000
 HEARTBEAT_INTERVAL_MS = 3_000
+# Share groups: the broker's defaults (`group.share.*`). The delivery count limit is a broker
+# setting only, not a group one; a group's record lock must stay within the broker's bounds.
+SHARE_RECORD_LOCK_MS = 30_000
+SHARE_MIN_RECORD_LOCK_MS = 15_000
+SHARE_MAX_RECORD_LOCK_MS = 60_000
+SHARE_DELIVERY_COUNT_LIMIT = 5
 
 
 def get(name: str) -> Profile:
@@ -123,8 +131,9 @@ def consumer_config(profile: str, kafka: KafkaConnection, group_id: str, *, mode
     commits explicitly after processing. With `group.protocol=consumer` (KIP-848) the broker
     owns session timeout and assignment, so those client settings are left out.
     """
-    if mode not in CONSUMER_MODES:
-        raise ValueError(f"unknown consumer mode {mode!r}; choose one of {', '.join(CONSUMER_MODES)}")
+    if mode not in GROUP_MODES:
+        raise ValueError(f"unknown consumer-group mode {mode!r}; choose one of {', '.join(GROUP_MODES)} "
+                         "(a share member's settings come from share_consumer_config)")
     if group_protocol not in GROUP_PROTOCOLS:
         raise ValueError(f"unknown group protocol {group_protocol!r}; choose one of {GROUP_PROTOCOLS}")
     config: dict[str, Any] = kafka.client(**{
@@ -147,3 +156,36 @@ def consumer_config(profile: str, kafka: KafkaConnection, group_id: str, *, mode
                        "max.partition.fetch.bytes": 65536})
     config.update(overrides)
     return config
+
+
+def share_record_lock_ms(time_scale: float) -> int:
+    """A share group's record lock at this time scale: the broker default shrunk like the other
+    group clocks, within the bounds the broker accepts for a group."""
+    return min(SHARE_MAX_RECORD_LOCK_MS, scaled(SHARE_RECORD_LOCK_MS, time_scale, SHARE_MIN_RECORD_LOCK_MS))
+
+
+def share_group_configs(time_scale: float) -> dict[str, str]:
+    """The configs a share group needs before its first member fetches: start at the earliest
+    record (the default, latest, skips whatever was produced before), and the record lock."""
+    return {"share.auto.offset.reset": "earliest",
+            "share.record.lock.duration.ms": str(share_record_lock_ms(time_scale))}
+
+
+def share_consumer_config(profile: str, kafka: KafkaConnection, group_id: str, *, window: int,
+                          time_scale: float = 1.0, **overrides: Any) -> dict[str, Any]:
+    """librdkafka share-consumer settings: explicit acknowledgement (a record is accepted only
+    once handled) and `window` records per poll, the member's share of the AI concurrency.
+
+    The lock is the group's (`share_group_configs`), not the client's. `max.poll.interval.ms` is
+    at least twice the lock: a batch that outlasts its lock costs its records a redelivery, not
+    the member its place in the group.
+    """
+    lock_ms = share_record_lock_ms(time_scale)
+    return kafka.client(**{
+        "group.id": group_id,
+        "share.acknowledgement.mode": "explicit",
+        "max.poll.records": window,
+        "max.poll.interval.ms": max(scaled(MAX_POLL_INTERVAL_MS, time_scale, 1000), 2 * lock_ms),
+        **get(profile).consumer,
+        **overrides,
+    })

@@ -99,6 +99,18 @@ def delete(cluster: KafkaConnection | AdminClient, topics: list[str], timeout_s:
     return doomed
 
 
+def configure_share_group(cluster: KafkaConnection | AdminClient, group_id: str, time_scale: float,
+                          timeout_s: float = 30.0) -> None:
+    """Set a share group's configs (`profiles.share_group_configs`); idempotent. It must precede
+    the group's first fetch: a share partition starts where the group config says when it is
+    first fetched from, and stays there."""
+    resource = ConfigResource(ConfigResource.Type.GROUP, group_id, incremental_configs=[
+        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+        for k, v in profiles.share_group_configs(time_scale).items()])
+    admin = _admin(cluster)  # held until the result: a collected client cancels its requests
+    admin.incremental_alter_configs([resource])[resource].result(timeout_s)
+
+
 def _check_request(partitions: int, rf: int, min_isr: int, brokers: int) -> None:
     if partitions < 1:
         raise ProvisioningError(f"partitions must be at least 1, got {partitions}")

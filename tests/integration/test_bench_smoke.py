@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from bench import run as bench_run
-from consumers.presets import NAMES
 from tests.integration.pipeline_fixtures import query, scalar
 from tests.stack import Stack
 
@@ -33,7 +32,7 @@ def test_summary_has_every_field(smoke: tuple[Path, dict]) -> None:
             "producer_vs_perftest", "pause_benchmark"} <= set(summary)
     assert summary["versions"]["confluent_kafka"] == metadata.version("confluent-kafka")
     assert summary["versions"]["pyspark"] == metadata.version("pyspark")
-    assert set(summary["scenarios"]) == set(NAMES)
+    assert set(summary["scenarios"]) == set(bench_run.SCENARIOS)
     for name, figures in summary["scenarios"].items():
         assert set(figures) >= SCENARIO_FIELDS, (name, SCENARIO_FIELDS - set(figures))
     assert {"project_records_per_s", "perftest_records_per_s", "ratio", "mb_per_s_per_partition"} <= set(

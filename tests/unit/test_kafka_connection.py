@@ -83,6 +83,7 @@ def test_grants_follow_the_topics_each_role_uses() -> None:
                                         (ResourceType.TOPIC, "r1.style", AclOperation.WRITE)]
     assert acls.grants(t, "check") == [(ResourceType.TOPIC, "r1.style", AclOperation.READ),
                                        (ResourceType.GROUP, "r1.check", AclOperation.READ),
+                                       (ResourceType.GROUP, "r1.check", AclOperation.ALTER_CONFIGS),
                                        (ResourceType.TOPIC, "r1.generate", AclOperation.WRITE),
                                        (ResourceType.TOPIC, "r1.notify", AclOperation.WRITE),
                                        (ResourceType.TOPIC, "r1.dlq", AclOperation.WRITE)]
@@ -96,8 +97,8 @@ def test_only_principals_other_than_the_admin_are_granted_anything() -> None:
     admin_as_role = KafkaAccess(KafkaConnection(SECURED), {"check": KafkaConnection(SECURED)})
     assert acls.bindings(t, admin_as_role) == []
     bindings = acls.bindings(t, KafkaAccess(KafkaConnection(SECURED), {"generate": role("generate")}))
-    # generate: read its topic and group, write notify and the dead-letter topic
+    # generate: read its topic and group (and set its group's configs), write notify and the DLQ
     assert sorted((b.restype.name, b.name, b.operation.name) for b in bindings) == [
-        ("GROUP", "r1.generate", "READ"), ("TOPIC", "r1.dlq", "WRITE"), ("TOPIC", "r1.generate", "READ"),
-        ("TOPIC", "r1.notify", "WRITE")]
+        ("GROUP", "r1.generate", "ALTER_CONFIGS"), ("GROUP", "r1.generate", "READ"),
+        ("TOPIC", "r1.dlq", "WRITE"), ("TOPIC", "r1.generate", "READ"), ("TOPIC", "r1.notify", "WRITE")]
     assert {b.principal for b in bindings} == {"User:generate"}

@@ -118,10 +118,10 @@ def keda_key(parameter: str) -> str:
 
 
 def lag_per_member(config: PipelineConfig, stage: str) -> int:
-    """The records one member works on at once (its window in flow mode, its batch otherwise):
-    lag beyond that per member is work waiting for a member."""
+    """The records one member holds at once (its window, or the batch it works through): lag
+    beyond that per member is work waiting for a member."""
     stage_config = config.stage(stage)
-    return stage_config.window if stage_config.mode == "flow" else stage_config.batch_size
+    return max(stage_config.concurrent, stage_config.batch_size)
 
 
 def _metadata(name: str, run_id: str, stage: str, options: Options) -> dict:
