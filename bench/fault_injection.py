@@ -137,8 +137,7 @@ def freeze_broker(t: Target) -> Window:
 def in_flight_window(config: PipelineConfig, stage: str = "generate") -> int:
     """AI calls a stage's fleet can have under way at once: what a kill -9 can leave answered
     but unrecorded, so called again after the restart."""
-    stage_config = config.stage(stage)
-    return stage_config.members * stage_config.concurrent
+    return config.stage(stage).ai_calls_at_once
 
 
 def kill_fleet(t: Target) -> Window:

@@ -78,6 +78,11 @@ class AdaptiveLimit:
         self.changes: deque[tuple[float, float, int]] = deque(maxlen=history)
         self._note()
 
+    @classmethod
+    def fixed(cls, limit: int) -> AdaptiveLimit:
+        """A limit that never moves (a published concurrency), shared the same way."""
+        return cls(initial=limit, minimum=limit, maximum=limit)
+
     @property
     def limit(self) -> int:
         with self._cond:

@@ -58,6 +58,7 @@ class FleetSettings:
     ai_url: str | None = None  # the stage's AI endpoint, when its work calls one
     ai_timeout_s: float = 10.0
     ai_auth_header: str | None = None
+    ai_calls: int | None = None  # AI calls in flight across the fleet, apart from records held
     adaptive: bool = False  # the AI calls in flight follow a limit discovered from the endpoint
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     shutdown_deadline_s: float = 30.0
@@ -98,15 +99,17 @@ class Fleet:
         if not url:
             return None
         s = self.settings
+        limiter = (AdaptiveLimit(maximum=pool) if s.adaptive
+                   else AdaptiveLimit.fixed(s.ai_calls) if s.ai_calls else None)
         return AIClient(Endpoint(url, s.ai_timeout_s, s.ai_auth_header), s.retry, pool_size=pool,
-                        limiter=AdaptiveLimit(maximum=pool) if s.adaptive else None)
+                        limiter=limiter)
 
     def start(self) -> Fleet:
         for member in self.members:
             thread = threading.Thread(target=member.run, args=(self._stop,), name=member.name)
             thread.start()
             self._threads.append(thread)
-        if self.ctx.ai is not None and self.ctx.ai.limiter is not None:
+        if self.settings.adaptive and self.ctx.ai is not None and self.ctx.ai.limiter is not None:
             self._recorder = threading.Thread(target=self._record_limits, args=(self.ctx.ai.limiter,),
                                               name=f"{self.settings.member.stage}-limits", daemon=True)
             self._recorder.start()
@@ -198,7 +201,7 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
         pipeline=config.pipeline, key_strategy=config.key_strategy,
         ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
         ai_timeout_s=config.ai_timeout(stage), ai_auth_header=endpoints.auth_header,
-        adaptive=stage_cfg.adaptive, retry=config.retry(stage),
+        ai_calls=stage_cfg.ai_calls, adaptive=stage_cfg.adaptive, retry=config.retry(stage),
         shutdown_deadline_s=config.shutdown_deadline_s)
 
 

@@ -22,13 +22,16 @@ ENDPOINTS_ENV = "AI_ENDPOINTS"  # how a fleet process is told where the AI endpo
 
 @dataclass(frozen=True)
 class StageConfig:
-    """How one stage consumes. `adaptive`: the stage's AI calls in flight follow a limit
-    discovered from the endpoint (`consumers.concurrency_limit`); `window` only caps them."""
+    """How one stage consumes. `ai_calls` caps the AI calls the fleet has in flight at once, apart
+    from the records its members hold (which also wait on recording results and acknowledged
+    sends); `adaptive` makes that cap follow a limit discovered from the endpoint
+    (`consumers.concurrency_limit`). Without either, the members' windows are the only bound."""
 
     mode: str = "flow"
     members: int = 1
     window: int = 16
     batch_size: int = 1
+    ai_calls: int | None = None
     adaptive: bool = False
 
     @property
@@ -36,6 +39,12 @@ class StageConfig:
         """Records one member works on at once: its window in the modes that have one (flow,
         share), one in the modes that handle a batch one record after another."""
         return self.window if self.mode in WINDOW_MODES else 1
+
+    @property
+    def ai_calls_at_once(self) -> int:
+        """AI calls the whole fleet can have under way: its members' records, capped by `ai_calls`."""
+        held = self.members * self.concurrent
+        return held if self.ai_calls is None else min(held, self.ai_calls)
 
 
 @dataclass(frozen=True)

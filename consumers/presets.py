@@ -6,7 +6,8 @@ baseline     no keys (sticky partitions), client defaults, 500-record batches pr
              committing: the reference article's starting point
 tuned        a UUID key per event and bounded polls of one record: the article's fix
 flow         UUID keys and the flow-controlled consumer: a few members whose windows add up to
-             the AI concurrency
+             twice the AI concurrency, with the AI calls capped at the concurrency, so records
+             that wait on writing their result or on an acknowledged send never idle an AI slot
 flow-kip848  `flow` with the KIP-848 consumer group protocol (`group.protocol=consumer`)
 flow-adaptive  `flow` told nothing of the AI concurrency: each fleet discovers its endpoint's
              limit while calling it (`consumers.concurrency_limit`); the members' windows only
@@ -90,7 +91,8 @@ def build(name: str, p: PresetParams) -> PipelineConfig:
     def ai_stages(stage: StageConfig) -> dict[str, StageConfig]:
         return dict.fromkeys(spec.ai_stages, stage)
 
-    flow = common.with_stages(**ai_stages(StageConfig("flow", members=p.flow_members, window=window)))
+    flow = common.with_stages(**ai_stages(StageConfig("flow", members=p.flow_members, window=2 * window,
+                                                      ai_calls=p.concurrency)))
     configs = {
         "baseline": replace(common, key_strategy="none", profile="latency").with_stages(
             **ai_stages(StageConfig("baseline", members=members))),
