@@ -2,7 +2,8 @@
 
 The standard figures (throughput, steady throughput, capacity, utilization, latency, lost,
 duplicate AI calls, skew), defined in `measure.figures`, come from the runtime's SQL side
-(`consumers/run_figures.py`), with requests per partition from the style topic's offsets; the
+(`consumers/run_figures.py`), with requests per partition from the style topic's offsets (or
+where the source saw them land, when the topic holds more than one phase); the
 Spark analysis computes the same figures and a test checks that both agree on the same run.
 Benchmark-only figures:
 
@@ -118,9 +119,12 @@ def phase_figures(database_url: str, run_id: str, topics: Topics, produced: int,
 
 
 def scenario_figures(database_url: str, kafka: KafkaConnection, run_id: str, topics: Topics, produced: int,
-                     ai_limit: int) -> dict[str, Any]:
-    """Every figure of one scenario run: the standard ones and the benchmark's own."""
-    per_partition = partition_counts(kafka, topics.name(topics.spec.load.measure))
+                     ai_limit: int, per_partition: list[int] | None = None) -> dict[str, Any]:
+    """Every figure of one scenario run: the standard ones and the benchmark's own.
+    `per_partition`: the run's requests per partition of the measured topic as the source saw
+    them land, when the topic also holds another phase's; by default the topic's offsets."""
+    if per_partition is None:
+        per_partition = partition_counts(kafka, topics.name(topics.spec.load.measure))
     standard, extras = standard_figures(database_url, run_id, topics.spec.completing_stage, produced,
                                         ai_limit, per_partition)
     first, last = extras["first_produced_s"], extras["last_terminal_s"]

@@ -117,7 +117,8 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, stack: Stack
         time.sleep(1.5 * STATS_INTERVAL_MS / 1000)
     console.print(f"{name}: {counts} in {time.time() - schedule_at:.1f}s")
     result.update(figures.scenario_figures(stack.database_url, stack.kafka.default, pipeline.run_id,
-                                           pipeline.topics, len(sent.request_ids), p.concurrency))
+                                           pipeline.topics, len(sent.request_ids), p.concurrency,
+                                           sent.per_partition(p.partitions)))
     served = requests.get(f"{stack.ai_url}/v1/stats", timeout=10).json()
     result["ai_service"] = {k: v for k, v in served.items() if k in p.spec.endpoints}
     result.update(figures.limit_figures(result, p, [(0.0, p.concurrency), *schedule], schedule_at))
