@@ -67,7 +67,7 @@ def test_the_preset_runs_its_ai_stages_as_share_groups_with_flow_concurrency(pre
     for stage in AI_STAGES:
         share = preset_run.config.stage(stage)
         assert (share.mode, share.members, share.window) == ("share", 8, 8)
-        assert share.members * share.window == flow.stage(stage).members * flow.stage(stage).window == 64
+        assert share.ai_calls_at_once == flow.stage(stage).ai_calls_at_once == 64
         # Set by the members before they subscribed: the group starts at its earliest record.
         assert preset_run.group_configs[stage] == {"share.auto.offset.reset": "earliest",
                                                    "share.record.lock.duration.ms": "15000"}
