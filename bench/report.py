@@ -156,6 +156,6 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
     table.add_row("adaptive: utilization in force", *(_adaptive(s, "utilization") for s in scenarios))
     table.add_row("adaptive: recovery s (real-scale s)", *(_adaptive(s, "recovery") for s in scenarios))
     console.print(table)
-    for key in ("ratios", "producer_vs_perftest", "pause_benchmark"):
+    for key in ("ratios", "producer_vs_perftest", "pause_benchmark", "spark_partition_load"):
         if key in summary:
             console.print(f"[bold]{key}[/bold]: {json.dumps(summary[key], default=str)}")

@@ -31,7 +31,7 @@ from typing import Any
 import requests
 from rich.console import Console
 
-from bench import figures, kafka_throughput, pause_benchmark, report
+from bench import figures, kafka_throughput, pause_benchmark, report, spark_partition_load
 from consumers import pipeline_spec, presets
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline import Pipeline, new_run_id, remove_pipeline, running_pipeline
@@ -179,6 +179,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the local stack (STACK name) that runs `durable` when the main one has one broker")
     p.add_argument("--perf-records", type=int, default=1_000_000)
     p.add_argument("--pause-seconds", type=float, default=10.0)
+    p.add_argument("--spark-records", type=int, default=10_000_000,
+                   help="records partition_load reads beside ConsumerPerformance (0: skip)")
     p.add_argument("--keep-topics", action="store_true", help="keep the scenarios' topics for inspection")
     p.add_argument("--smoke", action="store_true", help="a small run that checks the output")
     return p.parse_args(argv)
@@ -205,6 +207,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.smoke:
         args.partitions, args.concurrency, args.flow_members = 8, 8, 2
         args.burst, args.perf_records, args.pause_seconds = 80, 50_000, 2.0
+        args.spark_records = min(args.spark_records, 100_000)
         args.scale = min(args.scale, 0.05)
     names = args.scenarios.split(",")
     where = stacks(args, names)
@@ -224,12 +227,18 @@ def main(argv: list[str] | None = None) -> Path:
     console.rule("[bold]pause benchmark")
     pause = pause_benchmark.run(main_stack.kafka.default, seconds=args.pause_seconds,
                                 records_per_partition=5_000 if args.smoke else 50_000)
+    spark = None
+    if args.spark_records:
+        console.rule("[bold]Spark partition_load against ConsumerPerformance")
+        spark = spark_partition_load.measure(main_stack.kafka.default, args.spark_records,
+                                             partitions=params.partitions, replication=rf)
     summary = {
         "run_id": bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
         "versions": versions(), "params": {**asdict(params), "replication_factor": rf},
         "scenarios": {n: {k: v for k, v in r.items() if k not in ("completion_times", "load_started")}
                       for n, r in results.items()},
         "ratios": ratios(results), "producer_vs_perftest": producer, "pause_benchmark": pause,
+        "spark_partition_load": spark,
     }
     out = report.write(summary, {n: r["completion_times"] for n, r in results.items()},
                        {n: r["load_started"] for n, r in results.items()})
