@@ -199,6 +199,8 @@ def make_member(mode: str, sink: Sink) -> Member:
 
 
 class Running:
+    """A member consuming on a thread, and the failure it ended with."""
+
     def __init__(self, member: Member) -> None:
         self.member = member
         self.stop = threading.Event()

@@ -30,6 +30,7 @@ from consumers.kafka_connection import KafkaConnection
 from consumers.share_member import ShareMember
 from consumers.storage import Key
 from tests.unit.test_member_delivery import FakeMessage, Script, database_down, defect, wait_for
+from tests.unit.test_member_delivery import Running as MemberThread
 
 ACCEPT, RELEASE, REJECT = AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT
 WINDOW = 4
@@ -126,20 +127,8 @@ def dead() -> DeadLetters:
     return DeadLetters()
 
 
-class Running:
-    """A member consuming on a thread, and the failure it ended with."""
-
-    def __init__(self, member: ShareMember) -> None:
-        self.member = member
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.member.run(self.stop)
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
-            self.error = exc
+class Running(MemberThread):
+    """A share member consuming on a thread, and the failure it ended with."""
 
     @property
     def consumer(self) -> FakeShareConsumer:
