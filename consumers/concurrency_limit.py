@@ -19,8 +19,9 @@ nothing about it; every try of an `AIClient` takes a permit and reports how it e
   (`limit` successes each, one latency when saturated) by one call per round, the
   rate quadrupling every half round up to one call per success (doubling per latency). So a
   steady service sees one probing 429 every few rounds, and a service whose limit rose is
-  found within a few latencies. Growth is paced, one call per `latency / limit / 2` at most,
-  so calls that finish together cannot push a burst of probes past the service's limit.
+  found within a few latencies. Growth is paced (`_growth_token`), so calls that finish
+  together cannot push a burst of probes past the service's limit. It starts at 20 calls,
+  as Netflix's limiters do: a guess, not the service's limit.
 
 One limiter serves every member of a fleet through its shared AI client, so the members
 discover one limit per endpoint instead of each guessing a share.
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 
 OK, OVERLOAD = "ok", "http_429"
 SHRINK_SIGN = 0.9  # a refusal this far under the last cut's level means the service shrank
+GROWTH_BURST = 8  # growth tokens saved: at most limit / GROWTH_BURST
 MIN_ROUND = 32  # latencies averaged before comparing with the baseline: fewer are mostly noise
 
 
@@ -51,7 +53,7 @@ class Permit:
 class AdaptiveLimit:
     """An in-flight limit for one endpoint; thread-safe, `acquire` blocks while it is reached."""
 
-    def __init__(self, initial: int = 8, minimum: int = 1, maximum: int = 1024, backoff: float = 0.85,
+    def __init__(self, initial: int = 20, minimum: int = 1, maximum: int = 1024, backoff: float = 0.85,
                  hold_rounds: float = 2.0, latency_tolerance: float = 2.0,
                  clock: Callable[[], float] = time.time, history: int = 100_000) -> None:
         self.minimum, self.maximum = minimum, maximum
@@ -69,7 +71,7 @@ class AdaptiveLimit:
         self._hold_until = -math.inf  # Retry-After
         self._rate = 1.0  # limit growth per success while probing (starts as slow start)
         self._round_left = initial / 2
-        self._next_growth = -math.inf
+        self._tokens, self._tokens_at = 1.0, -math.inf
         self._min_latency: float | None = None
         self._round: list[float] = []  # latencies of the current round
         self._baseline: float | None = None  # lowest mean latency of a full round
@@ -153,14 +155,26 @@ class AdaptiveLimit:
         if self._hold > 0 or now < self._hold_until:
             self._hold -= 1
             return
-        if now < self._next_growth:
+        if not self._growth_token(now):
             return
         self._set(self._limit + min(1.0, self._rate), now)
-        self._next_growth = now + (self._min_latency or 0.0) / max(self._limit, 1.0) / 2
         self._round_left -= 1
         if self._round_left <= 0:
             self._rate = min(1.0, 4 * self._rate)
             self._round_left = self._limit / 2
+
+    def _growth_token(self, now: float) -> bool:
+        """Growth is paced: tokens come one per latency / limit / 2, at most limit / GROWTH_BURST
+        of them saved, so a wave of calls ending together grows the limit by a few calls, not
+        by as many probes past the service's limit as the wave had calls."""
+        pace = (self._min_latency or 0.0) / max(self._limit, 1.0) / 2
+        saved = max(1.0, self._limit / GROWTH_BURST)
+        gained = (now - self._tokens_at) / pace if pace > 0 else saved
+        self._tokens, self._tokens_at = min(saved, self._tokens + gained), now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
     def _cut(self, value: float, now: float) -> None:
         self._set(value, now)

@@ -62,6 +62,20 @@ def test_saturated_successes_grow_the_limit_one_call_each_paced_by_the_latency()
     assert limit.limit == 6
 
 
+def test_calls_ending_together_grow_the_limit_by_the_saved_tokens_only() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=32, clock=clock)
+    permits = take(limit, 32)
+    clock.now = 1.0  # 32 calls of 1 s end at once: at most 32 / 8 = 4 tokens are saved
+    for permit in permits[:10]:
+        limit.release(permit, OK)
+    assert limit.limit == 36
+    clock.now = 1.05  # a token every latency / limit / 2 = 1/72 s: 3.6 by now
+    for permit in permits[10:13]:
+        limit.release(permit, OK)
+    assert limit.limit == 39
+
+
 def test_a_limit_not_in_use_does_not_grow() -> None:
     clock = Clock()
     limit = AdaptiveLimit(initial=8, clock=clock)
