@@ -104,5 +104,5 @@ test-unit: venv
 test: deps
 	@STACK=test SECURITY=plaintext SPARK=cluster $(PY) -m infra.stack up --brokers 3 && \
 	  STACK=secure SECURITY=sasl_ssl SPARK=local $(PY) -m infra.stack up --brokers 3; rc=$$?; \
-	if [ $$rc -eq 0 ]; then $(TEST_ENV) && .venv/bin/ruff check . && .venv/bin/pytest -q -rs; rc=$$?; fi; \
+	if [ $$rc -eq 0 ]; then $(TEST_ENV) && .venv/bin/ruff check . && .venv/bin/pytest -q -rs --durations=25; rc=$$?; fi; \
 	STACK=secure $(PY) -m infra.stack down; STACK=test $(PY) -m infra.stack down; exit $$rc

@@ -37,6 +37,7 @@ from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline import Pipeline, new_run_id, remove_pipeline, running_pipeline
 from consumers.pipeline_config import Endpoints
 from infra.layout import Layout
+from spark.session import session
 
 console = Console()
 STATS_INTERVAL_MS = 2000
@@ -230,8 +231,9 @@ def main(argv: list[str] | None = None) -> Path:
     spark = None
     if args.spark_records:
         console.rule("[bold]Spark partition_load against ConsumerPerformance")
-        spark = spark_partition_load.measure(main_stack.kafka.default, args.spark_records,
-                                             partitions=params.partitions, replication=rf)
+        with session(spark_partition_load.APP_NAME) as spark_session:
+            spark = spark_partition_load.measure(main_stack.kafka.default, spark_session, args.spark_records,
+                                                 partitions=params.partitions, replication=rf)
     summary = {
         "run_id": bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
         "versions": versions(), "params": {**asdict(params), "replication_factor": rf},

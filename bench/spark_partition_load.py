@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.table import Table
 
@@ -33,9 +34,10 @@ from consumers.kafka_connection import KafkaConnection
 from consumers.provisioning import delete
 from infra import kafka_tools
 from spark import partition_load
-from spark.session import build
+from spark.session import session
 
 REPO = Path(__file__).resolve().parent.parent
+APP_NAME = "bench-partition-load"
 # Benchmark targets on the 2-core reference machine: printed and saved, never asserted.
 TARGET_RECORDS = 10_000_000
 TARGET_JOB_S = 30.0
@@ -106,18 +108,16 @@ class Workload:
     keep_topic: bool = False
 
 
-def measure(kafka: KafkaConnection, records: int, partitions: int = 64, replication: int = 1,
-            master: str | None = None, workload: Workload = Workload()) -> dict[str, Any]:
+def measure(kafka: KafkaConnection, spark: SparkSession, records: int, partitions: int = 64,
+            replication: int = 1, workload: Workload = Workload()) -> dict[str, Any]:
     """Generate a fresh topic, read it with ConsumerPerformance, then time the bare scan and the
-    job in the (built or reused) Spark session; check the job's counts, delete the topic.
+    job in the caller's Spark session (warm after the first size); check the job's counts, delete
+    the topic.
 
     Returns the figures: `generate_s`, `job_s` (the fastest of `workload.repeat` runs, all in
     `job_runs_s`), `job_records_per_s`, `consumer_perf_records_per_s`, `ratio` (job records/s over
     ConsumerPerformance's), their fetch-only counterparts and the load average around the run.
     """
-    started = time.perf_counter()
-    spark = build("bench-partition-load", master)
-    session_s = time.perf_counter() - started
     topic = f"bench-spark-load-{records}-{uuid.uuid4().hex[:8]}"
     load_before = os.getloadavg()
     try:
@@ -149,7 +149,7 @@ def measure(kafka: KafkaConnection, records: int, partitions: int = 64, replicat
     (skew,) = result.skew
     return {"records": records, "topic": topic, "partitions": partitions, "replication": replication,
             "record_size": workload.record_size, "master": spark.sparkContext.master,
-            "session_start_s": round(session_s, 2), "load_average_before": load_before,
+            "load_average_before": load_before,
             "load_average_after": os.getloadavg(), "generate_s": round(generate_s, 2),
             "generate_records_per_s": round(records / generate_s), "scan_s": round(scan_s, 2),
             "job_s": round(job_s, 2), "job_runs_s": [round(t, 2) for t in job_times],
@@ -212,9 +212,10 @@ def main(argv: list[str] | None = None) -> None:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     console = Console()
     rows = []
-    for size in (int(s) for s in args.sizes.split(",")):
-        rows.append(measure(kafka, size, args.partitions, args.replication, args.master, workload))
-        console.print(table(rows))
+    with session(APP_NAME, args.master) as spark:
+        for size in (int(s) for s in args.sizes.split(",")):
+            rows.append(measure(kafka, spark, size, args.partitions, args.replication, workload))
+            console.print(table(rows))
     goals = targets(rows)
     console.print(f"targets at {goals['records']:,} records: job <= {goals['job_s_at_most']} s, "
                   f"ratio >= {goals['ratio_at_least']}; met: {goals['met']}")

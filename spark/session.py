@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 
@@ -36,3 +38,14 @@ def build(app_name: str, master: str | None = None) -> SparkSession:
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+@contextmanager
+def session(app_name: str, master: str | None = None) -> Iterator[SparkSession]:
+    """A built session, stopped on leaving: a long-lived process (the benchmark, a test run) must
+    not keep an application on the stack's standalone master, whose cores the DAGs' jobs wait for."""
+    spark = build(app_name, master)
+    try:
+        yield spark
+    finally:
+        spark.stop()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,6 +15,7 @@ from pathlib import Path
 import psycopg2
 
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
+from infra import spark_cluster
 from infra.layout import Layout
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,6 +58,11 @@ class Stack:
     @property
     def database_url(self) -> str:
         return self.env["DATABASE_URL"]
+
+    def spark_master_status(self) -> dict:
+        """The stack's standalone master: its workers, running and completed applications."""
+        with urllib.request.urlopen(spark_cluster.status_url(self.layout), timeout=10) as response:
+            return json.load(response)
 
     def subprocess_env(self) -> dict[str, str]:
         return {**os.environ, **self.env}

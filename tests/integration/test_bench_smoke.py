@@ -97,3 +97,15 @@ def test_csv_and_plots_match_the_summary(smoke: tuple[Path, dict]) -> None:
     for plot in ("completions.png", "requests_per_partition.png"):
         assert (out / plot).stat().st_size > 10_000
     assert (out.parent / "latest").resolve() == out.resolve()
+
+
+def test_the_spark_measurement_leaves_no_application_on_the_master(stack: Stack,
+                                                                   smoke: tuple[Path, dict]) -> None:
+    # A session kept open by the benchmark's process would hold the worker's cores, and every
+    # later job submitted to the master (the DAGs' analysis) would wait for them.
+    _, summary = smoke
+    spark = summary["spark_partition_load"]
+    assert spark["master"] == f"spark://127.0.0.1:{stack.layout.spark_master_port}", spark["master"]
+    status = stack.spark_master_status()
+    assert any(app["name"] == bench_run.spark_partition_load.APP_NAME for app in status["completedapps"])
+    assert [app["name"] for app in status["activeapps"]] == []

@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,12 +45,6 @@ def run_id(cluster_stack: Stack) -> str:
     return pipeline.run_id
 
 
-def master_status(stack: Stack) -> dict:
-    url = f"http://127.0.0.1:{stack.layout.spark_master_ui_port}/json/"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.load(response)
-
-
 def submit(job: str, conn_id: str, args: list[str], output: Path) -> dict:
     """One job through the operator the DAGs use, outside a DAG run (no templates to render)."""
     operator = AnalysisSubmitOperator(
@@ -76,7 +69,7 @@ def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
 
 def test_the_jobs_on_the_standalone_master_match_local(cluster_stack: Stack, run_id: str, local_spark: str,
                                                        tmp_path: Path) -> None:
-    before = {app["id"] for app in master_status(cluster_stack)["completedapps"]}
+    before = {app["id"] for app in cluster_stack.spark_master_status()["completedapps"]}
     results = {}
     for conn_id in ("spark_default", local_spark):
         out = tmp_path / conn_id
@@ -87,7 +80,8 @@ def test_the_jobs_on_the_standalone_master_match_local(cluster_stack: Stack, run
             submit("pipeline_analysis", conn_id, ["--run-id", run_id], out / "analysis.json"))
     on_cluster, on_local = results["spark_default"], results[local_spark]
     # The cluster really ran both: the master lists two more finished applications.
-    finished = [app for app in master_status(cluster_stack)["completedapps"] if app["id"] not in before]
+    completed = cluster_stack.spark_master_status()["completedapps"]
+    finished = [app for app in completed if app["id"] not in before]
     assert sorted(app["state"] for app in finished) == ["FINISHED", "FINISHED"], finished
     load_cluster, load_local = (dict(doc, run_id=None) for doc, _ in (on_cluster, on_local))
     assert load_cluster == load_local
