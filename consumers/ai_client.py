@@ -70,7 +70,10 @@ class AIUnavailable(RuntimeError):
 
 class CallObserver(Protocol):
     """Told before each try is sent and after it ends, so every try is on record even when
-    the process dies in between; raising from `started` stops the try from being sent."""
+    the process dies in between; raising from `started` stops the try from being sent.
+
+    `started` runs before the try waits for the limiter's permit, so that recording it never
+    holds an AI slot; the `Try` it ends with carries the moment it was actually sent."""
 
     def started(self, attempt: int, at: float) -> None: ...
 
@@ -111,12 +114,12 @@ class AIClient:
     def _try(self, payload: dict[str, Any], attempt: int, observer: CallObserver | None,
              ) -> tuple[int | None, dict, str, float | None, float]:
         """One try, inside a permit of the limiter when there is one."""
+        if observer is not None:
+            observer.started(attempt, time.time())
         permit = self.limiter.acquire() if self.limiter is not None else None
         outcome, retry_after = "not_sent", None
         try:
             started = time.time()
-            if observer is not None:
-                observer.started(attempt, started)
             status, body, outcome, retry_after = self._post(payload)
             return status, body, outcome, retry_after, started
         finally:

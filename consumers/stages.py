@@ -83,7 +83,7 @@ class RecordState:
     result: dict[str, Any] | None = None  # the work's kept fields, once received
     failure: AIUnavailable | None = None  # the AI's final failure, once known
     tries: list[Try] = field(default_factory=list)
-    unwritten: list[tuple[int, float, str, int | None]] = field(default_factory=list)
+    unwritten: list[tuple[int, float, float, str, int | None]] = field(default_factory=list)
     recorded_first: bool = False  # this handling recorded the stage's result
     dead_letter_sent: bool = False
     skipped_duplicate: bool = False
@@ -145,8 +145,8 @@ class _AttemptLog:
 
     def ended(self, attempt: Try) -> None:
         self.state.tries.append(attempt)
-        self.state.unwritten.append((self._ids[attempt.attempt], attempt.ended, attempt.outcome,
-                                     attempt.http_status))
+        self.state.unwritten.append((self._ids[attempt.attempt], attempt.started, attempt.ended,
+                                     attempt.outcome, attempt.http_status))
 
 
 def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any], origin: Origin,

@@ -219,14 +219,16 @@ class Storage:
                  origin.partition, origin.offset, ts(started)))
             return cur.fetchone()[0]
 
-    def end_attempts(self, ended: Sequence[tuple[int, float, str, int | None]]) -> None:
-        """Complete attempt rows: (id, ended, outcome, http status)."""
+    def end_attempts(self, ended: Sequence[tuple[int, float, float, str, int | None]]) -> None:
+        """Complete attempt rows: (id, sent, ended, outcome, http status). The row was written
+        before the try waited for a permit; `sent` makes its duration the call's alone."""
         if not ended:
             return
         with self._tx() as cur:
-            cur.executemany("UPDATE ai_attempts SET ended_at = %s, outcome = %s, http_status = %s "
-                            "WHERE id = %s",
-                            [(ts(at), outcome, status, row_id) for row_id, at, outcome, status in ended])
+            cur.executemany("UPDATE ai_attempts SET started_at = %s, ended_at = %s, outcome = %s, "
+                            "http_status = %s WHERE id = %s",
+                            [(ts(sent), ts(at), outcome, status, row_id)
+                             for row_id, sent, at, outcome, status in ended])
 
     def record_skip(self, key: Key, stage: str, origin: Origin) -> None:
         """A re-consumed event whose result already exists: on record, and no AI call made."""

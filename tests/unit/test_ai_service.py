@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from consumers import ai_client
-from consumers.ai_client import AIClient, RetryPolicy
+from consumers.ai_client import AIClient, RetryPolicy, Try
 from consumers.ai_service import (
     ConfigError,
     Endpoint,
@@ -517,7 +517,7 @@ def test_a_client_with_an_adaptive_limit_settles_on_the_service_limit(start: Sta
     assert served["rejected_429"] >= 1  # what it learned the limit from
 
 
-def test_a_try_the_observer_stops_gives_its_permit_back(start: Start) -> None:
+def test_a_try_the_observer_stops_takes_no_permit(start: Start) -> None:
     base = start(time_scale=1.0, generate={"latency_s": 0.01})
     limiter = AdaptiveLimit(initial=1)
 
@@ -533,3 +533,33 @@ def test_a_try_the_observer_stops_gives_its_permit_back(start: Start) -> None:
         client.call(GENERATE, Refusing())
     assert (limiter.in_flight, limiter.limit) == (0, 1)
     assert client.call(GENERATE)["request_id"] == GENERATE["request_id"]
+
+
+def test_a_try_is_recorded_before_it_waits_for_a_permit_and_timed_from_its_send(start: Start) -> None:
+    # Recording a try must not hold one of the limited AI slots, and the time spent waiting for
+    # a slot is not the AI's: the second of two calls through one permit waits out the first's
+    # 0.3 s, yet its try is timed from when it was sent.
+    base = start(time_scale=1.0, generate={"latency_s": 0.3})
+    limiter = AdaptiveLimit.fixed(1)
+    seen: list[tuple[int, float, int]] = []  # (attempt, recorded at, permits held while recording)
+    ends: list[Try] = []
+
+    class Recording:
+        def started(self, attempt: int, at: float) -> None:
+            seen.append((attempt, at, limiter.in_flight))
+
+        def ended(self, attempt: Try) -> None:
+            ends.append(attempt)
+
+    client = AIClient(ai_client.Endpoint(f"{base}/v1/generate"), limiter=limiter)
+    client.call(GENERATE, Recording())
+    assert seen[0][2] == 0  # alone: the only permit was not taken while recording
+    seen.clear()
+    ends.clear()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(lambda i: client.call({**GENERATE, "request_id": f"r-{i}"}, Recording()), range(2)))
+    assert len(seen) == len(ends) == 2
+    recorded_last = max(at for _, at, _ in seen)
+    second = max(ends, key=lambda t: t.started)
+    assert second.started - recorded_last >= 0.25  # it waited for the first call's permit
+    assert 0.3 <= second.ended - second.started < 0.6  # its own call only

@@ -76,11 +76,11 @@ class FakeStorage:
         self.attempts[row_id] = ["started"]
         return row_id
 
-    def end_attempts(self, ended: list[tuple[int, float, str, int | None]]) -> None:
+    def end_attempts(self, ended: list[tuple[int, float, float, str, int | None]]) -> None:
         if self.fail_attempt_writes:
             self.fail_attempt_writes -= 1
             raise psycopg2.OperationalError("server closed the connection unexpectedly")
-        for row_id, _, outcome, _ in ended:
+        for row_id, _, _, outcome, _ in ended:
             self.attempts[row_id] = [outcome]
 
     def record_result(self, key: Key, stage: str, result: dict | None, origin: Origin,
