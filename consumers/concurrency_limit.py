@@ -5,21 +5,26 @@ account's tier and shows itself as 429 answers and as rising latency. This limit
 nothing about it; every try of an `AIClient` takes a permit and reports how it ended:
 
 - a 429 is the service saying it is full: the calls still in flight are what it holds of ours,
-  so the limit falls to that count. A 429 for a try sent after the last cut, within one
-  latency of it and with a tenth fewer calls in flight than that cut left, means the service
-  shrank further than what it held: the cut is then multiplicative (`backoff`), so a limit
-  that halves costs a handful of 429s, not one per call.
+  so the limit falls to that count. Every permit carries its level (the calls in flight with
+  it). A 429 at a level the service has served since the last cut, or, within one latency of
+  the first 429, with a tenth fewer calls in flight than when it came, means the service
+  shrank: the cut is then multiplicative (`backoff`), so a limit that halves costs a handful of
+  429s, not one per call. The level held before it shrank is kept as the plateau.
   A `Retry-After` holds any growth until it has passed.
 - a round's mean latency (a round: `limit` successful calls, at least MIN_ROUND) more than
   `latency_tolerance` times the lowest round mean seen (a service that queues instead of
   refusing) shrinks the limit by their ratio, at most by half: a gradient step, in the manner
   of Netflix's Gradient2.
-- while the limit is in use (at least half of it, as Netflix's limiters count it) and nothing
-  refuses, it grows: after a hold of `hold_rounds` rounds
-  (`limit` successes each, one latency when saturated) by one call per round, the
-  rate quadrupling every half round up to one call per success (doubling per latency). So a
-  steady service sees one probing 429 every few rounds, and a service whose limit rose is
-  found within a few latencies. Growth is paced (`_growth_token`), so calls that finish
+- under a plateau, one probe at the lowest refused level goes out as soon as the Retry-After
+  allows. When the service serves it (discounting the refused tries that were in flight with
+  it, which it never held), the service grew back: the limit returns to the plateau, at most
+  twice the level served. Limits that move between tiers are followed within a few
+  latencies, at the price of one 429 per latency while the service stays low.
+- otherwise, while the limit is in use (at least half of it, as Netflix's limiters count it)
+  and nothing refuses, it grows: after a hold of `hold_rounds` rounds (`limit` successes
+  each, one latency when saturated) by one call per round, the rate quadrupling every half
+  round up to one call per success (doubling per latency). So a steady service sees one
+  probing 429 every few rounds. Growth is paced (`_growth_token`), so calls that finish
   together cannot push a burst of probes past the service's limit. It starts at 20 calls,
   as Netflix's limiters do: a guess, not the service's limit.
 
@@ -39,21 +44,24 @@ from dataclasses import dataclass
 OK, OVERLOAD = "ok", "http_429"
 SHRINK_SIGN = 0.9  # a refusal this far under the last cut's level means the service shrank
 GROWTH_BURST = 8  # growth tokens saved: at most limit / GROWTH_BURST
+PROBE_PATIENCE = 8  # probes under the plateau refused before the wait between them grows
 MIN_ROUND = 32  # latencies averaged before comparing with the baseline: fewer are mostly noise
 
 
 @dataclass(frozen=True)
 class Permit:
-    """One try's place in flight: the cut generation it was sent under, and when."""
+    """One try's place in flight: the cut generation it was sent under, when, and how many
+    calls were in flight with it (itself included)."""
 
     generation: int
     at: float
+    level: int = 0
 
 
 class AdaptiveLimit:
     """An in-flight limit for one endpoint; thread-safe, `acquire` blocks while it is reached."""
 
-    def __init__(self, initial: int = 20, minimum: int = 1, maximum: int = 1024, backoff: float = 0.85,
+    def __init__(self, initial: int = 20, minimum: int = 1, maximum: int = 1024, backoff: float = 0.5,
                  hold_rounds: float = 2.0, latency_tolerance: float = 2.0,
                  clock: Callable[[], float] = time.time, history: int = 100_000) -> None:
         self.minimum, self.maximum = minimum, maximum
@@ -72,6 +80,11 @@ class AdaptiveLimit:
         self._rate = 1.0  # limit growth per success while probing (starts as slow start)
         self._round_left = initial / 2
         self._tokens, self._tokens_at = 1.0, -math.inf
+        self._held = 0  # the highest level served among the tries sent since the last cut
+        self._refusals: deque[tuple[float, float]] = deque()  # (sent, refused) of recent 429s
+        self._refused = math.inf  # the lowest level refused since the service last grew
+        self._plateau = 0.0  # the level held before the service shrank, until it grows again
+        self._probes = 0  # probes under the plateau refused in a row
         self._min_latency: float | None = None
         self._round: list[float] = []  # latencies of the current round
         self._baseline: float | None = None  # lowest mean latency of a full round
@@ -105,7 +118,7 @@ class AdaptiveLimit:
             while self._in_flight >= int(self._limit):
                 self._cond.wait()
             self._in_flight += 1
-            return Permit(self._generation, self._clock())
+            return Permit(self._generation, self._clock(), self._in_flight)
 
     def release(self, permit: Permit, outcome: str, retry_after_s: float | None = None) -> None:
         """The try of `permit` ended with `outcome` (an `ai_client.Try` outcome)."""
@@ -115,39 +128,67 @@ class AdaptiveLimit:
             if outcome == OVERLOAD:
                 self._overloaded(permit, now, retry_after_s)
             elif outcome == OK:
-                self._succeeded(now - permit.at, now)
+                self._succeeded(now - permit.at, permit, now)
             self._cond.notify_all()
 
     def _overloaded(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
+        self._refusals.append((permit.at, now))
         if retry_after_s:
             self._hold_until = max(self._hold_until, now + retry_after_s)
         if permit.generation != self._generation:
             # Sent before the last cut: the cut already answered it; one call fewer is held.
             self._set(min(self._limit, self._in_flight), now)
             return
-        # Refused again within a latency of the cut that began this episode of refusals, holding a
-        # tenth fewer calls than it left: the service shrank, not just our last probes were over.
-        recent = self._min_latency is not None and now - self._cut_at < self._min_latency
-        shrank = recent and self._in_flight < SHRINK_SIGN * self._cut_level
+        # An episode of refusals lasts one latency from its first; `_cut_level` is what the service
+        # held when it began.
+        episode = self._min_latency is not None and now - self._cut_at < self._min_latency
+        if not episode:
+            self._cut_at, self._cut_level = now, min(self._limit, self._in_flight)
+        # Refused at a level the service served since the last cut, or, within the episode, with
+        # a tenth fewer calls in flight than where it began: the service shrank, not just our
+        # last probes were over.
+        shrank = permit.level <= self._held or (episode and self._in_flight < SHRINK_SIGN * self._cut_level)
+        self._refused = min(self._refused, permit.level) if episode else permit.level
+        if shrank:
+            self._plateau = max(self._plateau, self._held, self._cut_level)
+        elif self._plateau > self._limit:
+            # A probe under the plateau refused: the next waits a latency (or the Retry-After),
+            # longer after every PROBE_PATIENCE refused ones, so a service that stays low
+            # costs ever fewer 429s.
+            self._probes += 1
+            wait = max(retry_after_s or 0.0, self._min_latency or 0.0)
+            self._hold_until = max(self._hold_until, now + wait * max(1.0, self._probes / PROBE_PATIENCE))
         target = self._in_flight * (self.backoff if shrank else 1.0)
         if target < self._limit:
-            self._set(math.floor(target), now)
-            self._generation += 1
-            if not recent:
-                self._cut_at, self._cut_level = now, self._limit
+            self._cut(math.floor(target), now)
         self._start_hold()
 
-    def _succeeded(self, latency: float, now: float) -> None:
+    def _succeeded(self, latency: float, permit: Permit, now: float) -> None:
         self._min_latency = latency if self._min_latency is None else min(self._min_latency, latency)
+        level = self._served_level(permit, now)
+        if permit.generation == self._generation:
+            self._held = max(self._held, level)
         self._round.append(latency)
         if len(self._round) >= max(self._limit, MIN_ROUND):
             mean = sum(self._round) / len(self._round)
             self._round.clear()
             self._baseline = mean if self._baseline is None else min(self._baseline, mean)
             if mean > self.latency_tolerance * self._baseline:
+                self._cut_at, self._cut_level = now, self._limit
                 self._cut(self._limit * max(0.5, self._baseline / mean), now)
                 self._start_hold()
                 return
+        if self._plateau > self._limit and permit.generation == self._generation \
+                and level >= self._refused:
+            # Sent since the last cut, the service took more calls than it last refused: it grew
+            # again. Back to where it was before it shrank, at most twice what it just took.
+            self._set(min(self._plateau, 2.0 * level), now)
+            self._probes = 0
+            if self._limit >= self._plateau:
+                self._plateau, self._refused = 0.0, math.inf
+            else:  # doubled, not there yet: the next served try at the new limit doubles again
+                self._refused = int(self._limit)
+            return
         if 2 * (self._in_flight + 1) < self._limit:
             # Under half in use: this success says nothing about the limit. (Not "all in use":
             # replacements for calls that just ended are still on their way to `acquire`.)
@@ -157,11 +198,22 @@ class AdaptiveLimit:
             return
         if not self._growth_token(now):
             return
-        self._set(self._limit + min(1.0, self._rate), now)
+        grown = self._limit + min(1.0, self._rate)
+        if self._plateau > self._limit:
+            grown = min(grown, max(self._refused, self._limit))  # one probe at a time
+        self._set(grown, now)
         self._round_left -= 1
         if self._round_left <= 0:
             self._rate = min(1.0, 4 * self._rate)
             self._round_left = self._limit / 2
+
+    def _served_level(self, permit: Permit, now: float) -> int:
+        """The calls the service held with a served try: its level, less the tries in flight
+        with it that were refused (the service never held those)."""
+        horizon = now - 2 * (self._min_latency or 0.0)
+        while self._refusals and self._refusals[0][1] < horizon:
+            self._refusals.popleft()
+        return permit.level - sum(sent <= permit.at < refused for sent, refused in self._refusals)
 
     def _growth_token(self, now: float) -> bool:
         """Growth is paced: tokens come one per latency / limit / 2, at most limit / GROWTH_BURST
@@ -177,14 +229,20 @@ class AdaptiveLimit:
         return True
 
     def _cut(self, value: float, now: float) -> None:
+        """A lower limit; tries sent from now on are told apart from those sent before."""
         self._set(value, now)
         self._generation += 1
-        self._cut_at, self._cut_level = now, self._limit
+        self._held = 0
 
     def _start_hold(self) -> None:
+        self._round_left = self._limit / 2
+        if self._plateau > self._limit:
+            # Under the level the service held before it shrank: probe again as soon as its
+            # Retry-After allows, so its return is found within a few latencies.
+            self._hold, self._rate = 0.0, 1.0
+            return
         self._hold = self.hold_rounds * self._limit
         self._rate = 1.0 / max(self._limit, 1.0)
-        self._round_left = self._limit / 2
 
     def _set(self, value: float, now: float) -> None:
         self._limit = min(float(self.maximum), max(float(self.minimum), value))

@@ -108,18 +108,32 @@ def test_after_a_429_the_limit_holds_for_two_rounds_then_probes_by_one() -> None
 def test_a_second_429_within_a_latency_of_the_cut_cuts_by_the_backoff() -> None:
     clock = Clock()
     limit = AdaptiveLimit(initial=10, backoff=0.5, clock=clock)
-    permits = take(limit, 10)
+    permits = take(limit, 10)  # levels 1 to 10
     clock.now = 1.0
-    limit.release(permits.pop(), OK)  # latency seen: 1 s
+    limit.release(permits.pop(0), OK)  # latency seen: 1 s; the service served level 1
     clock.now = 1.01
-    limit.release(permits.pop(), OVERLOAD)  # 8 in flight: limit 8
+    limit.release(permits.pop(), OVERLOAD)  # level 10 refused, 8 in flight: limit 8
     assert limit.limit == 8
     clock.now = 1.012
-    limit.release(permits.pop(), OK)
-    sent_after_cut = limit.acquire()
+    limit.release(permits.pop(0), OK)
+    sent_after_cut = limit.acquire()  # level 8
     clock.now = 1.02
-    limit.release(sent_after_cut, OVERLOAD)  # refused again 0.01 s after the cut: 7 x 0.5
+    # Refused 0.01 s after the cut with 7 in flight, a tenth under the 10 the episode began at:
+    # 7 x 0.5.
+    limit.release(sent_after_cut, OVERLOAD)
     assert limit.limit == 3
+
+
+def test_a_429_at_a_level_the_service_served_since_the_cut_cuts_by_the_backoff() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=10, backoff=0.5, clock=clock)
+    permits = take(limit, 10)  # levels 1 to 10
+    clock.now = 1.0
+    limit.release(permits.pop(), OK)  # level 10 served; +1 of growth: limit 11
+    assert limit.limit == 11
+    clock.now = 1.01
+    limit.release(permits.pop(), OVERLOAD)  # level 9 refused: the service shrank. 8 x 0.5
+    assert limit.limit == 4
 
 
 def test_refusals_of_a_few_probes_over_the_limit_do_not_cut_by_the_backoff() -> None:
@@ -127,13 +141,13 @@ def test_refusals_of_a_few_probes_over_the_limit_do_not_cut_by_the_backoff() -> 
     limit = AdaptiveLimit(initial=20, backoff=0.5, clock=clock)
     permits = take(limit, 20)
     clock.now = 1.0
-    limit.release(permits.pop(), OK)  # latency seen: 1 s
+    limit.release(permits.pop(0), OK)  # latency seen: 1 s; level 1 served
     permits.append(limit.acquire())
     clock.now = 1.01
-    limit.release(permits.pop(), OVERLOAD)  # 19 held: limit 19
+    limit.release(permits.pop(), OVERLOAD)  # level 20 refused, 19 held: limit 19
     clock.now = 1.012
-    limit.release(permits.pop(), OK)
-    probe = limit.acquire()  # sent after the cut, refused too: 18 held, not a tenth under 19
+    limit.release(permits.pop(0), OK)
+    probe = limit.acquire()  # sent after the cut, refused too: 18 held, not a tenth under 20
     clock.now = 1.02
     limit.release(probe, OVERLOAD)
     assert limit.limit == 18
@@ -147,6 +161,98 @@ def test_a_429_for_a_try_sent_before_the_cut_only_counts_the_call_it_freed() -> 
     limit.release(permits.pop(), OVERLOAD)  # limit 9
     limit.release(permits.pop(), OVERLOAD)  # sent before that cut: 8 in flight, limit 8, no backoff
     assert limit.limit == 8
+
+
+def shrunk(clock: Clock) -> AdaptiveLimit:
+    """A limiter whose service served 20 calls, then refused the 19th: limit 4 (18 in flight x
+    0.25), plateau 20, lowest refused level 19, the calls of before all ended at t=1.02."""
+    limit = AdaptiveLimit(initial=20, backoff=0.25, clock=clock)
+    permits = take(limit, 20)
+    clock.now = 1.0
+    limit.release(permits.pop(), OK)  # level 20 served: +1 of growth, limit 21
+    clock.now = 1.01
+    limit.release(permits.pop(), OVERLOAD, retry_after_s=0.5)  # level 19 refused: 18 x 0.25
+    clock.now = 1.02
+    for permit in permits:
+        limit.release(permit, OK)  # sent before the cut: no growth, no return to the plateau
+    assert (limit.limit, limit.in_flight) == (4, 0)
+    return limit
+
+
+def test_under_the_plateau_the_refused_level_is_probed_once_a_latency() -> None:
+    clock = Clock()
+    limit = shrunk(clock)
+    permits = take(limit, 4)
+    clock.now = 1.5  # within the Retry-After (until 1.51): no growth
+    limit.release(permits.pop(0), OK)
+    permits.append(limit.acquire())
+    assert limit.limit == 4
+    clock.now = 2.0  # after it: a call of growth per token (0.48 s latency / 4 / 2 apart)
+    limit.release(permits.pop(0), OK)
+    permits.append(limit.acquire())
+    assert limit.limit == 5
+    probe = limit.acquire()  # level 5
+    clock.now = 2.005
+    limit.release(probe, OVERLOAD, retry_after_s=0.1)  # the service still holds 4: limit 4
+    assert limit.limit == 4
+    # The next probe waits a latency (0.48 s, more than the Retry-After), then goes no higher
+    # than the level refused, 5, however many tokens there are.
+    for at, expected in ((2.3, 4), (2.5, 5), (2.6, 5), (2.7, 5)):
+        clock.now = at
+        limit.release(permits.pop(0), OK)
+        permits.append(limit.acquire())
+        assert limit.limit == expected, at
+
+
+def test_a_probe_served_at_the_refused_level_returns_to_the_plateau_doubling() -> None:
+    clock = Clock()
+    limit = shrunk(clock)
+    permits = take(limit, 4)
+    clock.now = 2.0
+    limit.release(permits.pop(0), OK)  # growth: limit 5
+    permits.append(limit.acquire())
+    probe = limit.acquire()  # level 5
+    clock.now = 2.005
+    limit.release(probe, OVERLOAD)  # refused: the lowest refused level is now 5; next in 0.98 s
+    assert limit.limit == 4
+    clock.now = 3.0
+    limit.release(permits.pop(0), OK)  # limit 5 again
+    permits.append(limit.acquire())
+    probe = limit.acquire()  # level 5, and this time the service grew
+    clock.now = 3.5
+    limit.release(probe, OK)  # served at 5: towards 20, at most 2 x 5
+    assert limit.limit == 10
+    permits += take(limit, 5)
+    top = limit.acquire()  # level 10
+    clock.now = 4.0
+    limit.release(top, OK)  # served at 10: 2 x 10 is the plateau
+    assert limit.limit == 20
+
+
+def test_a_served_try_does_not_count_the_refused_tries_in_flight_with_it() -> None:
+    clock = Clock()
+    limit = shrunk(clock)
+    permits = take(limit, 4)
+    clock.now = 2.0
+    limit.release(permits.pop(0), OK)  # limit 5
+    permits.append(limit.acquire())
+    refused_first = limit.acquire()  # level 5
+    clock.now = 2.2
+    limit.release(permits.pop(0), OK)  # limit 6
+    permits.append(limit.acquire())
+    refused_later = limit.acquire()  # level 6
+    clock.now = 2.201
+    limit.release(refused_first, OVERLOAD)  # a cut to the 5 in flight; refused level 5
+    clock.now = 2.21
+    limit.release(permits.pop(0), OK)
+    served = limit.acquire()  # level 5 counting `refused_later`, sent after the cut
+    clock.now = 2.215
+    limit.release(refused_later, OVERLOAD)  # sent before the cut: limit 4, the calls in flight
+    clock.now = 2.8
+    # The service held 4 with `served`, not 5: it has not grown, the limit stays (no growth
+    # either, within a latency of the refusal).
+    limit.release(served, OK)
+    assert limit.limit == 4
 
 
 def test_retry_after_holds_growth_until_it_has_passed() -> None:
