@@ -64,8 +64,14 @@ class FetchBuffer:
         return []
 
     def _consume(self, count: int, timeout_s: float) -> list[Message]:
+        """Up to `count` records. librdkafka's batch consume waits out its whole timeout unless
+        the batch fills, which would hold a lone record back by the timeout at a low rate: wait
+        for the first record only, then take what else is queued without waiting."""
         self._last_consume = time.monotonic()
-        return self._take(self.consumer.consume(num_messages=max(1, count), timeout=timeout_s))
+        msgs = self.consumer.consume(num_messages=1, timeout=timeout_s)
+        if msgs and count > 1:
+            msgs += self.consumer.consume(num_messages=count - 1, timeout=0)
+        return self._take(msgs)
 
     def _take(self, msgs: list[Message]) -> list[Message]:
         errors = []
