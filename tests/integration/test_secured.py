@@ -106,7 +106,7 @@ def test_the_reference_pipeline_runs_end_to_end_under_least_privilege(secure: St
         written = {"source": [], "intake": ["notify"], "check": ["generate", "notify"],
                    "generate": ["notify"]}[role]
         expected = [("TOPIC", f"{run_id}.{t}", "WRITE") for t in ("intake", "style")] if role == "source" \
-            else [("GROUP", f"{run_id}.{role}", "READ"),
+            else [("GROUP", f"{run_id}.{role}", "READ"), ("GROUP", f"{run_id}.{role}", "ALTER_CONFIGS"),
                   ("TOPIC", secured_run.source_of(role), "READ"),
                   *(("TOPIC", f"{run_id}.{t}", "WRITE") for t in [*written, "dlq"])]
         assert mine == sorted(expected), role
