@@ -36,7 +36,7 @@ from consumers.events import Topics
 from consumers.failures import AIBusy, ClaimHeld
 from consumers.pipeline_spec import HttpWork, PythonWork, Route, StageSpec
 from consumers.producer import KeyedProducer
-from consumers.storage import Key, Origin, Status, Storage
+from consumers.storage import Ended, Key, Origin, Status, Storage
 
 DELIVERY_TIMEOUT_S = 30.0
 
@@ -83,7 +83,7 @@ class RecordState:
     result: dict[str, Any] | None = None  # the work's kept fields, once received
     failure: AIUnavailable | None = None  # the AI's final failure, once known
     tries: list[Try] = field(default_factory=list)
-    unwritten: list[tuple[int, float, float, str, int | None]] = field(default_factory=list)
+    unwritten: list[Ended] = field(default_factory=list)  # tries whose attempt rows are not completed
     recorded_first: bool = False  # this handling recorded the stage's result
     dead_letter_sent: bool = False
     skipped_duplicate: bool = False
@@ -102,7 +102,8 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
     routes = [r for r in spec.routes if r.matches(outcome)]
     status = next((ctx.status(r.status, route=True) for r in routes if r.status), None)
     state.recorded_first = ctx.storage.record_result(key, ctx.stage, state.result, origin, status,
-                                                     ctx.entry) or state.recorded_first
+                                                     ctx.entry, state.unwritten) or state.recorded_first
+    state.unwritten.clear()
     for route in routes:
         if state.recorded_first or not route.once:
             ctx.send(route.to, message(route, ctx.topics.spec.key, key, outcome))
@@ -152,7 +153,8 @@ class _AttemptLog:
 def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any], origin: Origin,
                state: RecordState) -> None:
     """The stage's kept AI answer: recorded already, received by an earlier try of the record
-    (kept even when writing its attempt rows failed), or called for now."""
+    (kept even when writing its attempt rows failed), or called for now. The tries' attempt
+    rows are completed here when they end in a failure, else with the result that they got."""
     if state.result is None and state.failure is None:
         claim = ctx.storage.claim(key, ctx.stage, state.owner, ctx.claim_lease_s)
         if claim.done is not None:
@@ -182,7 +184,7 @@ def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any
             state.failure = AIUnavailable(f"answer from {work.endpoint} without {missing}")
         else:
             state.result = {name: body[name] for name in work.keep}
-    ctx.storage.end_attempts(state.unwritten)
-    state.unwritten.clear()
     if state.failure is not None:
+        ctx.storage.end_attempts(state.unwritten)
+        state.unwritten.clear()
         raise state.failure

@@ -85,6 +85,19 @@ _FORWARD = ("status = CASE WHEN requests.status = ANY(%(settled)s) OR requests.s
             "ELSE greatest(requests.status_rank, %(rank)s) END")
 
 
+# A try's ending: (attempt row id, sent, ended, outcome, http status). The row was written
+# before the try waited for a permit; `sent` makes its duration the call's alone.
+Ended = tuple[int, float, float, str, int | None]
+
+
+def _end_attempts(cur: Any, ended: Sequence[Ended]) -> None:
+    if ended:
+        cur.executemany("UPDATE ai_attempts SET started_at = %s, ended_at = %s, outcome = %s, "
+                        "http_status = %s WHERE id = %s",
+                        [(ts(sent), ts(at), outcome, status, row_id)
+                         for row_id, sent, at, outcome, status in ended])
+
+
 class Storage:
     """A connection pool plus the pipeline's writes; safe to share between threads.
 
@@ -99,11 +112,15 @@ class Storage:
         self._free = threading.BoundedSemaphore(pool_size)
 
     @contextmanager
-    def _tx(self) -> Iterator[Any]:
-        """One transaction. A connection that failed is closed rather than handed back: after a
-        server restart it is dead, and the pool leaks its slot if rolling it back raises."""
+    def _tx(self, atomic: bool = True) -> Iterator[Any]:
+        """One transaction; with `atomic=False`, statements that each commit on their own, for
+        writes that need nothing undone with them: that spares the BEGIN and COMMIT round trips,
+        two of a single statement's three. A connection that failed is closed rather than
+        handed back: after a server restart it is dead, and the pool leaks its slot if rolling
+        it back raises."""
         with self._free:
             conn: connection = self._pool.getconn()
+            conn.autocommit = not atomic
             failed = True
             try:
                 with conn, conn.cursor() as cur:
@@ -131,7 +148,7 @@ class Storage:
         params = {"p": key.pipeline, "r": key.request_id, "run": key.run_id, "at": ts(produced_at),
                   "fields": json.dumps(fields), "status": status.name if status else None,
                   "rank": status.rank if status else -1, "settled": list(TERMINAL_STATUSES)}
-        with self._tx() as cur:
+        with self._tx(atomic=False) as cur:
             cur.execute(
                 "INSERT INTO requests (pipeline, request_id, run_id, status, status_rank, produced_at, "
                 "fields) VALUES (%(p)s, %(r)s, %(run)s, coalesce(%(status)s, 'received'), "
@@ -143,10 +160,13 @@ class Storage:
             return cur.fetchone()[0]
 
     def record_result(self, key: Key, stage: str, result: dict[str, Any] | None, origin: Origin,
-                      status: Status | None, entry: bool) -> bool:
+                      status: Status | None, entry: bool, ended: Sequence[Ended] = ()) -> bool:
         """A stage's result, once, with what it does to the request row (the kept fields, the
-        status, an entry stage's count); True when this call recorded it, False for a duplicate."""
+        status, an entry stage's count) and the endings of the tries that got it (`ended`, see
+        `end_attempts`), in one transaction; True when this call recorded the result, False for
+        a duplicate."""
         with self._tx() as cur:
+            _end_attempts(cur, ended)
             cur.execute(
                 "INSERT INTO stage_results (pipeline, request_id, stage, run_id, outcome, result, member, "
                 "topic, kafka_partition, kafka_offset) VALUES (%s, %s, %s, %s, 'ok', %s, %s, %s, %s, %s) "
@@ -170,7 +190,7 @@ class Storage:
 
     def mark_notified(self, key: Key) -> None:
         """The settling route's messages were acknowledged: the end of the request's latency."""
-        with self._tx() as cur:
+        with self._tx(atomic=False) as cur:
             cur.execute("UPDATE requests SET notified_at = coalesce(notified_at, now()) "
                         "WHERE pipeline = %s AND request_id = %s", (key.pipeline, key.request_id))
 
@@ -180,7 +200,7 @@ class Storage:
         The claim is `owner`'s when nobody holds it, when `owner` holds it already, or when the
         holder's lease has expired (a member that died mid-call): then it is taken over.
         """
-        with self._tx() as cur:
+        with self._tx(atomic=False) as cur:
             cur.execute("SELECT coalesce(result, '{}'::jsonb) FROM stage_results "
                         "WHERE pipeline = %s AND request_id = %s AND stage = %s",
                         (key.pipeline, key.request_id, stage))
@@ -205,7 +225,7 @@ class Storage:
         Raises `ClaimLost` when the lease expired and another member took the claim over: the
         try is then not sent, and the record waits for that member's result.
         """
-        with self._tx() as cur:
+        with self._tx(atomic=False) as cur:
             cur.execute("UPDATE stage_claims SET lease_until = now() + make_interval(secs => %s) "
                         "WHERE pipeline = %s AND request_id = %s AND stage = %s AND owner = %s RETURNING 1",
                         (lease_s, key.pipeline, key.request_id, stage, owner))
@@ -219,21 +239,17 @@ class Storage:
                  origin.partition, origin.offset, ts(started)))
             return cur.fetchone()[0]
 
-    def end_attempts(self, ended: Sequence[tuple[int, float, float, str, int | None]]) -> None:
-        """Complete attempt rows: (id, sent, ended, outcome, http status). The row was written
-        before the try waited for a permit; `sent` makes its duration the call's alone."""
-        if not ended:
-            return
-        with self._tx() as cur:
-            cur.executemany("UPDATE ai_attempts SET started_at = %s, ended_at = %s, outcome = %s, "
-                            "http_status = %s WHERE id = %s",
-                            [(ts(sent), ts(at), outcome, status, row_id)
-                             for row_id, sent, at, outcome, status in ended])
+    def end_attempts(self, ended: Sequence[Ended]) -> None:
+        """Complete the attempt rows of tries that got no result (a result completes its own
+        with `record_result`)."""
+        if ended:
+            with self._tx(atomic=False) as cur:
+                _end_attempts(cur, ended)
 
     def record_skip(self, key: Key, stage: str, origin: Origin) -> None:
         """A re-consumed event whose result already exists: on record, and no AI call made."""
         now = ts(time.time())
-        with self._tx() as cur:
+        with self._tx(atomic=False) as cur:
             cur.execute(
                 "INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
                 "kafka_partition, kafka_offset, started_at, ended_at, outcome) "

@@ -16,7 +16,7 @@ import pytest
 from consumers import events, pipeline_spec, stages
 from consumers.ai_client import AIClient, AIUnavailable, Endpoint, RetryPolicy
 from consumers.failures import POISON, TRANSIENT, AIBusy, ClaimHeld, classify
-from consumers.storage import Claim, Key, Origin, Status
+from consumers.storage import Claim, Ended, Key, Origin, Status
 from tests import bad_input
 
 AI_STAGES = [(spec, stage) for spec, stage in bad_input.cases() if stage in spec.ai_stages]
@@ -76,7 +76,7 @@ class FakeStorage:
         self.attempts[row_id] = ["started"]
         return row_id
 
-    def end_attempts(self, ended: list[tuple[int, float, float, str, int | None]]) -> None:
+    def end_attempts(self, ended: list[Ended]) -> None:
         if self.fail_attempt_writes:
             self.fail_attempt_writes -= 1
             raise psycopg2.OperationalError("server closed the connection unexpectedly")
@@ -84,10 +84,12 @@ class FakeStorage:
             self.attempts[row_id] = [outcome]
 
     def record_result(self, key: Key, stage: str, result: dict | None, origin: Origin,
-                      status: Status | None, entry: bool) -> bool:
+                      status: Status | None, entry: bool, ended: list[Ended]) -> bool:
+        """One transaction: a failure writes neither the result nor its tries' endings."""
         if self.fail_result_writes:
             self.fail_result_writes -= 1
             raise psycopg2.OperationalError("server closed the connection unexpectedly")
+        self.end_attempts(ended)
         self.results.append(result)
         self.statuses.append(status.name if status else None)
         return True
@@ -154,6 +156,9 @@ def test_429s_do_not_use_up_the_requests_tries(ai_stage: tuple) -> None:
     kept = {name: f"{name}-answer" for name in spec.stages[stage].work.keep}
     assert storage.results == [kept]  # the kept fields only
     assert client.sent == 8
+    # every try completed on record, the last one with the result it got
+    assert storage.outcomes() == ["http_429", "http_429", "http_429", "http_5xx",
+                                  "http_5xx", "timeout", "http_5xx", "ok"]
 
 
 def test_the_request_fields_come_from_the_event(ai_stage: tuple) -> None:
