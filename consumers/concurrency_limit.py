@@ -6,9 +6,9 @@ nothing about it; every try of an `AIClient` takes a permit and reports how it e
 
 - a 429 is the service saying it is full: the calls still in flight are what it holds of ours,
   so the limit falls to that count. Every permit carries its level (the calls in flight with
-  it). A 429 a tenth under a level the service has served since the last cut, or, within one
-  latency of the first 429, with a tenth fewer calls in flight than when it came, means the
-  service shrank: the cut is then multiplicative (`backoff`), so a limit that halves costs a handful of
+  it). A 429 at a level the service has served since the last cut, or, within one latency of
+  the first 429, with a tenth fewer calls in flight than when it came, means the service
+  shrank: the cut is then multiplicative (`backoff`), so a limit that halves costs a handful of
   429s, not one per call. The level held before it shrank is kept as the plateau.
   A `Retry-After` holds any growth until it has passed.
 - a round's mean latency (a round: `limit` successful calls, at least MIN_ROUND) more than
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 OK, OVERLOAD = "ok", "http_429"
-SHRINK_SIGN = 0.9  # a refusal this far under a served level or the last cut's means the service shrank
+SHRINK_SIGN = 0.9  # a refusal this far under the last cut's level means the service shrank
 GROWTH_BURST = 8  # growth tokens saved: at most limit / GROWTH_BURST
 PROBE_PATIENCE = 8  # probes under the plateau refused before the wait between them grows
 MIN_ROUND = 32  # latencies averaged before comparing with the baseline: fewer are mostly noise
@@ -144,12 +144,10 @@ class AdaptiveLimit:
         episode = self._min_latency is not None and now - self._cut_at < self._min_latency
         if not episode:
             self._cut_at, self._cut_level = now, min(self._limit, self._in_flight)
-        # Refused a tenth under a level the service served since the last cut, or, within the
-        # episode, with a tenth fewer calls in flight than where it began: the service shrank,
-        # not just our last probes were over. (A tenth: a level counts the calls whose answers
-        # are on their way back, so the service may have held one or two fewer than it says.)
-        shrank = (permit.level <= SHRINK_SIGN * self._held
-                  or (episode and self._in_flight < SHRINK_SIGN * self._cut_level))
+        # Refused at a level the service served since the last cut, or, within the episode, with
+        # a tenth fewer calls in flight than where it began: the service shrank, not just our
+        # last probes were over.
+        shrank = permit.level <= self._held or (episode and self._in_flight < SHRINK_SIGN * self._cut_level)
         self._refused = min(self._refused, permit.level) if episode else permit.level
         if shrank:
             self._plateau = max(self._plateau, self._held, self._cut_level)
