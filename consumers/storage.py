@@ -17,6 +17,7 @@ dead letter settles the request unless it had already settled.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg2
 from psycopg2.extensions import connection
 from psycopg2.pool import ThreadedConnectionPool
 
@@ -76,6 +78,8 @@ def ts(epoch_s: float | None) -> datetime | None:
     return datetime.fromtimestamp(epoch_s, UTC) if epoch_s is not None else None
 
 
+log = logging.getLogger(__name__)
+
 DEAD_LETTERED_RANK = 1_000_000  # above every stage's: only a settled status outranks it
 
 # The request row's status moves to %(status)s unless it is settled or ranked higher.
@@ -96,6 +100,43 @@ def _end_attempts(cur: Any, ended: Sequence[Ended]) -> None:
                         "http_status = %s WHERE id = %s",
                         [(ts(sent), ts(at), outcome, status, row_id)
                          for row_id, sent, at, outcome, status in ended])
+
+
+LEFT_FOR_OTHERS = 16  # connections a new pool leaves free: the platform's other processes need some
+
+_FREE_CONNECTIONS = (
+    "SELECT current_setting('max_connections')::int "
+    "- current_setting('superuser_reserved_connections')::int "
+    "- coalesce(current_setting('reserved_connections', true)::int, 0) "
+    "- (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')")
+
+
+def free_connections(database_url: str) -> int:
+    """Client connections the server would still accept from an ordinary role (its
+    max_connections less the reserved slots and the client connections open now, this one
+    included)."""
+    with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
+        cur.execute(_FREE_CONNECTIONS)
+        free = cur.fetchone()[0]
+    conn.close()
+    return free
+
+
+def fitted_pool_size(wanted: int, free: int) -> int:
+    """`wanted`, or what the server has free beyond LEFT_FOR_OTHERS when that is less; never
+    under one, so that a full server refuses the pool loudly rather than getting an empty one."""
+    return max(1, min(wanted, free - LEFT_FOR_OTHERS))
+
+
+def sized_pool(database_url: str, wanted: int) -> Storage:
+    """A Storage of `wanted` connections, fewer (with a warning) when the server has not the
+    room: several fleets share one server, and a pool that cannot open fails its fleet."""
+    size = fitted_pool_size(wanted, free_connections(database_url))
+    if size < wanted:
+        log.warning("database pool of %d connections instead of %d: the server has no more free "
+                    "beyond the %d left for others (raise its max_connections)", size, wanted,
+                    LEFT_FOR_OTHERS)
+    return Storage(database_url, pool_size=size)
 
 
 class Storage:

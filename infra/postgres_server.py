@@ -125,7 +125,7 @@ def start(layout: Layout) -> None:
         return
     log = directory / "server.log"
     options = (f"-p {layout.postgres_port} -k {directory} -c listen_addresses=127.0.0.1 "
-               "-c max_connections=200 -c shared_buffers=256MB -c fsync=off "
+               "-c max_connections=300 -c shared_buffers=256MB -c fsync=off "
                "-c synchronous_commit=off")
     result = subprocess.run(
         _as_server_user([str(bin_dir() / "pg_ctl"), "-D", str(directory), "-l", str(log),
