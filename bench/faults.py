@@ -57,7 +57,6 @@ from bench import fault_report
 from bench.fault_figures import PhaseRun, collect, verdict
 from bench.fault_fleets import SupervisedFleets, remove_leftovers
 from bench.fault_injection import FAULTS, Fault, Target, Window, configure_ai
-from bench.figures import partition_counts
 from bench.report import run_dir
 from consumers import events, presets
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
@@ -235,7 +234,7 @@ class Phase:
         if "source_error" in result:
             console.print(f"[yellow]{self.fault.name}: load source: {result['source_error']}")
         injected_on_measured = 1 if self.fault.name == "oversize" else 0
-        measured = partition_counts(self.kafka.default, self.topics.name(self.config.spec.load.measure))
+        measured = self.kafka.default.partition_counts(self.topics.name(self.config.spec.load.measure))
         result["produced"] = sum(measured) - injected_on_measured
         return result
 

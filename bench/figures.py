@@ -41,20 +41,6 @@ from consumers.run_figures import rows, standard_figures
 from measure import figures
 
 
-def partition_counts(kafka: KafkaConnection, topic: str) -> list[int]:
-    """Records per partition of a topic, from its low and high watermarks."""
-    consumer = Consumer(kafka.client(**{"group.id": "figures"}))
-    try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        counts = []
-        for pid in sorted(meta.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, pid), timeout=10)
-            counts.append(high - low)
-        return counts
-    finally:
-        consumer.close()
-
-
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
@@ -87,7 +73,7 @@ def refetch_amplification(database_url: str, kafka: KafkaConnection, run_id: str
 def topic_bytes(kafka: KafkaConnection, topic: str) -> int:
     """Key + value bytes of every record of a topic (read once, from the beginning)."""
     consumer = Consumer(kafka.client(**{"group.id": "figures-bytes", "enable.auto.commit": False}))
-    counts = partition_counts(kafka, topic)
+    counts = kafka.partition_counts(topic)
     consumer.assign([TopicPartition(topic, p, 0) for p in range(len(counts))])
     total, seen, want = 0, 0, sum(counts)
     try:
@@ -124,7 +110,7 @@ def scenario_figures(database_url: str, kafka: KafkaConnection, run_id: str, top
     `per_partition`: the run's requests per partition of the measured topic as the source saw
     them land, when the topic also holds another phase's; by default the topic's offsets."""
     if per_partition is None:
-        per_partition = partition_counts(kafka, topics.name(topics.spec.load.measure))
+        per_partition = kafka.partition_counts(topics.name(topics.spec.load.measure))
     standard, extras = standard_figures(database_url, run_id, topics.spec.completing_stage, produced,
                                         ai_limit, per_partition)
     first, last = extras["first_produced_s"], extras["last_terminal_s"]

@@ -97,6 +97,22 @@ class KafkaConnection:
 
         return AdminClient(self.client())
 
+    def partition_counts(self, topic: str) -> list[int]:
+        """Records per partition of a topic (in partition order), from its low and high
+        watermarks: what a reader of the whole topic would get, without reading it."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer(self.client(**{"group.id": "partition-counts"}))
+        try:
+            meta = consumer.list_topics(topic, timeout=10).topics[topic]
+            counts = []
+            for pid in sorted(meta.partitions):
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, pid), timeout=10)
+                counts.append(high - low)
+            return counts
+        finally:
+            consumer.close()
+
     def spark_options(self) -> dict[str, str]:
         """The `kafka.`-prefixed options of Spark's Kafka source for this connection.
 

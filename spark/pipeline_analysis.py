@@ -45,6 +45,7 @@ from pyspark.sql import functions as F
 
 from measure import figures
 from spark import job_io
+from spark.job_io import collect_sorted
 from spark.session import build
 
 OPENING_EVENTS = ("revoke", "lost")
@@ -198,10 +199,6 @@ def _max_micros(frame: DataFrame, name: str) -> int | None:
     return frame.agg(F.max(_micros(name))).first()[0]
 
 
-def _rows(frame: DataFrame, *order: str) -> list[dict[str, Any]]:
-    return [row.asDict() for row in frame.orderBy(*order).collect()]
-
-
 def _quantiles(row: dict[str, Any]) -> dict[str, Any]:
     return {k: row[k] for k in ("count", "mean", "p50", "p95", "p99")}
 
@@ -209,10 +206,11 @@ def _quantiles(row: dict[str, Any]) -> dict[str, Any]:
 def analyse(frames: RunFrames, run_id: str, *, bucket_seconds: int = 1,
             final_stage: str = "generate") -> dict[str, Any]:
     """Every figure of the run as a JSON-ready document (see the module docstring)."""
-    per_bucket = _rows(completions(frames.stage_results, bucket_seconds), "stage", "bucket_start")
+    per_bucket = collect_sorted(completions(frames.stage_results, bucket_seconds), "stage", "bucket_start")
     final = frames.stage_results.where(F.col("stage") == final_stage)
     times = sorted(r[0] / 1e6 for r in final.select(_micros("completed_at")).collect())
-    status = {r["status"]: r["count"] for r in _rows(frames.requests.groupBy("status").count(), "status")}
+    status = {r["status"]: r["count"]
+              for r in collect_sorted(frames.requests.groupBy("status").count(), "status")}
     first_produced = frames.requests.agg(F.min(_micros("produced_at"))).first()[0]
     last_terminal = last_terminal_us(frames)
     span = figures.span_s(None if first_produced is None else first_produced / 1e6,
@@ -220,15 +218,16 @@ def analyse(frames: RunFrames, run_id: str, *, bucket_seconds: int = 1,
 
     instants = [t for t in (_max_micros(final, "completed_at"), _max_micros(frames.rebalances, "at"))
                 if t is not None]
-    windows = [] if not instants else _rows(
+    windows = [] if not instants else collect_sorted(
         rebalance_cost(rebalance_windows(frames.rebalances, max(instants)), frames.stage_results,
                        final_stage, bucket_seconds), "group_id", "start_us")
-    events = {r["event"]: r["count"] for r in _rows(frames.rebalances.groupBy("event").count(), "event")}
+    events = {r["event"]: r["count"]
+              for r in collect_sorted(frames.rebalances.groupBy("event").count(), "event")}
     repeated: dict[str, list[int]] = {}
-    for r in _rows(repeated_calls(frames.attempts), "stage"):
+    for r in collect_sorted(repeated_calls(frames.attempts), "stage"):
         repeated.setdefault(r["stage"], []).append(r["calls"])
     duplicates = {stage: figures.duplicate_calls(calls) for stage, calls in repeated.items()}
-    stages = {r["stage"]: _quantiles(r) for r in _rows(stage_latency(frames.attempts), "stage")}
+    stages = {r["stage"]: _quantiles(r) for r in collect_sorted(stage_latency(frames.attempts), "stage")}
     return {
         "run_id": run_id,
         "bucket_seconds": bucket_seconds,
@@ -247,12 +246,12 @@ def analyse(frames: RunFrames, run_id: str, *, bucket_seconds: int = 1,
                                 for b in per_bucket if b["stage"] == stage]
                         for stage in sorted({b["stage"] for b in per_bucket})},
         "latency_s": {
-            "end_to_end": {r["measure"]: _quantiles(r) for r in _rows(end_to_end_latency(frames.requests),
-                                                                      "measure")},
+            "end_to_end": {r["measure"]: _quantiles(r)
+                           for r in collect_sorted(end_to_end_latency(frames.requests), "measure")},
             "stages": stages,
         },
         "members": {r["member"]: {"attempts": r["attempts"], "ok": r["ok"]}
-                    for r in _rows(member_load(frames.attempts), "member")},
+                    for r in collect_sorted(member_load(frames.attempts), "member")},
         "duplicates": {"total": sum(duplicates.values()), "by_stage": duplicates},
         "rebalances": {
             "events": events,

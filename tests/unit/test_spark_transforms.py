@@ -130,6 +130,31 @@ def test_analyse_collects_zero_filled_partitions_skew_and_hot_list(spark: SparkS
         (1, T0_S, 6), (2, T0_S, 1), (3, T0_S, 1)]
 
 
+def test_analyse_gives_the_same_figures_in_one_slice_or_many(spark: SparkSession) -> None:
+    rows = [("t", p, 10, f"k{i}".encode(), T0_S * 1000 + 1000 * (i % 2))
+            for p in range(3) for i in range(p + 1)]
+    records = spark.createDataFrame(rows, "topic string, partition int, bytes int, key binary, ts_ms long")
+    one, many = (partition_load.analyse(records, {"t": 3}, key_slices=n) for n in (1, 5))
+    # partitions 0, 1, 2 hold 1, 2 and 3 records with as many keys; odd records in the next second
+    assert [(p["records"], p["distinct_keys"]) for p in one.partitions] == [(1, 1), (2, 2), (3, 3)]
+    assert [(b["partition"], b["bucket_start"] - T0_S, b["records"]) for b in one.buckets] == [
+        (0, 0, 1), (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 1)]
+    assert (one.partitions, one.skew, one.buckets) == (many.partitions, many.skew, many.buckets)
+
+
+def test_key_slices_follow_the_records_up_to_the_cap() -> None:
+    assert partition_load.RECORDS_PER_SLICE == 160_000 and partition_load.KEY_SLICES == 64
+    assert [partition_load.key_slices(n) for n in (0, 600, 160_000, 160_001, 10_000_000, 20_000_000)] == [
+        1, 1, 1, 2, 63, 64]  # 10M / 160k = 62.5
+
+
+def test_collect_sorted_puts_nulls_first_as_spark_sorts(spark: SparkSession) -> None:
+    frame = spark.createDataFrame([("b", 2), (None, 1), ("a", 3), ("a", None)], "s string, n int")
+    assert [(r["s"], r["n"]) for r in job_io.collect_sorted(frame, "s", "n")] == [
+        (None, 1), ("a", None), ("a", 3), ("b", 2)]
+    assert job_io.collect_sorted(frame, "s", "n") == collect(frame.orderBy("s", "n"))
+
+
 # --- pipeline analysis ------------------------------------------------------------------------
 
 def run_frames(spark: SparkSession) -> pipeline_analysis.RunFrames:
