@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> Path:
     spark = None
     if args.spark_records:
         console.rule("[bold]Spark partition_load against ConsumerPerformance")
-        with session(spark_partition_load.APP_NAME) as spark_session:
+        with session(spark_partition_load.APP_NAME, long_scan=True) as spark_session:
             spark = spark_partition_load.measure(main_stack.kafka.default, spark_session, args.spark_records,
                                                  partitions=params.partitions, replication=rf)
     summary = {

@@ -24,6 +24,7 @@ from pathlib import Path
 from infra.layout import Layout, port_in_use, wait_for_port
 from infra.processes import alive, spawn, tail, terminate
 from spark.jars import resolved_jars
+from spark.session import QUICK_JIT
 
 LOCAL, CLUSTER = "local", "cluster"
 MODES = (LOCAL, CLUSTER)
@@ -65,6 +66,8 @@ def write_conf(layout: Layout, spark: str) -> Path:
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.sql.session.timeZone": "UTC",
+        "spark.driver.extraJavaOptions": QUICK_JIT,  # jobs of seconds here (spark/session.py)
+        "spark.executor.extraJavaOptions": QUICK_JIT,
     }
     conf = conf_dir(layout)
     conf.mkdir(parents=True, exist_ok=True)

@@ -19,9 +19,18 @@ from pyspark.sql import SparkSession
 
 from spark.jars import JARS_DIR, connector_jars
 
+# The JIT's optimising tier (C2) costs a job of seconds more CPU than it saves it: a tuning
+# run's partition_load took 28.7 s instead of 40.8 s, and pipeline_analysis over three trials
+# 26.5 s instead of 36.7 s, with C1 only. The local stacks set QUICK_JIT for drivers and
+# executors (infra/spark_cluster.py); a scan of millions of records asks for the full JIT.
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+FULL_JIT = "-XX:TieredStopAtLevel=4"  # the JVM's default
 
-def build(app_name: str, master: str | None = None) -> SparkSession:
-    """A session with the Kafka connector and the PostgreSQL driver on its class path."""
+
+def build(app_name: str, master: str | None = None, *, long_scan: bool = False) -> SparkSession:
+    """A session with the Kafka connector and the PostgreSQL driver on its class path; with
+    `long_scan`, the full JIT whatever spark-defaults.conf says (it applies when this process
+    starts the JVM: `python -m` or the benchmark, not a session spark-submit already made)."""
     jars = connector_jars()
     if not jars:
         raise RuntimeError(f"no connector jars in {JARS_DIR}: run `make jars`")
@@ -34,6 +43,9 @@ def build(app_name: str, master: str | None = None) -> SparkSession:
     )
     if master:
         builder = builder.master(master)
+    if long_scan:
+        builder = (builder.config("spark.driver.extraJavaOptions", FULL_JIT)
+                   .config("spark.executor.extraJavaOptions", FULL_JIT))
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per gateway call otherwise
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
@@ -41,10 +53,10 @@ def build(app_name: str, master: str | None = None) -> SparkSession:
 
 
 @contextmanager
-def session(app_name: str, master: str | None = None) -> Iterator[SparkSession]:
+def session(app_name: str, master: str | None = None, *, long_scan: bool = False) -> Iterator[SparkSession]:
     """A built session, stopped on leaving: a long-lived process (the benchmark, a test run) must
     not keep an application on the stack's standalone master, whose cores the DAGs' jobs wait for."""
-    spark = build(app_name, master)
+    spark = build(app_name, master, long_scan=long_scan)
     try:
         yield spark
     finally:
