@@ -6,27 +6,41 @@ nothing about it; every try of an `AIClient` takes a permit and reports how it e
 
 - a 429 is the service saying it is full: the calls still in flight are what it holds of ours,
   so the limit falls to that count. Every permit carries its level (the calls in flight with
-  it). A 429 at a level the service has served since the last cut, or, within one latency of
-  the first 429, with a tenth fewer calls in flight than when it came, means the service
-  shrank: the cut is then multiplicative (`backoff`), so a limit that halves costs a handful of
-  429s, not one per call. The level held before it shrank is kept as the plateau.
-  A `Retry-After` holds any growth until it has passed.
+  it). A 429 at least the margin (below) under a level the service has served since the last
+  cut, or, within one latency of the first 429, with a tenth and the margin fewer calls in
+  flight than when it came, means the service shrank: the cut is then multiplicative
+  (`backoff`), so a limit that halves costs a handful of 429s, not one per call. (Tries sent
+  before that first 429 came back, blind past the limit, or within a round trip after it, their
+  place at the service taken by those, do not count as fewer calls held.) The level held
+  before it shrank is kept as the plateau. A `Retry-After` holds any growth until it has passed.
+- the margin allows for the calls in transit: answers that have left the service but are not
+  released here yet, and calls acquired here that have not reached it. A level counts them, so
+  the service holds one or two fewer than a level says, more or fewer from one try to the next:
+  one try may be served and the next refused at the same level with the service unchanged, and
+  levels closer than that say nothing of it. (Compared without it, a steady service's limit
+  was halved, and a plateau the service no longer held was returned to, tens of 429s at once.)
+  Each 429 measures it: the calls that ended while it was out (a 429 comes back as soon as the
+  service has seen the call, so its round trip is the way there and back). The margin is their
+  running mean rounded up, at least one call: even a few ms put a call on its way now and then.
 - a round's mean latency (a round: `limit` successful calls, at least MIN_ROUND) more than
   `latency_tolerance` times the lowest round mean seen (a service that queues instead of
   refusing) shrinks the limit by their ratio, at most by half: a gradient step, in the manner
   of Netflix's Gradient2.
-- under a plateau, one probe at the lowest refused level goes out as soon as the Retry-After
-  allows. When the service serves it (discounting the refused tries that were in flight with
-  it, which it never held), the service grew back: the limit returns to the plateau, at most
-  twice the level served. Limits that move between tiers are followed within a few
-  latencies, at the price of one 429 per latency while the service stays low.
+- under a plateau, probes go out as soon as the Retry-After allows, up to the margin above the
+  lowest refused level. When the service serves one that far above it (discounting the refused
+  tries that were in flight with it, which it never held), the service grew back: the limit
+  returns to the plateau, at most twice the level served. Limits that move between tiers are
+  followed within a few latencies, at the price of a 429 or two per latency while the service
+  stays low.
 - otherwise, while the limit is in use (at least half of it, as Netflix's limiters count it)
   and nothing refuses, it grows: after a hold of `hold_rounds` rounds (`limit` successes
   each, one latency when saturated) by one call per round, the rate quadrupling every half
   round up to one call per success (doubling per latency). So a steady service sees one
   probing 429 every few rounds. Growth is paced (`_growth_token`), so calls that finish
-  together cannot push a burst of probes past the service's limit. It starts at 20 calls,
-  as Netflix's limiters do: a guess, not the service's limit.
+  together cannot push a burst of probes past the service's limit, and once a 429 has been
+  seen a step waits a 429's round trip after the last, so the refusal of a step past the limit
+  is back before the next goes out. It starts at 20 calls, as Netflix's limiters do: a guess,
+  not the service's limit.
 
 One limiter serves every member of a fleet through its shared AI client, so the members
 discover one limit per endpoint instead of each guessing a share.
@@ -46,16 +60,18 @@ SHRINK_SIGN = 0.9  # a refusal this far under the last cut's level means the ser
 GROWTH_BURST = 8  # growth tokens saved: at most limit / GROWTH_BURST
 PROBE_PATIENCE = 8  # probes under the plateau refused before the wait between them grows
 MIN_ROUND = 32  # latencies averaged before comparing with the baseline: fewer are mostly noise
+TRANSIT_WEIGHT = 0.2  # weight of each 429 in the running means of its round trip and of the calls in transit
 
 
 @dataclass(frozen=True)
 class Permit:
-    """One try's place in flight: the cut generation it was sent under, when, and how many
-    calls were in flight with it (itself included)."""
+    """One try's place in flight: the cut generation it was sent under, when, how many calls
+    were in flight with it (itself included) and how many had ended before it."""
 
     generation: int
     at: float
     level: int = 0
+    ended: int = 0
 
 
 class AdaptiveLimit:
@@ -86,6 +102,10 @@ class AdaptiveLimit:
         self._plateau = 0.0  # the level held before the service shrank, until it grows again
         self._probes = 0  # probes under the plateau refused in a row
         self._min_latency: float | None = None
+        self._ended = 0  # tries released
+        self._trip = 0.0  # mean round trip of a 429
+        self._transit: float | None = None  # mean calls ended while a 429 was out: the calls in transit
+        self._grown_at = -math.inf
         self._round: list[float] = []  # latencies of the current round
         self._baseline: float | None = None  # lowest mean latency of a full round
         self._noted = -1
@@ -118,13 +138,14 @@ class AdaptiveLimit:
             while self._in_flight >= int(self._limit):
                 self._cond.wait()
             self._in_flight += 1
-            return Permit(self._generation, self._clock(), self._in_flight)
+            return Permit(self._generation, self._clock(), self._in_flight, self._ended)
 
     def release(self, permit: Permit, outcome: str, retry_after_s: float | None = None) -> None:
         """The try of `permit` ended with `outcome` (an `ai_client.Try` outcome)."""
         with self._cond:
             now = self._clock()
             self._in_flight -= 1
+            self._ended += 1
             if outcome == OVERLOAD:
                 self._overloaded(permit, now, retry_after_s)
             elif outcome == OK:
@@ -133,21 +154,32 @@ class AdaptiveLimit:
 
     def _overloaded(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
         self._refusals.append((permit.at, now))
+        trip, ended = now - permit.at, self._ended - 1 - permit.ended
+        self._trip = trip if not self._trip else self._trip + TRANSIT_WEIGHT * (trip - self._trip)
+        self._transit = ended if self._transit is None else \
+            self._transit + TRANSIT_WEIGHT * (ended - self._transit)
+        margin = self._margin()
         if retry_after_s:
             self._hold_until = max(self._hold_until, now + retry_after_s)
         if permit.generation != self._generation:
             # Sent before the last cut: the cut already answered it; one call fewer is held.
             self._set(min(self._limit, self._in_flight), now)
+            if permit.at < self._cut_at + self._trip and now - self._cut_at < (self._min_latency or 0.0):
+                # Sent before the episode's first 429 came back (blind, past the limit) or within a
+                # round trip after it (its place at the service taken by one of those arriving
+                # late): a call the episode's level counted but the service never held.
+                self._cut_level -= 1
             return
         # An episode of refusals lasts one latency from its first; `_cut_level` is what the service
         # held when it began.
         episode = self._min_latency is not None and now - self._cut_at < self._min_latency
         if not episode:
             self._cut_at, self._cut_level = now, min(self._limit, self._in_flight)
-        # Refused at a level the service served since the last cut, or, within the episode, with
-        # a tenth fewer calls in flight than where it began: the service shrank, not just our
-        # last probes were over.
-        shrank = permit.level <= self._held or (episode and self._in_flight < SHRINK_SIGN * self._cut_level)
+        # Refused the margin under a level the service served since the last cut, or, within the
+        # episode, with a tenth and the margin fewer calls in flight than where it began: the
+        # service shrank, not just our last probes were over (or counted a call on its way).
+        shrank = (permit.level + margin <= self._held
+                  or (episode and self._in_flight + margin < SHRINK_SIGN * self._cut_level))
         self._refused = min(self._refused, permit.level) if episode else permit.level
         if shrank:
             self._plateau = max(self._plateau, self._held, self._cut_level)
@@ -179,9 +211,10 @@ class AdaptiveLimit:
                 self._start_hold()
                 return
         if self._plateau > self._limit and permit.generation == self._generation \
-                and level >= self._refused:
-            # Sent since the last cut, the service took more calls than it last refused: it grew
-            # again. Back to where it was before it shrank, at most twice what it just took.
+                and level >= self._refused + self._margin():
+            # Sent since the last cut, the service took more calls than it last refused, by more
+            # than the calls in transit: it grew again. Back to where it was before it shrank, at
+            # most twice what it just took.
             self._set(min(self._plateau, 2.0 * level), now)
             self._probes = 0
             if self._limit >= self._plateau:
@@ -196,16 +229,21 @@ class AdaptiveLimit:
         if self._hold > 0 or now < self._hold_until:
             self._hold -= 1
             return
-        if not self._growth_token(now):
-            return
+        if now - self._grown_at < self._trip or not self._growth_token(now):
+            return  # the 429 of the last step, if it went past the limit, may still be on its way
         grown = self._limit + min(1.0, self._rate)
-        if self._plateau > self._limit:
-            grown = min(grown, max(self._refused, self._limit))  # one probe at a time
+        if self._plateau > self._limit:  # probes up to where a served one would say the service grew
+            grown = min(grown, max(self._refused + self._margin(), self._limit))
+        self._grown_at = now
         self._set(grown, now)
         self._round_left -= 1
         if self._round_left <= 0:
             self._rate = min(1.0, 4 * self._rate)
             self._round_left = self._limit / 2
+
+    def _margin(self) -> int:
+        """Calls a level may count that the service does not hold: those in transit."""
+        return max(1, math.ceil(self._transit or 0.0))
 
     def _served_level(self, permit: Permit, now: float) -> int:
         """The calls the service held with a served try: its level, less the tries in flight

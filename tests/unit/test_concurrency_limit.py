@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 import threading
 
 import pytest
@@ -117,9 +118,11 @@ def test_a_second_429_within_a_latency_of_the_cut_cuts_by_the_backoff() -> None:
     clock.now = 1.012
     limit.release(permits.pop(0), OK)
     sent_after_cut = limit.acquire()  # level 8
+    clock.now = 1.015
+    limit.release(permits.pop(0), OK)
     clock.now = 1.02
-    # Refused 0.01 s after the cut with 7 in flight, a tenth under the 10 the episode began at:
-    # 7 x 0.5.
+    # Refused 0.01 s after the cut with 6 in flight, more than a tenth and the margin (one call in
+    # transit: one ended while each 429 was out) under the 8 the episode began with: 6 x 0.5.
     limit.release(sent_after_cut, OVERLOAD)
     assert limit.limit == 3
 
@@ -164,14 +167,17 @@ def test_a_429_for_a_try_sent_before_the_cut_only_counts_the_call_it_freed() -> 
 
 
 def shrunk(clock: Clock) -> AdaptiveLimit:
-    """A limiter whose service served 20 calls, then refused the 19th: limit 4 (18 in flight x
-    0.25), plateau 20, lowest refused level 19, the calls of before all ended at t=1.02."""
+    """A limiter whose service served 20 calls, then refused one sent at level 19 with nothing
+    ending on the way (a margin of one call): limit 4 (18 in flight x 0.25), plateau 20, lowest
+    refused level 19, the calls of before all ended at t=1.02."""
     limit = AdaptiveLimit(initial=20, backoff=0.25, clock=clock)
     permits = take(limit, 20)
     clock.now = 1.0
     limit.release(permits.pop(), OK)  # level 20 served: +1 of growth, limit 21
+    limit.release(permits.pop(), OK)  # level 19 served
+    refused = limit.acquire()  # level 19
     clock.now = 1.01
-    limit.release(permits.pop(), OVERLOAD, retry_after_s=0.5)  # level 19 refused: 18 x 0.25
+    limit.release(refused, OVERLOAD, retry_after_s=0.5)  # 19 + 1 <= 20: it shrank. 18 x 0.25
     clock.now = 1.02
     for permit in permits:
         limit.release(permit, OK)  # sent before the cut: no growth, no return to the plateau
@@ -179,7 +185,7 @@ def shrunk(clock: Clock) -> AdaptiveLimit:
     return limit
 
 
-def test_under_the_plateau_the_refused_level_is_probed_once_a_latency() -> None:
+def test_under_the_plateau_the_refused_level_is_probed_once_a_latency_up_to_the_margin() -> None:
     clock = Clock()
     limit = shrunk(clock)
     permits = take(limit, 4)
@@ -196,15 +202,16 @@ def test_under_the_plateau_the_refused_level_is_probed_once_a_latency() -> None:
     limit.release(probe, OVERLOAD, retry_after_s=0.1)  # the service still holds 4: limit 4
     assert limit.limit == 4
     # The next probe waits a latency (0.48 s, more than the Retry-After), then goes no higher
-    # than the level refused, 5, however many tokens there are.
-    for at, expected in ((2.3, 4), (2.5, 5), (2.6, 5), (2.7, 5)):
+    # than the margin (one call) over the level refused, 6, however many tokens there are: a try
+    # served there would say the service grew.
+    for at, expected in ((2.3, 4), (2.5, 5), (2.6, 6), (2.7, 6), (2.8, 6)):
         clock.now = at
         limit.release(permits.pop(0), OK)
         permits.append(limit.acquire())
         assert limit.limit == expected, at
 
 
-def test_a_probe_served_at_the_refused_level_returns_to_the_plateau_doubling() -> None:
+def test_a_probe_served_a_margin_over_the_refused_level_returns_to_the_plateau_doubling() -> None:
     clock = Clock()
     limit = shrunk(clock)
     permits = take(limit, 4)
@@ -217,15 +224,23 @@ def test_a_probe_served_at_the_refused_level_returns_to_the_plateau_doubling() -
     assert limit.limit == 4
     clock.now = 3.0
     limit.release(permits.pop(0), OK)  # limit 5 again
-    permits.append(limit.acquire())
-    probe = limit.acquire()  # level 5, and this time the service grew
+    permits += take(limit, 2)  # levels 4 and 5
+    clock.now = 3.1
+    limit.release(permits.pop(0), OK)  # and 6: probes go up to the margin (a call) over 5
+    permits += take(limit, 2)  # levels 5 and 6
+    probe = permits.pop()  # level 6, and this time the service grew
     clock.now = 3.5
-    limit.release(probe, OK)  # served at 5: towards 20, at most 2 x 5
-    assert limit.limit == 10
-    permits += take(limit, 5)
-    top = limit.acquire()  # level 10
+    # Served at 6. (At 5 it would say nothing: that try may have been counted with a call on
+    # its way back.) Towards 20, at most 2 x 6.
+    limit.release(probe, OK)
+    assert limit.limit == 12
+    permits += take(limit, 7)  # levels 6 to 12
+    clock.now = 3.6
+    limit.release(permits.pop(0), OK)  # 13: again up to a call over the level reached
+    permits += take(limit, 2)  # levels 12 and 13
+    top = permits.pop()  # level 13
     clock.now = 4.0
-    limit.release(top, OK)  # served at 10: 2 x 10 is the plateau
+    limit.release(top, OK)  # served at 13: 2 x 13 is past the plateau, 20
     assert limit.limit == 20
 
 
@@ -296,37 +311,69 @@ def test_latency_rising_past_the_tolerance_cuts_by_the_ratio_at_most_by_half() -
     assert limit.limit == 9
 
 
-def simulate(schedule: list[tuple[float, int]], until: float, latency: float = 1.0) -> dict:
+def simulate(schedule: list[tuple[float, int]], until: float, latency: float = 1.0, lag: float = 0.0,
+             jitter: float = 0.0, seed: int = 7) -> dict:
     """A service refusing past its limit (which follows `schedule`) in 3 ms, answering calls in
-    `latency` +-10 %, fed by a caller with unlimited work; returns what happened."""
+    `latency` +-10 %, fed by a caller with unlimited work; returns what happened (`done`: when
+    the caller got each answer, `refused_at`: when the service refused each call).
+
+    `lag` is each way between the caller and the service (+-`jitter` of it, drawn per trip): a
+    call acquired at t reaches the service, which admits or refuses it against the calls it
+    holds, at t + lag; a call the service ends at t frees its place there at t but is released
+    by the caller at t + lag. So the caller's count of calls in flight includes those on their
+    way, as a real client's does."""
     import random
 
-    rng = random.Random(7)
+    rng, trips = random.Random(seed), random.Random(seed + 4)
     clock = Clock()
     limit = AdaptiveLimit(clock=clock)
-    events: list[tuple[float, int, bool, Permit]] = []
-    state = {"serving": 0, "calls": 0, "refused": 0, "done": []}
+    # (at, call, what, permit, served): a call "arrive"s at the service, which later frees its
+    # place ("free") and answers the caller ("answer"), both at once without lag ("free+answer").
+    events: list[tuple[float, int, str, Permit, bool]] = []
+    state = {"serving": 0, "calls": 0, "refused": 0, "done": [], "refused_at": []}
 
     def service_limit(t: float) -> int:
         return [lim for at, lim in schedule if t >= at][-1]
+
+    def trip() -> float:
+        return lag * trips.uniform(1 - jitter, 1 + jitter) if jitter else lag
+
+    def arrive(t: float, call: int, permit: Permit) -> None:
+        if state["serving"] >= service_limit(t):
+            state["refused"] += 1
+            state["refused_at"].append(t)
+            heapq.heappush(events, (t + 0.003 + trip(), call, "answer", permit, False))
+            return
+        state["serving"] += 1
+        end, back = t + latency * rng.uniform(0.9, 1.1), trip()
+        if back:
+            heapq.heappush(events, (end, call, "free", permit, True))
+            heapq.heappush(events, (end + back, call, "answer", permit, True))
+        else:
+            heapq.heappush(events, (end, call, "free+answer", permit, True))
 
     def send(t: float) -> None:
         while limit.spare():
             permit = limit.acquire()
             state["calls"] += 1
-            if state["serving"] >= service_limit(t):
-                state["refused"] += 1
-                heapq.heappush(events, (t + 0.003, state["calls"], False, permit))
+            there = t + trip()
+            if there == t:
+                arrive(t, state["calls"], permit)
             else:
-                state["serving"] += 1
-                heapq.heappush(events, (t + latency * rng.uniform(0.9, 1.1), state["calls"], True, permit))
+                heapq.heappush(events, (there, state["calls"], "arrive", permit, False))
 
     send(0.0)
     while events and events[0][0] < until:
-        t, _, ok, permit = heapq.heappop(events)
+        t, call, what, permit, ok = heapq.heappop(events)
         clock.now = t
-        if ok:
+        if what == "arrive":
+            arrive(t, call, permit)
+            continue
+        if what != "answer":
             state["serving"] -= 1
+        if what == "free":
+            continue
+        if ok:
             state["done"].append(t)
         limit.release(permit, OK if ok else OVERLOAD)
         send(t)
@@ -348,8 +395,69 @@ def test_against_a_service_whose_limit_halves_and_comes_back() -> None:
     assert run["refused"] / run["calls"] <= 0.02, run["refused"]
 
 
+@pytest.mark.parametrize("lag", [0.0, 0.005, 0.02, 0.04])
 @pytest.mark.parametrize("service_limit", [5, 200])
-def test_finds_limits_far_from_where_it_starts(service_limit: int) -> None:
-    run = simulate([(0, service_limit)], until=30)
-    assert service_limit - 1 <= run["limit"].limit <= service_limit + 1
+def test_finds_limits_far_from_where_it_starts(service_limit: int, lag: float) -> None:
+    run = simulate([(0, service_limit)], until=30, lag=lag, jitter=0.5)
+    # The calls on their way there and back (2 x lag x limit / latency of them, rounded up to
+    # whole calls) count in flight here but not at the service: a limit that keeps it full is
+    # that much above its own.
+    in_transit = math.ceil(2 * lag * service_limit)
+    assert service_limit - 1 <= run["limit"].limit <= service_limit + 1 + in_transit
     assert completions(run["done"], 20, 30) >= 0.9 * service_limit * 10
+
+
+def limits_between(run: dict, start: float, end: float) -> list[int]:
+    """The limits in force from `start` to `end`: the one set before it, then every change."""
+    changes = run["limit"].changes
+    before = [limit for at, limit, _ in changes if at < start]
+    return [int(limit) for limit in before[-1:] + [limit for at, limit, _ in changes if start <= at < end]]
+
+
+def refusals(run: dict, start: float, end: float) -> list[float]:
+    return [t for t in run["refused_at"] if start <= t < end]
+
+
+def assert_follows(run: dict, start: float, end: float, service_limit: int, lag: float) -> None:
+    """A phase of a run against a lagged service (calls of 1 s on average) with `service_limit`
+    from `start` to `end`, settled 5 latencies after a change (10 after the start)."""
+    # A call holds its permit for the trip there and back too, so a limit equal to the
+    # service's completes service_limit / (1 s + 2 lag) calls a second; one above it costs a
+    # 429 on every few calls. At least 95 % of that over the phase's last 10 latencies.
+    assert completions(run["done"], end - 10, end) >= 0.95 * service_limit * 10 / (1.0 + 2 * lag)
+    settled = start + (10 if start == 0 else 5)
+    limits = limits_between(run, settled, end)
+    # Never more than two calls over the service's limit and the calls on their way there and
+    # back (2 x lag x limit / latency), and no halving while the service stays where it is.
+    assert max(limits) <= service_limit + 2 + 2 * lag * service_limit, limits
+    assert min(limits) >= 0.8 * service_limit, limits
+    # No burst of 429s in any second: a probe's few (the tries sent at each step before the
+    # first 429 is back), not the tens of a return to a plateau the service does not hold.
+    refused = refusals(run, settled, end)
+    assert max((sum(t <= u < t + 1 for u in refused) for t in refused), default=0) <= 5, refused
+
+
+# Lag each way, and its spread: a few ms to 20 ms against calls of ~1 s, so at 64 calls in
+# flight 0.6 to 2.6 of them are on their way at any time.
+LAGS = [(0.005, 0.5), (0.01, 0.5), (0.02, 0.5), (0.02, 0.0)]
+
+
+@pytest.mark.parametrize(("lag", "jitter"), LAGS)
+def test_against_a_lagged_service_whose_limit_halves_and_comes_back(lag: float, jitter: float) -> None:
+    run = simulate([(0, 64), (20, 32), (40, 64)], until=60, lag=lag, jitter=jitter)
+    for start, end, service_limit in ((0, 20, 64), (20, 40, 32), (40, 60, 64)):
+        assert_follows(run, start, end, service_limit, lag)
+    # While the service holds 64 steadily, at most 1 % of the calls are refused (probes).
+    for start, end in ((10, 20), (45, 60)):
+        refused = len(refusals(run, start, end))
+        assert refused <= 0.01 * (completions(run["done"], start, end) + refused), refused
+
+
+@pytest.mark.parametrize("lag", [0.005, 0.02])
+@pytest.mark.parametrize("service_limit", [32, 64, 200])
+def test_against_a_steady_lagged_service(service_limit: int, lag: float) -> None:
+    run = simulate([(0, service_limit)], until=30, lag=lag, jitter=0.5)
+    assert_follows(run, 0, 30, service_limit, lag)
+    # At most one probing 429 every two latencies once settled: under 1 % of the calls from 64
+    # calls in flight up.
+    assert len(refusals(run, 10, 30)) <= 20 / 2, refusals(run, 10, 30)
