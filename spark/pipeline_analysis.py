@@ -24,7 +24,7 @@ figures with that module, as `bench/figures.py` does from SQL. Per run it comput
   which no final-stage completion happened, times `--bucket-seconds`.
 
 `--run-id` takes one run or several, comma-separated (the trials of a tuning run): one Spark
-session analyses them all and stores one document per run. Runs as
+session analyses them side by side and stores one document per run. Runs as
 `python -m spark.pipeline_analysis` or `spark-submit spark/pipeline_analysis.py` (see
 spark/partition_load.py for how the script finds the project).
 """
