@@ -99,12 +99,15 @@ class KafkaConnection:
 
     def partition_counts(self, topic: str) -> list[int]:
         """Records per partition of a topic (in partition order), from its low and high
-        watermarks: what a reader of the whole topic would get, without reading it."""
+        watermarks: what a reader of the whole topic would get, without reading it. Partitions
+        nobody wrote to count as 0; a topic the cluster does not have raises LookupError."""
         from confluent_kafka import Consumer, TopicPartition
 
         consumer = Consumer(self.client(**{"group.id": "partition-counts"}))
         try:
             meta = consumer.list_topics(topic, timeout=10).topics[topic]
+            if meta.error is not None:
+                raise LookupError(f"topic {topic}: {meta.error.str()}")
             counts = []
             for pid in sorted(meta.partitions):
                 low, high = consumer.get_watermark_offsets(TopicPartition(topic, pid), timeout=10)

@@ -230,15 +230,6 @@ def key_slices(records: int) -> int:
     return max(1, min(KEY_SLICES, math.ceil(records / RECORDS_PER_SLICE)))
 
 
-def topic_partitions(kafka: KafkaConnection, topics: list[str], timeout_s: float = 30) -> dict[str, int]:
-    """Partition counts from the cluster metadata, so partitions nobody wrote to still count."""
-    metadata = kafka.admin().list_topics(timeout=timeout_s)
-    missing = [t for t in topics if t not in metadata.topics or metadata.topics[t].error is not None]
-    if missing:
-        raise SystemExit(f"unknown topics: {', '.join(missing)}")
-    return {t: len(metadata.topics[t].partitions) for t in topics}
-
-
 def store(database_url: str, run_id: str, result: LoadResult, hot_threshold: float) -> None:
     """Replace this run's rows for each topic in the analysis tables."""
     for topic in result.skew:
@@ -281,12 +272,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     run_id = args.run_id or job_io.default_run_id("load")
-    partitions = ({t: args.partitions for t in args.topics} if args.partitions
-                  else topic_partitions(args.kafka, args.topics))
+    try:  # partitions nobody wrote to still count, and the scan is sliced by the records held
+        counts = {t: args.kafka.partition_counts(t) for t in args.topics}
+    except LookupError as unknown:
+        raise SystemExit(f"unknown topic: {unknown}") from None
+    partitions = {t: args.partitions or len(c) for t, c in counts.items()}
     spark = build("partition-load", args.master)
     records = read_records(spark, args.kafka, args.topics, start_ms=args.start_ms,
                            end_ms=args.end_ms, min_partitions=args.min_partitions)
-    most = sum(sum(args.kafka.partition_counts(t)) for t in args.topics)  # fewer in a time window
+    most = sum(sum(c) for c in counts.values())  # fewer in a time window
     result = analyse(records, partitions, hot_threshold=args.hot_threshold,
                      bucket_seconds=args.bucket_seconds, key_slices=key_slices(most))
     document = result.document(run_id, topics=args.topics, start_ms=args.start_ms, end_ms=args.end_ms,

@@ -1,7 +1,7 @@
 """The Airflow UI end to end, as a person uses it: log in, trigger `pipeline_tuning` from its form
-with a non-default value, watch the run finish, read the gate's decision (capacity, throughput,
-utilization with its interval, every check) on the gate page, and roll back from that page; then
-pick the other pipeline in the form's dropdown and find its decision under its own name.
+with non-default values and a pipeline picked in its dropdown, watch the run finish, read the
+gate's decision (capacity, throughput, utilization with its interval, every check) on the gate
+page under its pipeline's name, filter the page down to that pipeline, and roll back from it.
 
 Airflow (standalone) runs on the test stack for this module only; Chromium is Debian's
 (`make browser`), driven headless by Playwright. Screenshots go to results/ui/.
@@ -22,7 +22,7 @@ from consumers.pipeline_config import PipelineConfig
 from consumers.pipeline_spec import REFERENCE
 from infra import airflow_ui
 from tests.integration.pipeline_fixtures import query
-from tests.stack import REPO, Stack
+from tests.stack import REPO, Stack, unique
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -32,10 +32,11 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 SHOTS = REPO / "results" / "ui"
 DAG_ID = "pipeline_tuning"
 ROLLBACK_DAG_ID = "pipeline_rollback"
+PIPELINE = "text_moderation"  # not the form's default
 BURST = 200  # the form's default is 320: seeing 200 in the run's conf proves the form was used
 # Three trials and a low target: the lower bound of two trials' t-interval (t = 12.7) is too wide
-# for a loaded test machine to clear any target.
-FORM = {"burst": BURST, "trials": 3, "target_utilization": 0.05, "tolerance": 0.9}
+# for a loaded test machine to clear any target. A fast time scale keeps the run short.
+FORM = {"burst": BURST, "trials": 3, "target_utilization": 0.05, "tolerance": 0.9, "time_scale": 0.05}
 RUN_TIMEOUT_S = 600
 # The nightly schedule would add a run of its own as soon as the DAG is unpaused (catchup=False
 # still runs the latest missed interval); this Airflow only runs what is triggered.
@@ -132,16 +133,15 @@ def log_in(page: Any, airflow: str, password: str) -> None:
     page.wait_for_url(f"{airflow}/")
 
 
-def trigger_from_the_form(page: Any, airflow: str, shot: str, pipeline: str | None = None) -> str:
-    """Fill the tuning DAG's trigger form with FORM (and `pipeline` from its dropdown), submit
-    it, and return the run id."""
+def trigger_from_the_form(page: Any, airflow: str, pipeline: str) -> str:
+    """Fill the tuning DAG's trigger form with FORM and `pipeline` from its dropdown, submit it,
+    and return the run id."""
     expect = playwright_api.expect
     page.goto(f"{airflow}/dags/{DAG_ID}")
     page.get_by_role("button", name="Trigger").first.click()
     dialog = page.get_by_role("dialog")
     expect(dialog.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
-    if pipeline:
-        choose(page, dialog, "pipeline", pipeline)
+    choose(page, dialog, "pipeline", pipeline)
     for name, value in FORM.items():
         field = dialog.get_by_role("spinbutton", name=name, exact=True)
         field.fill(str(value))
@@ -149,7 +149,7 @@ def trigger_from_the_form(page: Any, airflow: str, shot: str, pipeline: str | No
         expect(field).to_have_value(str(value))
     expect(dialog.get_by_label(f"Unpause {DAG_ID} on trigger")).to_be_checked()
     dialog.get_by_role("spinbutton", name="burst", exact=True).scroll_into_view_if_needed()
-    page.screenshot(path=SHOTS / shot)
+    page.screenshot(path=SHOTS / "trigger_form.png")
     with page.expect_response(lambda r: r.request.method == "POST"
                               and r.url.endswith(f"/api/v2/dags/{DAG_ID}/dagRuns")) as posted:
         dialog.get_by_test_id("trigger-dag-submit").click()
@@ -172,8 +172,7 @@ def finished_tuning(api: Api, run_id: str) -> dict[str, Any]:
     Returns what the resolve task registered (version, name, pipeline, pipeline run id)."""
     run = wait_for_run(api, run_id, RUN_TIMEOUT_S)
     assert run["run_type"] == "manual"
-    assert (run["conf"]["burst"], run["conf"]["trials"], run["conf"]["target_utilization"]) == (
-        BURST, 3, 0.05)
+    assert {k: run["conf"][k] for k in FORM} == FORM
     tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
     states = {t["task_id"]: t["state"] for t in tasks}
     assert {states[t] for t in ("check_pipeline", "trials", "gate", "report")} == {"success"}, states
@@ -191,18 +190,24 @@ def gate_frame(page: Any, airflow: str) -> Any:
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 600)
-def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, airflow: str, password: str,
-                                                                 api: Api, pause_kept: None,
-                                                                 page: Any) -> None:
+def test_trigger_tuning_from_the_form_and_act_on_the_gate_decision(stack: Stack, airflow: str, password: str,
+                                                                    api: Api, pause_kept: None,
+                                                                    page: Any) -> None:
+    """One tuning run (the slowest thing here) serves the whole walk: the form with a pipeline
+    picked in its dropdown (the default one is checked at parse time), the run, the decision on
+    the gate page under its pipeline's name, the page's filter, and a rollback from it."""
     expect = playwright_api.expect
+    elsewhere = decision_of_another_pipeline(stack)  # before the run's: the page's plots are the latest's
     try:
         log_in(page, airflow, password)
-        # The DAG's trigger form, with a non-default burst and a gate the loaded test machine passes.
-        run_id = trigger_from_the_form(page, airflow, "trigger_form.png")
+        # The DAG's trigger form: another pipeline than the default, a non-default burst and a gate
+        # the loaded test machine passes.
+        run_id = trigger_from_the_form(page, airflow, PIPELINE)
 
         # The run executes (it is queued until the scheduler's executor picks it up) and succeeds.
         resolved = finished_tuning(api, run_id)
-        assert resolved["pipeline"] == REFERENCE  # the form's default
+        assert api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")["conf"]["pipeline"] == PIPELINE
+        assert resolved["pipeline"] == PIPELINE and resolved["config"]["pipeline"] == PIPELINE
         pipeline_run = resolved["run_id"]
 
         page.goto(f"{airflow}/dags/{DAG_ID}/runs/{run_id}")
@@ -214,7 +219,7 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         decision = api.get(f"/pipeline-gate/api/decisions?run_id={pipeline_run}")
         assert len(decision) == 1, decision
         decision = decision[0]
-        assert (decision["version"], decision["pipeline"]) == (resolved["version"], REFERENCE)
+        assert (decision["version"], decision["pipeline"]) == (resolved["version"], PIPELINE)
         assert decision["thresholds"]["target_utilization"] == 0.05
         assert decision["passed"], decision["reasons"]
         summary = decision["figures"]["summary"]
@@ -222,7 +227,7 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         gate = gate_frame(page, airflow)
         row = gate.locator(f'tr[data-run-id="{pipeline_run}"]')
         expect(row).to_be_visible()
-        expect(row.locator("td.pipeline")).to_have_text(REFERENCE)
+        expect(row.locator("td.pipeline")).to_have_text(PIPELINE)
         expect(row).to_contain_text(f"v{decision['version']} ({decision['name']})")
         expect(row).to_contain_text("passed")
         for check in decision["reasons"]:
@@ -234,7 +239,7 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         expect(row.locator("td.capacity")).to_contain_text(f"{summary['capacity_rps']['estimate']:.1f}")
         expect(row.locator("td.throughput")).to_contain_text(
             f"{summary['steady_throughput_rps']['estimate']:.2f}")
-        expect(gate.locator(f'#active-version li[data-pipeline="{REFERENCE}"]')).to_contain_text(
+        expect(gate.locator(f'#active-version li[data-pipeline="{PIPELINE}"]')).to_contain_text(
             f"v{decision['version']}")
         for plot in ("completions.png", "requests_per_partition.png"):
             image = gate.locator(f'img[alt="{plot}"]')
@@ -243,21 +248,34 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         page.set_viewport_size({"width": 1400, "height": 1500})
         page.screenshot(path=SHOTS / "gate_page.png")
 
+        # The filter down to the pipeline: only its decisions (rows that are decisions, not the
+        # rows of their tables of checks); the other pipeline's was listed before.
+        decisions = api.get(f"/pipeline-gate/api/decisions?pipeline={PIPELINE}&limit=500")
+        assert pipeline_run in {d["run_id"] for d in decisions}
+        assert {d["pipeline"] for d in decisions} == {PIPELINE}
+        expect(gate.locator(f'tr[data-run-id="{elsewhere}"] td.pipeline')).to_have_text(REFERENCE)
+        gate.locator("#pipeline-filter").get_by_role("link", name=PIPELINE, exact=True).click()
+        expect(row).to_be_visible()
+        expect(gate.locator(f'tr[data-run-id="{elsewhere}"]')).to_have_count(0)
+        expect(gate.locator("#decisions > tbody > tr").first).to_have_attribute("data-pipeline", PIPELINE)
+        expect(gate.locator(f'#decisions > tbody > tr:not([data-pipeline="{PIPELINE}"])')).to_have_count(0)
+        page.screenshot(path=SHOTS / "gate_page_filtered.png")
+
         # Roll back from the gate page to another version, then back with "the previous one".
-        other = another_version(stack)
+        other = another_version(stack, PIPELINE)
         page.reload()  # the form lists the versions registered when the page was rendered
         gate = page.frame_locator("iframe").first
         for target, reason in ((other, "ui test: away"), (0, "ui test: back")):
             with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith(
                     f"/api/v2/dags/{ROLLBACK_DAG_ID}/dagRuns")) as posted:
-                rollback(gate, target, reason)
+                rollback(gate, target, reason, PIPELINE)
             assert posted.value.ok, posted.value.text()
             expect(gate.locator("#rollback-status")).to_contain_text("Rollback triggered")
             wait_for_run(api, posted.value.json()["dag_run_id"], 300, ROLLBACK_DAG_ID)
             page.reload()
             gate = page.frame_locator("iframe").first
             expected = other if target else decision["version"]
-            expect(gate.locator(f'#active-version li[data-pipeline="{REFERENCE}"]')).to_contain_text(
+            expect(gate.locator(f'#active-version li[data-pipeline="{PIPELINE}"]')).to_contain_text(
                 f"v{expected}")
             expect(gate.locator("#promotions tbody tr").first).to_contain_text(reason)
         page.screenshot(path=SHOTS / "gate_rolled_back.png")
@@ -266,43 +284,10 @@ def test_trigger_tuning_from_the_form_and_see_the_gate_decision(stack: Stack, ai
         raise
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 600)
-def test_pick_another_pipeline_in_the_form_and_find_its_decision(airflow: str, password: str, api: Api,
-                                                                  pause_kept: None, page: Any) -> None:
-    expect = playwright_api.expect
-    pipeline = "text_moderation"
-    try:
-        log_in(page, airflow, password)
-        run_id = trigger_from_the_form(page, airflow, "trigger_form_text_moderation.png", pipeline=pipeline)
-        resolved = finished_tuning(api, run_id)
-        assert api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}")["conf"]["pipeline"] == pipeline
-        assert resolved["pipeline"] == pipeline and resolved["config"]["pipeline"] == pipeline
-
-        decisions = api.get(f"/pipeline-gate/api/decisions?pipeline={pipeline}&limit=500")
-        (decision,) = [d for d in decisions if d["run_id"] == resolved["run_id"]]
-        assert decision["passed"], decision["reasons"]
-        assert {d["pipeline"] for d in decisions} == {pipeline}
-
-        # The gate page: the decision under its pipeline's name, and the filter down to that pipeline.
-        gate = gate_frame(page, airflow)
-        row = gate.locator(f'tr[data-run-id="{resolved["run_id"]}"]')
-        expect(row.locator("td.pipeline")).to_have_text(pipeline)
-        expect(gate.locator(f'#active-version li[data-pipeline="{pipeline}"]')).to_contain_text(
-            f"v{resolved['version']}")
-        gate.locator("#pipeline-filter").get_by_role("link", name=pipeline, exact=True).click()
-        expect(row).to_be_visible()
-        # the decision rows (each holds a table of its checks, whose rows are not decisions)
-        expect(gate.locator("#decisions > tbody > tr").first).to_have_attribute("data-pipeline", pipeline)
-        expect(gate.locator(f'#decisions > tbody > tr:not([data-pipeline="{pipeline}"])')).to_have_count(0)
-        page.screenshot(path=SHOTS / "gate_page_text_moderation.png")
-    except BaseException:
-        page.screenshot(path=SHOTS / "failure_text_moderation.png")
-        raise
-
-
-def another_version(stack: Stack) -> int:
-    """A registered version that is not active (registered here when there is none yet)."""
-    config = PipelineConfig(partitions=3)
+def another_version(stack: Stack, pipeline: str) -> int:
+    """A registered version of `pipeline` that is not active (registered here when there is none
+    yet)."""
+    config = PipelineConfig(pipeline=pipeline, partitions=3)
     rows = query(stack.database_url, "SELECT version FROM configurations WHERE config = %s::jsonb",
                  config.to_json())
     if rows:
@@ -312,7 +297,17 @@ def another_version(stack: Stack) -> int:
                  config.pipeline, config.to_json())[0][0]
 
 
-def rollback(gate: Any, version: int, reason: str, pipeline: str = REFERENCE) -> None:
+def decision_of_another_pipeline(stack: Stack) -> str:
+    """A gate decision of the reference pipeline (a rejection with no figures), so the page has
+    two pipelines to filter; returns its run id."""
+    version = another_version(stack, REFERENCE)
+    run_id = unique("ui-filter")
+    query(stack.database_url, "INSERT INTO gate_decisions (run_id, candidate, passed, reasons, figures, "
+          "thresholds) VALUES (%s, %s, false, '[]', '{}', '{}') RETURNING id", run_id, version)
+    return run_id
+
+
+def rollback(gate: Any, version: int, reason: str, pipeline: str) -> None:
     """Fill in and submit the gate page's rollback form (version 0: the one active before)."""
     gate.locator('#rollback-form select[name="target"]').select_option(f"{pipeline}:{version}")
     gate.locator('#rollback-form input[name="reason"]').fill(reason)
