@@ -75,6 +75,12 @@ class FleetSettings:
         member that died mid-call holds up the copy of its record that a new member consumes."""
         return self.ai_timeout_s + self.retry.backoff_max_s + CLAIM_MARGIN_S
 
+    @property
+    def assignment_timeout_s(self) -> float:
+        """How long the members may take to get their partitions: a classic group settles one
+        join round at a time, so large fleets get longer."""
+        return 60.0 + 2.0 * self.members
+
 
 class Fleet:
     """The members of one stage, sharing a producer, a database pool and an HTTP client."""
@@ -132,8 +138,9 @@ class Fleet:
                     log.warning("limit changes not recorded: %s", exc)
                     limiter.changes.extendleft(reversed(changes))
 
-    def wait_assigned(self, timeout_s: float = 60.0) -> None:
+    def wait_assigned(self, timeout_s: float | None = None) -> None:
         """Block until every member that can get partitions has them and the group is settled."""
+        timeout_s = timeout_s or self.settings.assignment_timeout_s
         deadline = time.monotonic() + timeout_s
         while not all(m.assigned_once.is_set() for m in self.members):
             self.raise_failures()
@@ -160,9 +167,14 @@ class Fleet:
     def _assignments(self) -> list[frozenset]:
         return [frozenset(m.assignment) for m in self.members]
 
+    def request_stop(self) -> None:
+        """Tell the members to stop without waiting for them (`stop` waits): fleets told
+        together stop together."""
+        self._stop.set()
+
     def stop(self) -> None:
         """Graceful stop: members finish in-flight work, commit and leave the group."""
-        self._stop.set()
+        self.request_stop()
         deadline = time.monotonic() + self.settings.shutdown_deadline_s + 10
         for thread in self._threads:
             thread.join(max(0.1, deadline - time.monotonic()))
@@ -177,12 +189,11 @@ class Fleet:
             raise RuntimeError(f"members still running after the shutdown deadline: {alive}")
 
     @contextmanager
-    def running(self, wait_assigned_s: float | None = 60.0) -> Iterator[Fleet]:
-        """`with fleet.running():` starts the members and always stops them."""
+    def running(self) -> Iterator[Fleet]:
+        """`with fleet.running():` starts the members and always stops them; `wait_assigned`
+        waits for their partitions, so several fleets can join their groups at once."""
         self.start()
         try:
-            if wait_assigned_s:
-                self.wait_assigned(wait_assigned_s)
             yield self
         finally:
             self.stop()

@@ -19,8 +19,7 @@ from multiprocessing.synchronize import Event
 from consumers.fleet import Fleet, FleetSettings
 
 
-def _serve(settings: FleetSettings, wait_assigned_s: float, ready: Event, stop: Event,
-           parent: int) -> None:
+def _serve(settings: FleetSettings, ready: Event, stop: Event, parent: int) -> None:
     """Child side: run the fleet until the parent says stop or is gone (then stop gracefully).
 
     Ctrl-C is the parent's to handle: it stops the children in order.
@@ -28,7 +27,8 @@ def _serve(settings: FleetSettings, wait_assigned_s: float, ready: Event, stop: 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     fleet = Fleet(settings)
-    with fleet.running(wait_assigned_s=wait_assigned_s):
+    with fleet.running():
+        fleet.wait_assigned()
         ready.set()
         while not stop.wait(0.5) and os.getppid() == parent:
             fleet.raise_failures()
@@ -43,30 +43,39 @@ class FleetProcess:
         self._ready = context.Event()
         self._stop = context.Event()
         self._context = context
+        self._process: multiprocessing.process.BaseProcess | None = None
 
     @contextmanager
-    def running(self, wait_assigned_s: float) -> Iterator[FleetProcess]:
-        """`with fleet_process.running(s):` the fleet is assigned inside, stopped after."""
+    def running(self) -> Iterator[FleetProcess]:
+        """`with fleet_process.running():` the child runs inside (`wait_assigned` waits until
+        its group is settled) and is stopped after."""
         stage = self.settings.member.stage
-        process = self._context.Process(target=_serve, name=f"fleet-{stage}",
-                                        args=(self.settings, wait_assigned_s, self._ready, self._stop,
-                                              os.getpid()))
-        process.start()
+        self._process = self._context.Process(target=_serve, name=f"fleet-{stage}",
+                                              args=(self.settings, self._ready, self._stop, os.getpid()))
+        self._process.start()
         try:
-            deadline = time.monotonic() + wait_assigned_s + 30  # plus the child's start-up
-            while not self._ready.wait(0.2):
-                if not process.is_alive():
-                    raise RuntimeError(f"fleet {stage} exited with code {process.exitcode} "
-                                       "before its members were assigned (its log says why)")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"fleet {stage} not ready within {wait_assigned_s}s")
             yield self
         finally:
-            self._stop.set()
-            process.join(self.settings.shutdown_deadline_s + 20)
-            if process.is_alive():
-                process.kill()
-                process.join()
+            self.request_stop()
+            self._process.join(self.settings.shutdown_deadline_s + 20)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
                 raise RuntimeError(f"fleet {stage} outlived its shutdown deadline and was killed")
-            if process.exitcode:
-                raise RuntimeError(f"fleet {stage} exited with code {process.exitcode}")
+            if self._process.exitcode:
+                raise RuntimeError(f"fleet {stage} exited with code {self._process.exitcode}")
+
+    def wait_assigned(self) -> None:
+        """Block until the child's members have their partitions and the group is settled."""
+        stage, timeout_s = self.settings.member.stage, self.settings.assignment_timeout_s
+        deadline = time.monotonic() + timeout_s + 30  # plus the child's start-up
+        while not self._ready.wait(0.2):
+            if not self._process.is_alive():
+                raise RuntimeError(f"fleet {stage} exited with code {self._process.exitcode} "
+                                   "before its members were assigned (its log says why)")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fleet {stage} not ready within {timeout_s}s")
+
+    def request_stop(self) -> None:
+        """Tell the child to stop without waiting for it (leaving `running` waits)."""
+        self._stop.set()

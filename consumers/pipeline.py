@@ -92,6 +92,11 @@ def remove_pipeline(topics: events.Topics, kafka: KafkaAccess) -> list[str]:
     return delete(admin, topics.all())
 
 
+def request_stops(fleets: list[Fleet | FleetProcess]) -> None:
+    for fleet in fleets:
+        fleet.request_stop()
+
+
 @contextmanager
 def running_pipeline(config: PipelineConfig, kafka: KafkaAccess, database_url: str, endpoints: Endpoints,
                      run_id: str | None = None, stages: tuple[str, ...] | None = None,
@@ -112,10 +117,14 @@ def running_pipeline(config: PipelineConfig, kafka: KafkaAccess, database_url: s
         storage.close()
     pipeline = Pipeline(run_id, topics, config, kafka, database_url)
     with ExitStack() as stack:
+        # Every stage's fleet starts and joins its group at once, and all are told to stop before
+        # any is waited for (the callback, entered last, runs first on the way out).
         for stage in topics.spec.stage_names if stages is None else stages:
             settings = settings_for(config, stage, run_id, topics, kafka, database_url, endpoints)
             fleet = FleetProcess(settings) if fleet_processes else Fleet(settings)
-            # A classic group settles one join round at a time: allow more for large fleets.
-            stack.enter_context(fleet.running(wait_assigned_s=60.0 + 2.0 * settings.members))
+            stack.enter_context(fleet.running())
             pipeline.fleets[stage] = fleet
+        stack.callback(request_stops, list(pipeline.fleets.values()))
+        for fleet in pipeline.fleets.values():
+            fleet.wait_assigned()
         yield pipeline
