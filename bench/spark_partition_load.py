@@ -144,6 +144,9 @@ def measure(kafka: KafkaConnection, spark: SparkSession, records: int, partition
     got = {p["partition"]: p["records"] for p in result.partitions}
     if got != counts or scanned != records:
         raise SystemExit(f"{topic}: job counted {sum(got.values())} / scan {scanned}, generated {records}")
+    # uuid keys: as many distinct keys as records in every partition; the job estimates them
+    keys_error = (max(abs(p["distinct_keys"] - p["records"]) / p["records"] for p in result.partitions
+                      if p["records"]) if workload.keys == "uuid" else None)
     job_s = min(job_times)
     job_rps = records / job_s
     (skew,) = result.skew
@@ -159,7 +162,7 @@ def measure(kafka: KafkaConnection, spark: SparkSession, records: int, partition
             "consumer_perf_rebalance_ms": perf.rebalance_ms, "consumer_perf_fetch_ms": perf.fetch_ms,
             "ratio": round(job_rps / perf.records_per_s, 3),
             "ratio_fetch_only": round(job_rps / perf.fetch_records_per_s, 3),
-            "buckets": len(result.buckets),
+            "buckets": len(result.buckets), "distinct_keys_max_relative_error": keys_error,
             "skew": {k: skew[k] for k in ("max_over_mean", "cv", "gini", "hottest_share")}}
 
 
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     console = Console()
     rows = []
-    with session(APP_NAME, args.master) as spark:
+    with session(APP_NAME, args.master, long_scan=True) as spark:
         for size in (int(s) for s in args.sizes.split(",")):
             rows.append(measure(kafka, spark, size, args.partitions, args.replication, workload))
             console.print(table(rows))

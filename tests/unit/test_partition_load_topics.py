@@ -1,4 +1,4 @@
-"""partition_load carries a record's topic as an id through the shuffle and names it again after."""
+"""partition_load carries a record's topic as an id through the aggregation and names it again after."""
 
 from __future__ import annotations
 

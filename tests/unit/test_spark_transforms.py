@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from measure import sizing
 from spark import job_io, partition_load, pipeline_analysis
@@ -59,12 +60,24 @@ def test_project_counts_null_key_and_value_as_zero_bytes(spark: SparkSession) ->
 
 def test_partition_totals_counts_records_bytes_and_distinct_non_null_keys(spark: SparkSession) -> None:
     records = spark.createDataFrame(
-        [("t", 0, 10, b"a", 0), ("t", 0, 12, b"a", 0), ("t", 0, 7, b"b", 0), ("t", 0, 3, None, 0),
+        [("t", 0, 10, b"a", 0), ("t", 0, 12, b"a", 5000), ("t", 0, 7, b"b", 5000), ("t", 0, 3, None, 0),
          ("t", 2, 5, None, 0), ("u", 0, 1, b"a", 0)],
         "topic string, partition int, bytes int, key binary, ts_ms long")
-    rows = by(collect(partition_load.partition_totals(records)), "topic", "partition")
+    buckets = partition_load.bucket_aggregates(records, 1)
+    rows = by(collect(partition_load.partition_totals(buckets)), "topic", "partition")
+    # key a of t/0 is in the buckets at 0 s and 5 s: one key, not two
     assert {k: (r["records"], r["bytes"], r["distinct_keys"]) for k, r in rows.items()} == {
         ("t", 0): (4, 32, 2), ("t", 2): (1, 5, 0), ("u", 0): (1, 1, 1)}
+
+
+def test_distinct_keys_are_exact_for_tens_of_thousands_of_keys(spark: SparkSession) -> None:
+    """30,000 distinct keys, each sent twice, over 3 one-second buckets of one partition."""
+    keys = spark.range(60_000).select(
+        F.lit("t").alias("topic"), F.lit(0).alias("partition"), F.lit(1).alias("bytes"),
+        F.concat(F.lit("key-"), (F.col("id") % 30_000).cast("string")).cast("binary").alias("key"),
+        (F.lit(T0_S * 1000) + F.col("id") % 3 * 1000).alias("ts_ms"))
+    (row,) = collect(partition_load.partition_totals(partition_load.bucket_aggregates(keys, 1)))
+    assert (row["records"], row["distinct_keys"]) == (60_000, 30_000)
 
 
 def test_fill_partitions_adds_empty_partitions_with_zeros(spark: SparkSession) -> None:
@@ -105,11 +118,11 @@ def test_hot_flag_is_strictly_above_threshold_times_topic_mean(spark: SparkSessi
     assert sorted(k for k, r in lower.items() if r["hot"]) == [("other", 0), ("ramp", 4)]
 
 
-def test_bucket_counts_per_partition_and_epoch_aligned_bucket(spark: SparkSession) -> None:
+def test_bucket_aggregates_per_partition_and_epoch_aligned_bucket(spark: SparkSession) -> None:
     offsets_ms = [(0, 0), (0, 1999), (0, 2000), (0, 3500), (1, 5999), (1, 6000)]
     records = spark.createDataFrame([("t", p, 1, None, T0_S * 1000 + ms) for p, ms in offsets_ms],
                                     "topic string, partition int, bytes int, key binary, ts_ms long")
-    rows = by(collect(partition_load.bucket_counts(records, 2)), "partition", "bucket_start")
+    rows = by(collect(partition_load.bucket_aggregates(records, 2)), "partition", "bucket_start")
     assert {k: r["records"] for k, r in rows.items()} == {
         (0, T0_S): 2, (0, T0_S + 2): 2, (1, T0_S + 4): 1, (1, T0_S + 6): 1}
 
@@ -130,22 +143,15 @@ def test_analyse_collects_zero_filled_partitions_skew_and_hot_list(spark: SparkS
         (1, T0_S, 6), (2, T0_S, 1), (3, T0_S, 1)]
 
 
-def test_analyse_gives_the_same_figures_in_one_slice_or_many(spark: SparkSession) -> None:
-    rows = [("t", p, 10, f"k{i}".encode(), T0_S * 1000 + 1000 * (i % 2))
+def test_analyse_counts_a_key_once_across_buckets(spark: SparkSession) -> None:
+    rows = [("t", p, 10, f"k{i % 2}".encode(), T0_S * 1000 + 1000 * i)
             for p in range(3) for i in range(p + 1)]
     records = spark.createDataFrame(rows, "topic string, partition int, bytes int, key binary, ts_ms long")
-    one, many = (partition_load.analyse(records, {"t": 3}, key_slices=n) for n in (1, 5))
-    # partitions 0, 1, 2 hold 1, 2 and 3 records with as many keys; odd records in the next second
-    assert [(p["records"], p["distinct_keys"]) for p in one.partitions] == [(1, 1), (2, 2), (3, 3)]
-    assert [(b["partition"], b["bucket_start"] - T0_S, b["records"]) for b in one.buckets] == [
-        (0, 0, 1), (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 1)]
-    assert (one.partitions, one.skew, one.buckets) == (many.partitions, many.skew, many.buckets)
-
-
-def test_key_slices_follow_the_records_up_to_the_cap() -> None:
-    assert partition_load.RECORDS_PER_SLICE == 160_000 and partition_load.KEY_SLICES == 64
-    assert [partition_load.key_slices(n) for n in (0, 600, 160_000, 160_001, 10_000_000, 20_000_000)] == [
-        1, 1, 1, 2, 63, 64]  # 10M / 160k = 62.5
+    result = partition_load.analyse(records, {"t": 3})
+    # partition p holds p + 1 records, one a second, keyed k0, k1, k0: keys 1, 2, 2
+    assert [(p["records"], p["distinct_keys"]) for p in result.partitions] == [(1, 1), (2, 2), (3, 2)]
+    assert [(b["partition"], b["bucket_start"] - T0_S, b["records"]) for b in result.buckets] == [
+        (0, 0, 1), (1, 0, 1), (1, 1, 1), (2, 0, 1), (2, 1, 1), (2, 2, 1)]
 
 
 def test_collect_sorted_puts_nulls_first_as_spark_sorts(spark: SparkSession) -> None:
