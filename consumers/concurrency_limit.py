@@ -8,7 +8,9 @@ nothing about it; every try of an `AIClient` takes a permit and reports how it e
   so the limit falls to that count. Every permit carries its level (the calls in flight with
   it). A 429 at least the margin (below) under a level the service has served since the last
   cut, or, within one latency of the first 429, with a tenth and the margin fewer calls in
-  flight than when it came, means the service shrank: the cut is then multiplicative
+  flight than when it came, or the third 429 in that latency at levels up to the highest the
+  service had served when it began (each call that ends is replaced and refused: a service
+  that shrank with our calls in flight), means the service shrank: the cut is then multiplicative
   (`backoff`), so a limit that halves costs a handful of 429s, not one per call. (Tries sent
   before that first 429 came back, blind past the limit, or within a round trip after it, their
   place at the service taken by those, do not count as fewer calls held.) The level held
@@ -28,19 +30,24 @@ nothing about it; every try of an `AIClient` takes a permit and reports how it e
   of Netflix's Gradient2.
 - under a plateau, probes go out as soon as the Retry-After allows, up to the margin above the
   lowest refused level. When the service serves one that far above it (discounting the refused
-  tries that were in flight with it, which it never held), the service grew back: the limit
+  tries that were in flight with it, which it never held), or has not refused it within
+  ADMIT_TRIPS round trips of a 429 (a service refuses a call as soon as it sees it, so one it
+  has kept is admitted, a latency before its answer says so), the service grew back: the limit
   returns to the plateau, at most twice the level served. Limits that move between tiers are
   followed within a few latencies, at the price of a 429 or two per latency while the service
   stays low.
-- otherwise, while the limit is in use (at least half of it, as Netflix's limiters count it)
-  and nothing refuses, it grows: after a hold of `hold_rounds` rounds (`limit` successes
-  each, one latency when saturated) by one call per round, the rate quadrupling every half
-  round up to one call per success (doubling per latency). So a steady service sees one
-  probing 429 every few rounds. Growth is paced (`_growth_token`), so calls that finish
-  together cannot push a burst of probes past the service's limit, and once a 429 has been
-  seen a step waits a 429's round trip after the last, so the refusal of a step past the limit
-  is back before the next goes out. It starts at 20 calls, as Netflix's limiters do: a guess,
-  not the service's limit.
+- otherwise, while the limit is in use (at least half of it, as Netflix's limiters count it),
+  nothing refuses and the latency averaged over the last MIN_ROUND calls is within
+  GROWTH_TOLERANCE of its lowest (else calls queue, at the service or for this process's CPU,
+  and more of them in flight would only wait), it grows, on successes of tries sent since the
+  last cut (those sent before it held the level of before): after a hold of `hold_rounds`
+  rounds (`limit` successes each, one latency when saturated) by one call per round, the rate
+  quadrupling every half round up to one call per success (doubling per latency). So a steady
+  service sees one probing 429 every few rounds. Growth is paced (`_growth_token`), so calls
+  that finish together cannot push a burst of probes past the service's limit, and once a 429
+  has been seen a step waits a 429's round trip after the last, so the refusal of a step past
+  the limit is back before the next goes out. It starts at 20 calls, as Netflix's limiters do:
+  a guess, not the service's limit.
 
 One limiter serves every member of a fleet through its shared AI client, so the members
 discover one limit per endpoint instead of each guessing a share.
@@ -57,9 +64,13 @@ from dataclasses import dataclass
 
 OK, OVERLOAD = "ok", "http_429"
 SHRINK_SIGN = 0.9  # a refusal this far under the last cut's level means the service shrank
+SHRINK_REFUSALS = 3  # refusals in one episode at levels the service served: it shrank
+ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
+ADMIT_SHARE = 0.05  # ... and at least this share of the lowest latency
 GROWTH_BURST = 8  # growth tokens saved: at most limit / GROWTH_BURST
 PROBE_PATIENCE = 8  # probes under the plateau refused before the wait between them grows
 MIN_ROUND = 32  # latencies averaged before comparing with the baseline: fewer are mostly noise
+GROWTH_TOLERANCE = 1.3  # a round this much slower than the fastest: calls queue somewhere, no growth
 TRANSIT_WEIGHT = 0.2  # weight of each 429 in the running means of its round trip and of the calls in transit
 
 
@@ -72,6 +83,7 @@ class Permit:
     at: float
     level: int = 0
     ended: int = 0
+    probe: bool = False  # sent under the plateau, past the lowest refused level
 
 
 class AdaptiveLimit:
@@ -101,6 +113,9 @@ class AdaptiveLimit:
         self._refused = math.inf  # the lowest level refused since the service last grew
         self._plateau = 0.0  # the level held before the service shrank, until it grows again
         self._probes = 0  # probes under the plateau refused in a row
+        self._probe_out: Permit | None = None  # the probe in flight, until it ends
+        self._episode_held = 0  # the highest level served when the episode of refusals began
+        self._episode_refusals = 0  # refusals in the episode at levels up to that one
         self._min_latency: float | None = None
         self._ended = 0  # tries released
         self._trip = 0.0  # mean round trip of a 429
@@ -108,6 +123,9 @@ class AdaptiveLimit:
         self._grown_at = -math.inf
         self._round: list[float] = []  # latencies of the current round
         self._baseline: float | None = None  # lowest mean latency of a full round
+        self._smoothed: float | None = None  # latency averaged over about MIN_ROUND calls
+        self._smoothed_n = 0
+        self._smoothed_low = math.inf  # its lowest once it averages MIN_ROUND calls
         self._noted = -1
         # (at, limit, in flight) of each change, until collected (the fleet writes them down)
         self.changes: deque[tuple[float, float, int]] = deque(maxlen=history)
@@ -138,7 +156,11 @@ class AdaptiveLimit:
             while self._in_flight >= int(self._limit):
                 self._cond.wait()
             self._in_flight += 1
-            return Permit(self._generation, self._clock(), self._in_flight, self._ended)
+            probe = self._plateau > self._limit and self._in_flight >= self._refused + self._margin()
+            permit = Permit(self._generation, self._clock(), self._in_flight, self._ended, probe)
+            if probe and self._probe_out is None:
+                self._probe_out = permit
+            return permit
 
     def release(self, permit: Permit, outcome: str, retry_after_s: float | None = None) -> None:
         """The try of `permit` ended with `outcome` (an `ai_client.Try` outcome)."""
@@ -146,10 +168,13 @@ class AdaptiveLimit:
             now = self._clock()
             self._in_flight -= 1
             self._ended += 1
+            if permit is self._probe_out:
+                self._probe_out = None
             if outcome == OVERLOAD:
                 self._overloaded(permit, now, retry_after_s)
             elif outcome == OK:
                 self._succeeded(now - permit.at, permit, now)
+            self._admitted(now)
             self._cond.notify_all()
 
     def _overloaded(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
@@ -175,11 +200,15 @@ class AdaptiveLimit:
         episode = self._min_latency is not None and now - self._cut_at < self._min_latency
         if not episode:
             self._cut_at, self._cut_level = now, min(self._limit, self._in_flight)
+            self._episode_held, self._episode_refusals = self._held, 0
+        if permit.level <= self._episode_held and self._plateau <= self._limit:
+            self._episode_refusals += 1  # (under a plateau, refused probes at that level are expected)
         # Refused the margin under a level the service served since the last cut, or, within the
         # episode, with a tenth and the margin fewer calls in flight than where it began: the
         # service shrank, not just our last probes were over (or counted a call on its way).
         shrank = (permit.level + margin <= self._held
-                  or (episode and self._in_flight + margin < SHRINK_SIGN * self._cut_level))
+                  or (episode and self._in_flight + margin < SHRINK_SIGN * self._cut_level)
+                  or self._episode_refusals >= SHRINK_REFUSALS)
         self._refused = min(self._refused, permit.level) if episode else permit.level
         if shrank:
             self._plateau = max(self._plateau, self._held, self._cut_level)
@@ -201,6 +230,7 @@ class AdaptiveLimit:
         if permit.generation == self._generation:
             self._held = max(self._held, level)
         self._round.append(latency)
+        self._smooth(latency)
         if len(self._round) >= max(self._limit, MIN_ROUND):
             mean = sum(self._round) / len(self._round)
             self._round.clear()
@@ -212,15 +242,7 @@ class AdaptiveLimit:
                 return
         if self._plateau > self._limit and permit.generation == self._generation \
                 and level >= self._refused + self._margin():
-            # Sent since the last cut, the service took more calls than it last refused, by more
-            # than the calls in transit: it grew again. Back to where it was before it shrank, at
-            # most twice what it just took.
-            self._set(min(self._plateau, 2.0 * level), now)
-            self._probes = 0
-            if self._limit >= self._plateau:
-                self._plateau, self._refused = 0.0, math.inf
-            else:  # doubled, not there yet: the next served try at the new limit doubles again
-                self._refused = int(self._limit)
+            self._grew(level, now)
             return
         if 2 * (self._in_flight + 1) < self._limit:
             # Under half in use: this success says nothing about the limit. (Not "all in use":
@@ -229,6 +251,10 @@ class AdaptiveLimit:
         if self._hold > 0 or now < self._hold_until:
             self._hold -= 1
             return
+        if permit.generation != self._generation:
+            return  # sent before the last cut: its success says nothing of the limit since
+        if self._smoothed > GROWTH_TOLERANCE * self._smoothed_low:
+            return  # calls queue, here or there: more in flight would wait, not finish sooner
         if now - self._grown_at < self._trip or not self._growth_token(now):
             return  # the 429 of the last step, if it went past the limit, may still be on its way
         grown = self._limit + min(1.0, self._rate)
@@ -240,6 +266,41 @@ class AdaptiveLimit:
         if self._round_left <= 0:
             self._rate = min(1.0, 4 * self._rate)
             self._round_left = self._limit / 2
+
+    def _admitted(self, now: float) -> None:
+        """The probe in flight has not been refused within a few 429 round trips: the service,
+        which refuses a call as soon as it sees it, has admitted it, a latency before its answer
+        would say so."""
+        probe = self._probe_out
+        wait = max(ADMIT_TRIPS * self._trip, ADMIT_SHARE * (self._min_latency or 0.0))
+        if probe is None or now - probe.at < wait:
+            return
+        self._probe_out = None
+        level = self._served_level(probe, now)
+        if self._plateau > self._limit and probe.generation == self._generation \
+                and level >= self._refused + self._margin():
+            self._grew(level, now)
+
+    def _grew(self, level: int, now: float) -> None:
+        """Sent since the last cut, the service took more calls than it last refused, by more
+        than the calls in transit: it grew again. Back to where it was before it shrank, at most
+        twice what it just took."""
+        self._set(min(self._plateau, 2.0 * level), now)
+        self._probes = 0
+        if self._limit >= self._plateau:
+            self._plateau, self._refused = 0.0, math.inf
+        else:  # doubled, not there yet: the next served try at the new limit doubles again
+            self._refused = int(self._limit)
+
+    def _smooth(self, latency: float) -> None:
+        """A running mean of the latency over about MIN_ROUND calls and its lowest: a rise says
+        calls queue (at the service, or here for a CPU) before any round ends."""
+        self._smoothed_n += 1
+        weight = max(1.0 / self._smoothed_n, 1.0 / MIN_ROUND)
+        previous = latency if self._smoothed is None else self._smoothed
+        self._smoothed = previous + weight * (latency - previous)
+        if self._smoothed_n >= MIN_ROUND:
+            self._smoothed_low = min(self._smoothed_low, self._smoothed)
 
     def _margin(self) -> int:
         """Calls a level may count that the service does not hold: those in transit."""

@@ -20,6 +20,7 @@ class Clock:
 
 
 def take(limit: AdaptiveLimit, n: int) -> list[Permit]:
+    assert limit.spare() >= n, (limit.spare(), n)  # acquire would wait for ever on this thread
     return [limit.acquire() for _ in range(n)]
 
 
@@ -156,6 +157,46 @@ def test_refusals_of_a_few_probes_over_the_limit_do_not_cut_by_the_backoff() -> 
     assert limit.limit == 18
 
 
+def test_refusals_at_levels_the_service_served_cut_by_the_backoff_at_the_third() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=64, backoff=0.5, clock=clock)
+    permits = take(limit, 64)
+    clock.now = 1.0
+    limit.release(permits.pop(), OK)  # level 64 served: limit 65
+    permits.append(limit.acquire())  # level 64
+    # The service halves with 64 in flight: as each call ends, its replacement is refused at once,
+    # at a level less than a margin (one call) under the one served: the first two only bring
+    # the limit down to the calls in flight.
+    for at, expected in ((1.01, 63), (1.02, 62)):
+        clock.now = at
+        limit.release(permits.pop(0), OK)
+        replacement = limit.acquire()
+        clock.now += 0.001
+        limit.release(replacement, OVERLOAD)
+        assert limit.limit == expected
+    clock.now = 1.03
+    limit.release(permits.pop(0), OK)
+    replacement = limit.acquire()  # level 62
+    clock.now = 1.031
+    limit.release(replacement, OVERLOAD)  # the third in one latency: it shrank. 61 x 0.5
+    assert limit.limit == 30
+
+
+def test_successes_of_tries_sent_before_a_cut_do_not_grow_the_limit() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=64, backoff=0.5, clock=clock)
+    permits = take(limit, 64)
+    clock.now = 1.0
+    limit.release(permits.pop(), OK)  # level 64 served: limit 65
+    clock.now = 1.01
+    limit.release(permits.pop(), OVERLOAD)  # level 63 refused: 62 in flight, x 0.5
+    assert limit.limit == 31
+    for i, permit in enumerate(permits):  # the calls of before end; they held the old level
+        clock.now = 1.02 + i * 0.01
+        limit.release(permit, OK)
+    assert limit.limit == 31
+
+
 def test_a_429_for_a_try_sent_before_the_cut_only_counts_the_call_it_freed() -> None:
     clock = Clock()
     limit = AdaptiveLimit(initial=10, backoff=0.5, clock=clock)
@@ -201,19 +242,24 @@ def test_under_the_plateau_the_refused_level_is_probed_once_a_latency_up_to_the_
     clock.now = 2.005
     limit.release(probe, OVERLOAD, retry_after_s=0.1)  # the service still holds 4: limit 4
     assert limit.limit == 4
+    clock.now = 2.1
+    for _ in range(4):  # sent before that cut: their successes say nothing of the limit since
+        limit.release(permits.pop(0), OK)
+        permits.append(limit.acquire())
+    assert limit.limit == 4
     # The next probe waits a latency (0.48 s, more than the Retry-After), then goes no higher
     # than the margin (one call) over the level refused, 6, however many tokens there are: a try
-    # served there would say the service grew.
-    for at, expected in ((2.3, 4), (2.5, 5), (2.6, 6), (2.7, 6), (2.8, 6)):
+    # admitted there would say the service grew.
+    for at, expected in ((2.3, 4), (2.5, 5), (2.6, 6), (2.601, 6), (2.602, 6)):
         clock.now = at
         limit.release(permits.pop(0), OK)
         permits.append(limit.acquire())
         assert limit.limit == expected, at
 
 
-def test_a_probe_served_a_margin_over_the_refused_level_returns_to_the_plateau_doubling() -> None:
+def test_a_probe_unrefused_for_a_few_round_trips_returns_to_the_plateau_doubling() -> None:
     clock = Clock()
-    limit = shrunk(clock)
+    limit = shrunk(clock)  # a 429's round trip: 0.009 s; the lowest latency 0.98 s
     permits = take(limit, 4)
     clock.now = 2.0
     limit.release(permits.pop(0), OK)  # growth: limit 5
@@ -222,26 +268,46 @@ def test_a_probe_served_a_margin_over_the_refused_level_returns_to_the_plateau_d
     clock.now = 2.005
     limit.release(probe, OVERLOAD)  # refused: the lowest refused level is now 5; next in 0.98 s
     assert limit.limit == 4
+    clock.now = 2.1
+    for _ in range(4):  # tries sent before that cut end: no growth
+        limit.release(permits.pop(0), OK)
+        permits.append(limit.acquire())
     clock.now = 3.0
     limit.release(permits.pop(0), OK)  # limit 5 again
     permits += take(limit, 2)  # levels 4 and 5
-    clock.now = 3.1
+    clock.now = 3.02
     limit.release(permits.pop(0), OK)  # and 6: probes go up to the margin (a call) over 5
-    permits += take(limit, 2)  # levels 5 and 6
-    probe = permits.pop()  # level 6, and this time the service grew
-    clock.now = 3.5
-    # Served at 6. (At 5 it would say nothing: that try may have been counted with a call on
-    # its way back.) Towards 20, at most 2 x 6.
-    limit.release(probe, OK)
+    permits += take(limit, 2)  # levels 5 and 6: the probe
+    clock.now = 3.04  # out 0.02 s: under 4 round trips of a 429 (0.036 s) and 5 % of the latency
+    limit.release(permits.pop(0), OK)
+    permits.append(limit.acquire())
+    assert limit.limit == 6
+    clock.now = 3.08  # 0.06 s unrefused: the service admitted it. Towards 20, at most 2 x 6.
+    limit.release(permits.pop(0), OK)
     assert limit.limit == 12
     permits += take(limit, 7)  # levels 6 to 12
-    clock.now = 3.6
+    clock.now = 3.1
     limit.release(permits.pop(0), OK)  # 13: again up to a call over the level reached
     permits += take(limit, 2)  # levels 12 and 13
     top = permits.pop()  # level 13
-    clock.now = 4.0
+    clock.now = 4.1
     limit.release(top, OK)  # served at 13: 2 x 13 is past the plateau, 20
     assert limit.limit == 20
+
+
+def test_a_refused_probe_is_not_taken_for_admitted() -> None:
+    clock = Clock()
+    limit = shrunk(clock)
+    permits = take(limit, 4)
+    clock.now = 2.0
+    limit.release(permits.pop(0), OK)  # limit 5
+    permits.append(limit.acquire())
+    probe = limit.acquire()  # level 5 = the refused level + the margin: a probe
+    clock.now = 2.005
+    limit.release(probe, OVERLOAD)
+    clock.now = 2.2  # long after: the probe's refusal came back, nothing to take for admitted
+    limit.release(permits.pop(0), OK)
+    assert limit.limit == 4
 
 
 def test_a_served_try_does_not_count_the_refused_tries_in_flight_with_it() -> None:
