@@ -1,6 +1,7 @@
 """Load and skew per Kafka partition, read in batch through the Spark Kafka connector.
 
-Per topic and partition: records, bytes (key + value lengths), distinct keys, records per time
+Per topic and partition: records, bytes (key + value lengths), distinct keys (a sketch's
+estimate, see `analyse`), records per time
 bucket (record timestamps), and whether the partition is hot (records > threshold x the
 topic's mean). Per topic, the skew over all partitions, empty ones included (partition counts
 come from the broker's metadata, or `--partitions`): max/mean, coefficient of variation
