@@ -70,7 +70,7 @@ ADMIT_SHARE = 0.05  # ... and at least this share of the lowest latency
 GROWTH_BURST = 8  # growth tokens saved: at most limit / GROWTH_BURST
 PROBE_PATIENCE = 8  # probes under the plateau refused before the wait between them grows
 MIN_ROUND = 32  # latencies averaged before comparing with the baseline: fewer are mostly noise
-GROWTH_TOLERANCE = 1.3  # a round this much slower than the fastest: calls queue somewhere, no growth
+GROWTH_TOLERANCE = 1.3  # latency this much over its lowest running mean: calls queue, no growth
 TRANSIT_WEIGHT = 0.2  # weight of each 429 in the running means of its round trip and of the calls in transit
 
 
@@ -83,7 +83,6 @@ class Permit:
     at: float
     level: int = 0
     ended: int = 0
-    probe: bool = False  # sent under the plateau, past the lowest refused level
 
 
 class AdaptiveLimit:
@@ -156,10 +155,10 @@ class AdaptiveLimit:
             while self._in_flight >= int(self._limit):
                 self._cond.wait()
             self._in_flight += 1
-            probe = self._plateau > self._limit and self._in_flight >= self._refused + self._margin()
-            permit = Permit(self._generation, self._clock(), self._in_flight, self._ended, probe)
-            if probe and self._probe_out is None:
-                self._probe_out = permit
+            permit = Permit(self._generation, self._clock(), self._in_flight, self._ended)
+            if self._probe_out is None and self._plateau > self._limit \
+                    and self._in_flight >= self._refused + self._margin():
+                self._probe_out = permit  # under the plateau, past the lowest refused level
             return permit
 
     def release(self, permit: Permit, outcome: str, retry_after_s: float | None = None) -> None:
