@@ -39,8 +39,9 @@ from spark.job_io import collect_sorted
 from spark.session import build
 
 RECORD_COLUMNS = ("topic", "partition", "bytes", "key", "ts_ms")
-# DataSketches HLL of the keys: exact up to about 196k distinct keys per partition (its
-# coupon set), beyond that a relative standard error of 0.05 %. At most 2 MiB per sketch.
+# DataSketches HLL of the keys: a hashed coupon per key up to about 196k distinct keys per
+# partition (30k counted exactly in a test, 10M uuid keys over 64 partitions within 0.02 %),
+# beyond that 2^21 registers, a relative standard error of about 0.07 %; at most 2 MiB a sketch.
 KEY_SKETCH_LG_K = 21
 MAX_POLL_RECORDS = 2000  # Kafka consumer's max.poll.records in the scan (see read_records)
 
