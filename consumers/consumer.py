@@ -323,6 +323,8 @@ class Member(StageMember):
         config["client.id"] = self.name
         if self.settings.stats_interval_ms:
             config["stats_cb"] = self._on_stats
+        if self.settings.mode == "flow":
+            config["on_commit"] = self._on_commit
         self._consumer = Consumer(config)
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                  on_lost=self._on_lost)
@@ -363,17 +365,27 @@ class Member(StageMember):
         return {"app_consumed_bytes": self.consumed_bytes + (buffered.delivered_bytes if buffered else 0),
                 "pause_cycles": buffered.pause_cycles if buffered else 0}
 
-    def _commit(self, positions: dict[tuple[str, int], int]) -> bool:
+    def _commit(self, positions: dict[tuple[str, int], int], asynchronous: bool = False) -> bool:
+        """Commit `positions`; asynchronously, True only says the request was queued."""
         if not positions:
             return True
         try:
             self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
-                                  asynchronous=False)
+                                  asynchronous=asynchronous)
             return True
         except KafkaException as exc:
             # After an expulsion the generation is gone: the records will be consumed again.
             log.warning("%s: commit of %s failed: %s", self.name, positions, exc)
             return False
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """Flow mode's commits, served inside poll: a position counts as committed once the
+        coordinator took it; one it refused stays pending and goes with the next commit."""
+        taken = {(p.topic, p.partition): p.offset for p in partitions if err is None and p.error is None}
+        self._tracker.mark_committed(taken)
+        if len(taken) < len(partitions):
+            log.warning("%s: commit refused: %s", self.name,
+                        err or [f"{p.topic}:{p.partition}: {p.error}" for p in partitions if p.error])
 
     # ----------------------------------------------------------------- baseline / bounded
     def _run_batches(self, stop: threading.Event) -> None:
@@ -435,7 +447,7 @@ class Member(StageMember):
                     metrics.BUFFERED.labels(**self.labels).set(len(self._buffer))
                     metrics.PAUSED.labels(**self.labels).set(int(self._buffer.paused))
                     if time.monotonic() - last_commit >= s.commit_interval_s:
-                        self._commit_completed(self.assignment)
+                        self._commit_completed(self.assignment, asynchronous=True)
                         self._store_group_events()
                         last_commit = time.monotonic()
             finally:
@@ -493,9 +505,14 @@ class Member(StageMember):
             except queue.Empty:
                 return
 
-    def _commit_completed(self, tps: set[tuple[str, int]]) -> None:
+    def _commit_completed(self, tps: set[tuple[str, int]], asynchronous: bool = False) -> None:
+        """Commit what was handled. The poll loop's periodic commits are asynchronous: waiting
+        for the coordinator there (tens of ms, more with replicated offsets) held back every
+        record the loop would have dispatched meanwhile. Handing partitions back waits."""
         positions = self._tracker.committable(tps)
-        if self._commit(positions):
+        if asynchronous:
+            self._commit(positions, asynchronous=True)  # marked committed in `_on_commit`
+        elif self._commit(positions):
             self._tracker.mark_committed(positions)
 
     def _release(self, tps: set[tuple[str, int]], commit: bool) -> None:

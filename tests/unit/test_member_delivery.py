@@ -74,6 +74,9 @@ class FakeConsumer:
         self.assigned = False
         self.group_events: deque[str] = deque(["assign"])
         self.lock = threading.Lock()
+        self.on_commit = config.get("on_commit")
+        self.answers: deque[tuple[KafkaError | None, list[TopicPartition]]] = deque()
+        self.refuse_next_commits = 0  # asynchronous commits the coordinator answers with an error
         FakeConsumer.instance = self
 
     def subscribe(self, topics: list[str], on_assign: Callable, on_revoke: Callable,
@@ -91,6 +94,8 @@ class FakeConsumer:
         self.callbacks[event](self, [TopicPartition(TOPIC, 0)])
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[FakeMessage]:
+        while self.answers:  # commit callbacks are served inside consume, as librdkafka does
+            self.on_commit(*self.answers.popleft())
         self._serve_group_event()
         if not self.assigned or self.position >= self.end:
             time.sleep(min(max(timeout, 0), 0.01))
@@ -100,7 +105,15 @@ class FakeConsumer:
         return batch
 
     def commit(self, offsets: list[TopicPartition], asynchronous: bool = True) -> None:
+        """Only commits the coordinator took are in `commits`; asynchronous ones are answered
+        through `on_commit` at the next consume."""
+        if asynchronous and self.refuse_next_commits:
+            self.refuse_next_commits -= 1
+            self.answers.append((KafkaError(KafkaError.REBALANCE_IN_PROGRESS), offsets))
+            return
         self.commits += [tp.offset for tp in offsets]
+        if asynchronous:
+            self.answers.append((None, offsets))
 
     def seek(self, tp: TopicPartition) -> None:
         self.position = tp.offset
@@ -303,3 +316,14 @@ def test_revoking_a_waiting_record_commits_below_it_and_the_next_owner_completes
         run.consumer.queue("assign")
         wait_for(lambda: highest_commit(run.consumer) == 3)
     assert sink.sent == [] and run.error is None
+
+
+def test_a_refused_asynchronous_commit_is_sent_again(script: Script, sink: Sink) -> None:
+    with running(make_member("flow", sink), records=3) as run:
+        run.consumer.refuse_next_commits = 1_000_000
+        wait_for(lambda: script.finished.count(2) == 1)
+        time.sleep(0.1)  # several commit intervals, every commit refused
+        assert highest_commit(run.consumer) == 0
+        run.consumer.refuse_next_commits = 0  # the coordinator takes commits again
+        wait_for(lambda: highest_commit(run.consumer) == 3)  # the same position, sent again
+    assert run.error is None
