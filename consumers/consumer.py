@@ -8,8 +8,9 @@ bounded   consume `batch_size` records sized so a batch always finishes well ins
 flow      polling decoupled from processing: records go to an application buffer
           (`FetchBuffer`: coarse pause/resume with hysteresis) and run on a pool of `window`
           workers (the member's share of the AI concurrency); offsets are committed at the
-          highest contiguous completed position. On revocation it finishes (or, past a
-          deadline, abandons) the revoked partitions' work and commits before letting them go.
+          highest contiguous completed position, asynchronously (the poll loop does not
+          wait). On revocation it finishes (or, past a deadline, abandons) the revoked
+          partitions' work and commits, waiting for it, before letting them go.
 
 Whatever the mode, an offset is committed only past records that were handled: completed, or
 dead-lettered because they are their own fault (`consumers.failures`). A dependency's failure
