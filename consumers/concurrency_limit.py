@@ -46,8 +46,11 @@ nothing about it; every try of an `AIClient` takes a permit and reports how it e
   service sees one probing 429 every few rounds. Growth is paced (`_growth_token`), so calls
   that finish together cannot push a burst of probes past the service's limit, and once a 429
   has been seen a step waits a 429's round trip after the last, so the refusal of a step past
-  the limit is back before the next goes out. It starts at 20 calls, as Netflix's limiters do:
-  a guess, not the service's limit.
+  the limit is back before the next goes out; and a step waits until the last one has been
+  taken (a call acquired at the limit), since a caller starts a call a while after a permit
+  frees (its record dispatched, its rows written): steps that ran ahead of the calls took the
+  limit from 64 to 89 before the first refusal of a step past 64 was back. It starts at 20
+  calls, as Netflix's limiters do: a guess, not the service's limit.
 
 One limiter serves every member of a fleet through its shared AI client, so the members
 discover one limit per endpoint instead of each guessing a share.
@@ -120,6 +123,7 @@ class AdaptiveLimit:
         self._trip = 0.0  # mean round trip of a 429
         self._transit: float | None = None  # mean calls ended while a 429 was out: the calls in transit
         self._grown_at = -math.inf
+        self._filled = True  # a call was acquired at the limit since it last grew
         self._round: list[float] = []  # latencies of the current round
         self._baseline: float | None = None  # lowest mean latency of a full round
         self._smoothed: float | None = None  # latency averaged over about MIN_ROUND calls
@@ -155,6 +159,7 @@ class AdaptiveLimit:
             while self._in_flight >= int(self._limit):
                 self._cond.wait()
             self._in_flight += 1
+            self._filled = self._filled or self._in_flight >= int(self._limit)
             permit = Permit(self._generation, self._clock(), self._in_flight, self._ended)
             if self._probe_out is None and self._plateau > self._limit \
                     and self._in_flight >= self._refused + self._margin():
@@ -254,12 +259,15 @@ class AdaptiveLimit:
             return  # sent before the last cut: its success says nothing of the limit since
         if self._smoothed > GROWTH_TOLERANCE * self._smoothed_low:
             return  # calls queue, here or there: more in flight would wait, not finish sooner
+        if not self._filled:
+            return  # the last step is not taken yet: a step beyond it would run ahead of the calls
         if now - self._grown_at < self._trip or not self._growth_token(now):
             return  # the 429 of the last step, if it went past the limit, may still be on its way
         grown = self._limit + min(1.0, self._rate)
         if self._plateau > self._limit:  # probes up to where a served one would say the service grew
             grown = min(grown, max(self._refused + self._margin(), self._limit))
         self._grown_at = now
+        self._filled = False
         self._set(grown, now)
         self._round_left -= 1
         if self._round_left <= 0:

@@ -24,6 +24,11 @@ def take(limit: AdaptiveLimit, n: int) -> list[Permit]:
     return [limit.acquire() for _ in range(n)]
 
 
+def refill(limit: AdaptiveLimit, permits: list[Permit]) -> None:
+    """A caller with work to spare: it takes every permit free."""
+    permits.extend(limit.acquire() for _ in range(limit.spare()))
+
+
 def test_acquire_waits_while_the_limit_is_reached() -> None:
     limit = AdaptiveLimit(initial=2, clock=Clock())
     first, _ = take(limit, 2)
@@ -69,13 +74,28 @@ def test_calls_ending_together_grow_the_limit_by_the_saved_tokens_only() -> None
     limit = AdaptiveLimit(initial=32, clock=clock)
     permits = take(limit, 32)
     clock.now = 1.0  # 32 calls of 1 s end at once: at most 32 / 8 = 4 tokens are saved
-    for permit in permits[:10]:
-        limit.release(permit, OK)
+    for _ in range(10):
+        limit.release(permits.pop(0), OK)
+        refill(limit, permits)
     assert limit.limit == 36
     clock.now = 1.05  # a token every latency / limit / 2 = 1/72 s: 3.6 by now
-    for permit in permits[10:13]:
-        limit.release(permit, OK)
+    for _ in range(3):
+        limit.release(permits.pop(0), OK)
+        refill(limit, permits)
     assert limit.limit == 39
+
+
+def test_a_step_waits_until_the_last_one_is_taken() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=32, clock=clock)
+    permits = take(limit, 32)
+    clock.now = 1.0  # 4 tokens saved, but the caller has not started a call at 33 yet
+    for _ in range(10):
+        limit.release(permits.pop(0), OK)
+    assert limit.limit == 33
+    refill(limit, permits)  # the calls start: 33 in flight, the step is taken
+    limit.release(permits.pop(0), OK)
+    assert limit.limit == 34
 
 
 def test_a_limit_not_in_use_does_not_grow() -> None:
@@ -98,7 +118,7 @@ def test_after_a_429_the_limit_holds_for_two_rounds_then_probes_by_one() -> None
     for success in range(1, 12):
         clock.now += 1.0
         limit.release(permits.pop(0), OK)
-        permits.append(limit.acquire())  # keep the limit in use
+        refill(limit, permits)  # keep the limit in use
         if limit.limit > 3 and grown_at is None:
             grown_at = success
     # 6 held, then 1/3 per success for half a round (the 7th and 8th), then 4 x 1/3 capped at
@@ -253,7 +273,7 @@ def test_under_the_plateau_the_refused_level_is_probed_once_a_latency_up_to_the_
     for at, expected in ((2.3, 4), (2.5, 5), (2.6, 6), (2.601, 6), (2.602, 6)):
         clock.now = at
         limit.release(permits.pop(0), OK)
-        permits.append(limit.acquire())
+        refill(limit, permits)
         assert limit.limit == expected, at
 
 
