@@ -17,6 +17,7 @@ command line.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -183,8 +184,12 @@ def _run_privately(main_class: str, args: list[str], logs_dir: Path) -> None:
     try:
         with os.fdopen(fd, "w") as file:
             file.writelines(f"{_quote(arg)}\n" for arg in (main_class, *args))
-        subprocess.run(java_command(f"@{path}", logs_dir=logs_dir),
-                       check=True, capture_output=True, text=True)
+        done = subprocess.run(java_command(f"@{path}", logs_dir=logs_dir),
+                              check=False, capture_output=True, text=True)
+        if done.returncode != 0:  # the tool says why on its own output (passwords masked)
+            said = re.sub(r"password=[^,\]\s]*", "password=***", (done.stderr or done.stdout).strip())
+            raise RuntimeError(f"{main_class} {args[0] if args else ''} failed with exit code "
+                               f"{done.returncode}: {said[-2000:]}")
     finally:
         os.unlink(path)
 
