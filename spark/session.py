@@ -25,6 +25,12 @@ from spark.jars import JARS_DIR, connector_jars
 # executors (infra/spark_cluster.py); a scan of millions of records asks for the full JIT.
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
 FULL_JIT = "-XX:TieredStopAtLevel=4"  # the JVM's default
+# Spark reads Kafka in batch through its V1 source unless told otherwise, and that source hands
+# every record over as an external Row that is converted back to an internal one (a profile of
+# a 10M-record partition_load: a fifth of its CPU in those two conversions). Leaving kafka out of
+# this list takes the connector's V2 source, which produces internal rows directly: the same job
+# 9.7 s warm instead of 12.8 s, its bare read 12.9 s instead of 20.8 s, measured here.
+V1_SOURCES = "avro,csv,json,orc,parquet,text"  # Spark's default, kafka left out
 
 
 def build(app_name: str, master: str | None = None, *, long_scan: bool = False) -> SparkSession:
@@ -40,6 +46,7 @@ def build(app_name: str, master: str | None = None, *, long_scan: bool = False) 
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", os.environ.get("SPARK_SHUFFLE_PARTITIONS", "8"))
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.sources.useV1SourceList", V1_SOURCES)
     )
     if master:
         builder = builder.master(master)

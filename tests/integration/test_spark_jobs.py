@@ -137,6 +137,15 @@ def test_partition_load_time_window(stack: Stack, spark: SparkSession, skewed_to
     assert before.count() == 3000
 
 
+def test_kafka_is_read_through_the_v2_source(stack: Stack, spark: SparkSession, skewed_topic) -> None:
+    """The session takes the connector's V2 source (spark/session.py); the V1 one converts every
+    record to an external row and back."""
+    topic = skewed_topic[0]
+    plan = partition_load.read_records(spark, stack.connection, [topic])._jdf.queryExecution()
+    physical = plan.executedPlan().toString()
+    assert "BatchScan" in physical and "KafkaRelation" not in physical, physical
+
+
 # --- pipeline analysis ------------------------------------------------------------------------
 
 BASE = datetime(2030, 1, 1, tzinfo=UTC)
