@@ -15,6 +15,12 @@ nothing about it; every try of an `AIClient` takes a permit and reports how it e
   before that first 429 came back, blind past the limit, or within a round trip after it, their
   place at the service taken by those, do not count as fewer calls held.) The level held
   before it shrank is kept as the plateau. A `Retry-After` holds any growth until it has passed.
+- for a 429's round trip after the first of an episode (outside a plateau) no call that ends
+  is replaced: the 429s of calls sent before it came back are still on their way, and had the
+  service shrunk, it would refuse every replacement too (a dozen 429s at a bench run's cut,
+  three to five since). Those late 429s count: the third at a level the service had served is
+  a shrink, and the cut applies to the calls the service would hold had the ended ones been
+  replaced. When nothing says it shrank, the limit comes back to that level.
 - the margin allows for the calls in transit: answers that have left the service but are not
   released here yet, and calls acquired here that have not reached it. A level counts them, so
   the service holds one or two fewer than a level says, more or fewer from one try to the next:
@@ -124,6 +130,8 @@ class AdaptiveLimit:
         self._transit: float | None = None  # mean calls ended while a 429 was out: the calls in transit
         self._grown_at = -math.inf
         self._filled = True  # a call was acquired at the limit since it last grew
+        self._drain_until = -math.inf  # after an episode's first 429: calls that end are not replaced
+        self._drain_level: float | None = None  # the limit once the drain is over, unless cut
         self._round: list[float] = []  # latencies of the current round
         self._baseline: float | None = None  # lowest mean latency of a full round
         self._smoothed: float | None = None  # latency averaged over about MIN_ROUND calls
@@ -179,6 +187,7 @@ class AdaptiveLimit:
             elif outcome == OK:
                 self._succeeded(now - permit.at, permit, now)
             self._admitted(now)
+            self._drain(now)
             self._cond.notify_all()
 
     def _overloaded(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
@@ -190,7 +199,19 @@ class AdaptiveLimit:
         margin = self._margin()
         if retry_after_s:
             self._hold_until = max(self._hold_until, now + retry_after_s)
+        draining = self._drain_level is not None
+        if draining:
+            self._drain_level -= 1  # the refused call is not replaced either
         if permit.generation != self._generation:
+            if draining and permit.level <= self._episode_held:
+                # Refused at a level the service served: during a drain no call is sent to be
+                # refused, so these are what tells a service that shrank.
+                self._episode_refusals += 1
+                if self._episode_refusals >= SHRINK_REFUSALS:
+                    self._plateau = max(self._plateau, self._held, self._cut_level)
+                    self._cut(math.floor(self._drain_level * self.backoff), now)
+                    self._start_hold()
+                    return
             # Sent before the last cut: the cut already answered it; one call fewer is held.
             self._set(min(self._limit, self._in_flight), now)
             if permit.at < self._cut_at + self._trip and now - self._cut_at < (self._min_latency or 0.0):
@@ -202,6 +223,8 @@ class AdaptiveLimit:
         # An episode of refusals lasts one latency from its first; `_cut_level` is what the service
         # held when it began.
         episode = self._min_latency is not None and now - self._cut_at < self._min_latency
+        # The calls the service would hold by now had the ones that ended been replaced.
+        level = self._drain_level if draining else self._in_flight
         if not episode:
             self._cut_at, self._cut_level = now, min(self._limit, self._in_flight)
             self._episode_held, self._episode_refusals = self._held, 0
@@ -211,7 +234,7 @@ class AdaptiveLimit:
         # episode, with a tenth and the margin fewer calls in flight than where it began: the
         # service shrank, not just our last probes were over (or counted a call on its way).
         shrank = (permit.level + margin <= self._held
-                  or (episode and self._in_flight + margin < SHRINK_SIGN * self._cut_level)
+                  or (episode and level + margin < SHRINK_SIGN * self._cut_level)
                   or self._episode_refusals >= SHRINK_REFUSALS)
         self._refused = min(self._refused, permit.level) if episode else permit.level
         if shrank:
@@ -223,9 +246,20 @@ class AdaptiveLimit:
             self._probes += 1
             wait = max(retry_after_s or 0.0, self._min_latency or 0.0)
             self._hold_until = max(self._hold_until, now + wait * max(1.0, self._probes / PROBE_PATIENCE))
-        target = self._in_flight * (self.backoff if shrank else 1.0)
-        if target < self._limit:
-            self._cut(math.floor(target), now)
+        if shrank:
+            self._cut(math.floor(level * self.backoff), now)
+        elif draining:
+            self._set(min(self._limit, self._in_flight), now)
+        elif self._plateau <= self._limit and self._trip:
+            # Until this refusal's round trip has passed again, the 429s of calls sent before it
+            # came back are on their way: were the calls that end replaced meanwhile, a service
+            # that shrank would refuse every replacement too (a dozen 429s in one bench run's
+            # cut). So none is: the limit follows the calls in flight down, and comes back to
+            # the level less the refused calls when nothing says the service shrank.
+            self._cut(self._in_flight, now)
+            self._drain_level, self._drain_until = float(self._in_flight), now + self._trip
+        elif self._in_flight < self._limit:
+            self._cut(self._in_flight, now)
         self._start_hold()
 
     def _succeeded(self, latency: float, permit: Permit, now: float) -> None:
@@ -299,6 +333,16 @@ class AdaptiveLimit:
         else:  # doubled, not there yet: the next served try at the new limit doubles again
             self._refused = int(self._limit)
 
+    def _drain(self, now: float) -> None:
+        """While draining, a call that ends is not replaced; after it, back to the level."""
+        if self._drain_level is None:
+            return
+        if now < self._drain_until:
+            self._set(min(self._limit, self._in_flight), now)
+            return
+        self._set(max(self._limit, self._drain_level), now)
+        self._drain_level = None
+
     def _smooth(self, latency: float) -> None:
         """A running mean of the latency over about MIN_ROUND calls and its lowest: a rise says
         calls queue (at the service, or here for a CPU) before any round ends."""
@@ -339,6 +383,7 @@ class AdaptiveLimit:
         self._set(value, now)
         self._generation += 1
         self._held = 0
+        self._drain_level = None
 
     def _start_hold(self) -> None:
         self._round_left = self._limit / 2

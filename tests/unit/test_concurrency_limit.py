@@ -133,17 +133,18 @@ def test_a_second_429_within_a_latency_of_the_cut_cuts_by_the_backoff() -> None:
     permits = take(limit, 10)  # levels 1 to 10
     clock.now = 1.0
     limit.release(permits.pop(0), OK)  # latency seen: 1 s; the service served level 1
+    refused = limit.acquire()  # level 10
     clock.now = 1.01
-    limit.release(permits.pop(), OVERLOAD)  # level 10 refused, 8 in flight: limit 8
-    assert limit.limit == 8
-    clock.now = 1.012
-    limit.release(permits.pop(0), OK)
-    sent_after_cut = limit.acquire()  # level 8
-    clock.now = 1.015
-    limit.release(permits.pop(0), OK)
+    limit.release(refused, OVERLOAD)  # level 10 refused, 9 in flight: limit 9
+    assert limit.limit == 9
     clock.now = 1.02
-    # Refused 0.01 s after the cut with 6 in flight, more than a tenth and the margin (one call in
-    # transit: one ended while each 429 was out) under the 8 the episode began with: 6 x 0.5.
+    limit.release(permits.pop(0), OK)  # its round trip has passed again: back to 9
+    sent_after_cut = limit.acquire()  # level 9
+    clock.now = 1.025
+    limit.release(permits.pop(0), OK)
+    clock.now = 1.03
+    # Refused 0.02 s after the cut with 7 in flight, more than a tenth and the margin (one call in
+    # transit: one ended while the second 429 was out) under the 9 the episode began with: 7 x 0.5.
     limit.release(sent_after_cut, OVERLOAD)
     assert limit.limit == 3
 
@@ -169,12 +170,48 @@ def test_refusals_of_a_few_probes_over_the_limit_do_not_cut_by_the_backoff() -> 
     permits.append(limit.acquire())
     clock.now = 1.01
     limit.release(permits.pop(), OVERLOAD)  # level 20 refused, 19 held: limit 19
-    clock.now = 1.012
-    limit.release(permits.pop(0), OK)
-    probe = limit.acquire()  # sent after the cut, refused too: 18 held, not a tenth under 20
     clock.now = 1.02
+    limit.release(permits.pop(0), OK)  # its round trip has passed again: back to 19
+    probe = limit.acquire()  # sent after the cut, refused too: 18 held, not a tenth under 19
+    clock.now = 1.03
     limit.release(probe, OVERLOAD)
     assert limit.limit == 18
+
+
+def test_after_a_429_calls_that_end_are_not_replaced_for_its_round_trip() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=64, backoff=0.5, clock=clock)
+    permits = take(limit, 64)
+    clock.now = 1.0
+    limit.release(permits.pop(), OK)  # level 64 served: limit 65
+    refused = limit.acquire()  # level 64
+    clock.now = 1.01
+    limit.release(refused, OVERLOAD)  # a round trip of 0.01 s; 63 in flight: limit 63
+    assert (limit.limit, limit.spare()) == (63, 0)
+    clock.now = 1.015
+    limit.release(permits.pop(0), OK)  # within the round trip: not replaced
+    assert (limit.limit, limit.spare()) == (62, 0)
+    clock.now = 1.021
+    limit.release(permits.pop(0), OK)  # past it, nothing else refused: the level less the refused
+    assert (limit.limit, limit.in_flight) == (63, 61)
+
+
+def test_refusals_of_calls_sent_before_the_drain_at_levels_served_cut_by_the_backoff_at_the_third() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=64, backoff=0.5, clock=clock)
+    permits = take(limit, 64)
+    clock.now = 1.0
+    limit.release(permits.pop(), OK)  # level 64 served: limit 65
+    sent = []
+    for _ in range(3):  # each at level 64, on its way when the service halves
+        sent.append(limit.acquire())
+        limit.release(permits.pop(0), OK)
+    for i, permit in enumerate(sent):
+        clock.now = 1.01 + i * 0.001
+        limit.release(permit, OVERLOAD)
+    # The first brought the limit to the 62 in flight and no call is replaced since; the next two,
+    # sent before it, were refused at the level the service had served: it shrank. (62 - 2) x 0.5
+    assert limit.limit == 30
 
 
 def test_refusals_at_levels_the_service_served_cut_by_the_backoff_at_the_third() -> None:
