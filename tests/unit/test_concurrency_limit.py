@@ -178,12 +178,19 @@ def test_refusals_of_a_few_probes_over_the_limit_do_not_cut_by_the_backoff() -> 
     assert limit.limit == 18
 
 
-def test_after_a_429_calls_that_end_are_not_replaced_for_its_round_trip() -> None:
-    clock = Clock()
+def served_at_64(clock: Clock) -> tuple[AdaptiveLimit, list[Permit]]:
+    """64 calls in flight since t=0 and the one at level 64 served at t=1 (a latency of 1 s):
+    limit 65, 63 calls left in flight."""
     limit = AdaptiveLimit(initial=64, backoff=0.5, clock=clock)
     permits = take(limit, 64)
     clock.now = 1.0
-    limit.release(permits.pop(), OK)  # level 64 served: limit 65
+    limit.release(permits.pop(), OK)
+    return limit, permits
+
+
+def test_after_a_429_calls_that_end_are_not_replaced_for_its_round_trip() -> None:
+    clock = Clock()
+    limit, permits = served_at_64(clock)
     refused = limit.acquire()  # level 64
     clock.now = 1.01
     limit.release(refused, OVERLOAD)  # a round trip of 0.01 s; 63 in flight: limit 63
@@ -198,10 +205,7 @@ def test_after_a_429_calls_that_end_are_not_replaced_for_its_round_trip() -> Non
 
 def test_refusals_of_calls_sent_before_the_drain_at_levels_served_cut_by_the_backoff_at_the_third() -> None:
     clock = Clock()
-    limit = AdaptiveLimit(initial=64, backoff=0.5, clock=clock)
-    permits = take(limit, 64)
-    clock.now = 1.0
-    limit.release(permits.pop(), OK)  # level 64 served: limit 65
+    limit, permits = served_at_64(clock)
     sent = []
     for _ in range(3):  # each at level 64, on its way when the service halves
         sent.append(limit.acquire())
@@ -216,10 +220,7 @@ def test_refusals_of_calls_sent_before_the_drain_at_levels_served_cut_by_the_bac
 
 def test_refusals_at_levels_the_service_served_cut_by_the_backoff_at_the_third() -> None:
     clock = Clock()
-    limit = AdaptiveLimit(initial=64, backoff=0.5, clock=clock)
-    permits = take(limit, 64)
-    clock.now = 1.0
-    limit.release(permits.pop(), OK)  # level 64 served: limit 65
+    limit, permits = served_at_64(clock)
     permits.append(limit.acquire())  # level 64
     # The service halves with 64 in flight: as each call ends, its replacement is refused at once,
     # at a level less than a margin (one call) under the one served: the first two only bring
@@ -241,10 +242,7 @@ def test_refusals_at_levels_the_service_served_cut_by_the_backoff_at_the_third()
 
 def test_successes_of_tries_sent_before_a_cut_do_not_grow_the_limit() -> None:
     clock = Clock()
-    limit = AdaptiveLimit(initial=64, backoff=0.5, clock=clock)
-    permits = take(limit, 64)
-    clock.now = 1.0
-    limit.release(permits.pop(), OK)  # level 64 served: limit 65
+    limit, permits = served_at_64(clock)
     clock.now = 1.01
     limit.release(permits.pop(), OVERLOAD)  # level 63 refused: 62 in flight, x 0.5
     assert limit.limit == 31
