@@ -20,7 +20,9 @@ nothing about it; every try of an `AIClient` takes a permit and reports how it e
   service shrunk, it would refuse every replacement too (a dozen 429s at a bench run's cut,
   three to five since). Those late 429s count: the third at a level the service had served is
   a shrink, and the cut applies to the calls the service would hold had the ended ones been
-  replaced. When nothing says it shrank, the limit comes back to that level.
+  replaced. When nothing says it shrank, the limit comes back to that level in steps, one call
+  more than in flight and doubling each 429 round trip, so a shrink the drain did not see is
+  told by the first step's refusal, not by as many as the calls that ended meanwhile.
 - the margin allows for the calls in transit: answers that have left the service but are not
   released here yet, and calls acquired here that have not reached it. A level counts them, so
   the service holds one or two fewer than a level says, more or fewer from one try to the next:
@@ -132,6 +134,7 @@ class AdaptiveLimit:
         self._filled = True  # a call was acquired at the limit since it last grew
         self._drain_until = -math.inf  # after an episode's first 429: calls that end are not replaced
         self._drain_level: float | None = None  # the limit once the drain is over, unless cut
+        self._drain_step, self._step_at = 1.0, -math.inf  # the return to it: next step and when
         self._round: list[float] = []  # latencies of the current round
         self._baseline: float | None = None  # lowest mean latency of a full round
         self._smoothed: float | None = None  # latency averaged over about MIN_ROUND calls
@@ -250,6 +253,7 @@ class AdaptiveLimit:
             self._cut(math.floor(level * self.backoff), now)
         elif draining:
             self._set(min(self._limit, self._in_flight), now)
+            self._drain_step = 1.0  # a step of the return refused: the next is one call again
         elif self._plateau <= self._limit and self._trip:
             # Until this refusal's round trip has passed again, the 429s of calls sent before it
             # came back are on their way: were the calls that end replaced meanwhile, a service
@@ -258,6 +262,7 @@ class AdaptiveLimit:
             # the level less the refused calls when nothing says the service shrank.
             self._cut(self._in_flight, now)
             self._drain_level, self._drain_until = float(self._in_flight), now + self._trip
+            self._drain_step, self._step_at = 1.0, -math.inf
         elif self._in_flight < self._limit:
             self._cut(self._in_flight, now)
         self._start_hold()
@@ -334,14 +339,21 @@ class AdaptiveLimit:
             self._refused = int(self._limit)
 
     def _drain(self, now: float) -> None:
-        """While draining, a call that ends is not replaced; after it, back to the level."""
+        """While draining, a call that ends is not replaced; after it, back to the level in steps
+        that double every 429 round trip, so that a service that shrank refuses the first step
+        rather than every call that ended during the drain (13 refused at once in a bench run's
+        cut, when the drain had seen two refusals, not the three that tell a shrink)."""
         if self._drain_level is None:
             return
         if now < self._drain_until:
             self._set(min(self._limit, self._in_flight), now)
             return
-        self._set(max(self._limit, self._drain_level), now)
-        self._drain_level = None
+        if now < self._step_at:
+            return
+        self._set(min(self._drain_level, self._in_flight + self._drain_step), now)
+        self._drain_step, self._step_at = 2 * self._drain_step, now + self._trip
+        if self._limit >= self._drain_level:
+            self._drain_level = None
 
     def _smooth(self, latency: float) -> None:
         """A running mean of the latency over about MIN_ROUND calls and its lowest: a rise says

@@ -432,7 +432,8 @@ class Member(StageMember):
         self._buffer = FetchBuffer(self._consumer, high=s.buffer, keepalive_s=min(1.0, poll_interval_s / 10),
                                    pause_after_s=poll_interval_s / 3)
         last_commit = time.monotonic()
-        with ThreadPoolExecutor(max_workers=s.window, thread_name_prefix=f"{self.name}-w") as pool:
+        workers = self.ctx.windows.size if self.ctx.windows is not None else s.window
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{self.name}-w") as pool:
             try:
                 while not stop.is_set():
                     waiting = len(self._buffer) > 0 and self._free_slots() == 0
@@ -460,10 +461,13 @@ class Member(StageMember):
         raise AssertionError(f"FetchBuffer returned a data record: {msg.topic()}:{msg.partition()}")
 
     def _free_slots(self) -> int:
-        """Records that may start now: room in the window and, when the fleet's AI calls follow
-        an adaptive limit, no more than the limit has spare (the rest wait in the buffer, where
-        its back-pressure applies, rather than in a worker)."""
-        free = self.settings.window - self._tracker.in_flight()
+        """Records that may start now: room in the window (the fleet's pooled windows, when it
+        has several members) and, when the fleet's AI calls follow a limit, no more than the
+        limit has spare (the rest wait in the buffer, where its back-pressure applies, rather
+        than in a worker)."""
+        in_flight = self._tracker.in_flight()
+        windows = self.ctx.windows
+        free = self.settings.window - in_flight if windows is None else windows.free(self.name, in_flight)
         limiter = self.ctx.ai.limiter if self.ctx.ai is not None else None
         return free if limiter is None else min(free, limiter.spare())
 
@@ -473,7 +477,10 @@ class Member(StageMember):
                 break
             epoch = self._tracker.dispatched(_tp(msg), msg.offset())
             pool.submit(self._work, msg, epoch)
-        metrics.IN_FLIGHT.labels(**self.labels).set(self._tracker.in_flight())
+        in_flight = self._tracker.in_flight()
+        if self.ctx.windows is not None:
+            self.ctx.windows.hold(self.name, in_flight)
+        metrics.IN_FLIGHT.labels(**self.labels).set(in_flight)
 
     def _work(self, msg: Message, epoch: int) -> None:
         """Worker: handle the record, retrying a dependency's failure with backoff for as long
@@ -540,6 +547,8 @@ class Member(StageMember):
         """Stop taking work, let in-flight records finish within the deadline, commit."""
         self._buffer.clear()
         self._release(set(self.assignment), commit=True)
+        if self.ctx.windows is not None:
+            self.ctx.windows.hold(self.name, self._tracker.in_flight())
 
 
 @dataclass(frozen=True)

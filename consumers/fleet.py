@@ -31,6 +31,7 @@ from consumers.pipeline_spec import HttpWork
 from consumers.producer import KeyedProducer
 from consumers.share_member import ShareMember
 from consumers.stages import StageContext
+from consumers.window_pool import WindowPool
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class Fleet:
             stage=s.member.stage, topics=events.Topics(s.prefix, pipeline_spec.load(s.pipeline)),
             storage=self.storage, producer=self.producer, ai=self._client(s.ai_url, concurrency),
             claim_lease_s=s.claim_lease_s,
+            windows=WindowPool(concurrency) if s.member.mode == "flow" else None,
         )
         kind = ShareMember if s.member.mode == "share" else Member
         self.members: list[StageMember] = [kind(member_name(s.member.stage, i, s.instance), s.member,

@@ -37,6 +37,7 @@ from consumers.failures import AIBusy, ClaimHeld
 from consumers.pipeline_spec import HttpWork, PythonWork, Route, StageSpec
 from consumers.producer import KeyedProducer
 from consumers.storage import Ended, Key, Origin, Status, Storage
+from consumers.window_pool import WindowPool
 
 DELIVERY_TIMEOUT_S = 30.0
 
@@ -51,6 +52,7 @@ class StageContext:
     producer: KeyedProducer
     ai: AIClient | None = None  # the stage's endpoint, when its work is an AI call
     claim_lease_s: float = 30.0  # longer than one try plus the backoff before the next
+    windows: WindowPool | None = None  # flow: the members' windows, pooled
 
     @property
     def spec(self) -> StageSpec:

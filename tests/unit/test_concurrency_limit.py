@@ -199,8 +199,8 @@ def test_after_a_429_calls_that_end_are_not_replaced_for_its_round_trip() -> Non
     limit.release(permits.pop(0), OK)  # within the round trip: not replaced
     assert (limit.limit, limit.spare()) == (62, 0)
     clock.now = 1.021
-    limit.release(permits.pop(0), OK)  # past it, nothing else refused: the level less the refused
-    assert (limit.limit, limit.in_flight) == (63, 61)
+    limit.release(permits.pop(0), OK)  # past it, nothing else refused: one call more, then doubling
+    assert (limit.limit, limit.in_flight) == (62, 61)
 
 
 def test_refusals_of_calls_sent_before_the_drain_at_levels_served_cut_by_the_backoff_at_the_third() -> None:
@@ -216,6 +216,54 @@ def test_refusals_of_calls_sent_before_the_drain_at_levels_served_cut_by_the_bac
     # The first brought the limit to the 62 in flight and no call is replaced since; the next two,
     # sent before it, were refused at the level the service had served: it shrank. (62 - 2) x 0.5
     assert limit.limit == 30
+
+
+def test_after_the_drain_the_limit_comes_back_a_step_at_a_time_and_a_refused_step_tells_a_shrink() -> None:
+    clock = Clock()
+    limit, permits = served_at_64(clock)
+    sent = []
+    for _ in range(2):  # only two calls at level 64 on their way when the service halves
+        sent.append(limit.acquire())
+        limit.release(permits.pop(0), OK)
+    clock.now = 1.01
+    limit.release(sent[0], OVERLOAD)  # a round trip of 0.01 s: the drain runs until 1.02
+    clock.now = 1.011
+    limit.release(sent[1], OVERLOAD)  # the second refusal at a level served: not yet a shrink
+    for i in range(5):  # calls that end during the drain are not replaced
+        clock.now = 1.012 + i * 0.001
+        limit.release(permits.pop(0), OK)
+    assert (limit.limit, limit.in_flight) == (56, 56)
+    clock.now = 1.021
+    limit.release(permits.pop(0), OK)  # the drain is over: one call more, not the 61 it had
+    assert (limit.limit, limit.in_flight) == (56, 55)
+    step = limit.acquire()
+    clock.now = 1.022
+    limit.release(step, OVERLOAD)  # refused: the third at a level served, it shrank
+    # The level after the drain: 62 in flight at the first refusal, less the two refused since,
+    # halved: 30. Coming back to 61 at once had sent six calls to be refused, not one.
+    assert limit.limit == 30
+
+
+def test_after_the_drain_the_steps_double_each_round_trip_back_to_the_level() -> None:
+    clock = Clock()
+    limit, permits = served_at_64(clock)
+    probe = limit.acquire()  # level 64, past the service's limit, which did not change
+    clock.now = 1.01
+    limit.release(probe, OVERLOAD)  # 63 in flight: the drain runs until 1.02
+    for i in range(6):  # six calls end during the drain
+        clock.now = 1.011 + i * 0.001
+        limit.release(permits.pop(0), OK)
+    assert limit.limit == 57
+    limits = []
+    for at in (1.021, 1.031, 1.041, 1.051):  # a call ends each round trip; each step is taken
+        clock.now = at
+        limit.release(permits.pop(0), OK)
+        limits.append(limit.limit)
+        while limit.spare():
+            permits.append(limit.acquire())
+    # In flight after each release, plus the step: 56 + 1, 56 + 2, 57 + 4, then 60 + 8 capped at
+    # the drain's level (the 63 in flight when the 429 came)
+    assert limits == [57, 58, 61, 63]
 
 
 def test_refusals_at_levels_the_service_served_cut_by_the_backoff_at_the_third() -> None:

@@ -29,6 +29,7 @@ from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
 from consumers.producer import DeliveryError
 from consumers.storage import Key
+from consumers.window_pool import WindowPool
 
 TOPIC = "unit.style"
 TP = (TOPIC, 0)
@@ -197,11 +198,11 @@ def sink() -> Sink:
     return Sink()
 
 
-def make_member(mode: str, sink: Sink) -> Member:
+def make_member(mode: str, sink: Sink, windows: WindowPool | None = None) -> Member:
     storage = SimpleNamespace(record_rebalance=lambda *a: None, record_stats=lambda *a: None,
                               record_dead_letter=lambda *a: sink.sent.append("table"))
     topics = Topics("unit", pipeline_spec.load("genai_image"))
-    ctx = SimpleNamespace(topics=topics, storage=storage, producer=sink, entry=True, ai=None,
+    ctx = SimpleNamespace(topics=topics, storage=storage, producer=sink, entry=True, ai=None, windows=windows,
                           key=lambda event: Key("genai_image", event["request_id"], event["run_id"]),
                           send=lambda topic, event: None)
     settings = MemberSettings(run_id="r", stage="check", mode=mode, group_id="g",
@@ -326,4 +327,24 @@ def test_a_refused_asynchronous_commit_is_sent_again(script: Script, sink: Sink)
         assert highest_commit(run.consumer) == 0
         run.consumer.refuse_next_commits = 0  # the coordinator takes commits again
         wait_for(lambda: highest_commit(run.consumer) == 3)  # the same position, sent again
+    assert run.error is None
+
+
+def test_a_flow_member_uses_the_window_its_fleet_mates_leave(script: Script, sink: Sink) -> None:
+    """Window 4 per member, two members pooled (8); the other member holds 2 records."""
+    release = threading.Event()
+    for offset in range(10):
+        script.plan(offset, blocked_until(release))
+    pool = WindowPool(8)
+    pool.hold("check-1", 2)
+    with running(make_member("flow", sink, windows=pool), records=10) as run:
+        wait_for(lambda: len(script.calls) == 6)  # 8 - 2: more than its own window of 4
+        time.sleep(0.1)
+        assert len(script.calls) == 6, "started more records than the pool had free"
+        pool.hold("check-1", 0)  # the other member finished its records
+        wait_for(lambda: len(script.calls) == 8)
+        time.sleep(0.1)
+        assert len(script.calls) == 8
+        release.set()
+        wait_for(lambda: highest_commit(run.consumer) == 10)
     assert run.error is None
