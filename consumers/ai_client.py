@@ -11,13 +11,13 @@ how the try ended, so the calls in flight follow the limit the service shows.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import requests
-from requests.adapters import HTTPAdapter
+import urllib3
 
 from consumers.concurrency_limit import AdaptiveLimit
 
@@ -81,19 +81,20 @@ class CallObserver(Protocol):
 
 
 class AIClient:
-    """Calls one AI endpoint with retries; safe to share between threads."""
+    """Calls one AI endpoint with retries; safe to share between threads.
+
+    Calls go through urllib3's connection pool directly: `requests` on top of it cost about
+    twice the CPU per call (1.8-2.0 ms against 0.8-0.9 ms, 64 threads calling the stand-in),
+    CPU that the stage's other work and the broker beside it share on a small machine."""
 
     def __init__(self, endpoint: Endpoint, policy: RetryPolicy | None = None,
                  pool_size: int = 64, seed: int | None = None, limiter: AdaptiveLimit | None = None) -> None:
         self.endpoint = endpoint
         self.policy = policy or RetryPolicy()
         self.limiter = limiter
-        self._session = requests.Session()
-        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, max_retries=0)
-        self._session.mount("http://", adapter)
-        self._session.mount("https://", adapter)
-        if endpoint.auth_header:
-            self._session.headers["Authorization"] = endpoint.auth_header
+        self._pool = urllib3.PoolManager(num_pools=1, maxsize=pool_size, retries=False)
+        self._headers = {"Content-Type": "application/json",
+                         **({"Authorization": endpoint.auth_header} if endpoint.auth_header else {})}
         self._rng = random.Random(seed)
 
     def call(self, payload: dict[str, Any], observer: CallObserver | None = None) -> dict[str, Any]:
@@ -128,21 +129,23 @@ class AIClient:
 
     def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict, str, float | None]:
         try:
-            response = self._session.post(self.endpoint.url, json=payload,
-                                          timeout=self.endpoint.timeout_s)
-        except requests.Timeout:
-            return None, {}, "timeout", None
-        except requests.ConnectionError:
+            response = self._pool.request("POST", self.endpoint.url, body=json.dumps(payload).encode(),
+                                          headers=self._headers, timeout=self.endpoint.timeout_s)
+        except urllib3.exceptions.NewConnectionError:  # refused (a TimeoutError in urllib3 2)
             return None, {}, "connection_error", None
-        status = response.status_code
+        except urllib3.exceptions.TimeoutError:
+            return None, {}, "timeout", None
+        except urllib3.exceptions.HTTPError:  # reset, or broken off mid-answer
+            return None, {}, "connection_error", None
+        status = response.status
         if status < 300:
-            return status, response.json(), "ok", None
+            return status, json.loads(response.data), "ok", None
         if status == 429:
             return status, {}, "http_429", _retry_after(response.headers.get("Retry-After"))
         return status, {}, ("http_5xx" if status >= 500 else "http_4xx"), None
 
     def close(self) -> None:
-        self._session.close()
+        self._pool.clear()
 
 
 def _retry_after(value: str | None) -> float | None:

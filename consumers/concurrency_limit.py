@@ -191,7 +191,10 @@ class AdaptiveLimit:
                 self._succeeded(now - permit.at, permit, now)
             self._admitted(now)
             self._drain(now)
-            self._cond.notify_all()
+            # Wake only as many waiters as may go on: waking every one of them on each release
+            # (tens of workers of a stage wait here at the start of a burst) had them all
+            # contend for this lock and the GIL just to wait again.
+            self._cond.notify(max(0, int(self._limit) - self._in_flight))
 
     def _overloaded(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
         self._refusals.append((permit.at, now))

@@ -6,6 +6,7 @@ import math
 import os
 import random
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -217,6 +218,52 @@ def test_hang_outlasts_the_client_timeout(start: Start) -> None:
     with pytest.raises(requests.Timeout):
         requests.post(f"{base}/v1/generate", json=GENERATE, timeout=0.3)
     assert stats(base)["generate"]["hangs"] == 1
+
+
+class Outcomes:
+    """An observer keeping each try's outcome."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def started(self, attempt: int, at: float) -> None:
+        pass
+
+    def ended(self, attempt: Try) -> None:
+        self.seen.append(attempt.outcome)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens once the socket is closed
+
+
+@pytest.mark.parametrize(("changes", "outcome", "final"), [
+    ({"hang_rate": 1.0}, "timeout", False),  # held past the client's timeout: the request's fault
+    ({"error_rate": 1.0, "latency_s": 0.01}, "http_5xx", False),
+    ({"token": "s3cret"}, "http_4xx", True),  # no Authorization header: final
+])
+def test_the_client_names_each_failure_as_the_retry_policy_reads_it(
+        start: Start, changes: dict[str, Any], outcome: str, final: bool) -> None:
+    token = changes.pop("token", None)
+    base = start(**({"token": token} if token else {}), generate=changes)
+    client = AIClient(ai_client.Endpoint(f"{base}/v1/generate", timeout_s=0.3), RetryPolicy(max_attempts=1))
+    observer = Outcomes()
+    with pytest.raises(ai_client.AIUnavailable) as failed:
+        client.call(GENERATE, observer)
+    assert observer.seen == [outcome] and failed.value.final is final
+
+
+def test_a_refused_connection_is_a_connection_error_not_a_timeout() -> None:
+    # urllib3 2 raises a refused connection as a kind of connect timeout; a timeout is the
+    # request's fault (dead-lettered after the tries), a service not there is not.
+    client = AIClient(ai_client.Endpoint(f"http://127.0.0.1:{closed_port()}/v1/generate", timeout_s=2),
+                      RetryPolicy(max_attempts=1))
+    observer = Outcomes()
+    with pytest.raises(ai_client.AIUnavailable):
+        client.call(GENERATE, observer)
+    assert observer.seen == ["connection_error"]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import math
 import threading
+import time
 
 import pytest
 
@@ -41,6 +42,35 @@ def test_acquire_waits_while_the_limit_is_reached() -> None:
     assert got.wait(2)
     waiter.join()
     assert (limit.limit, limit.in_flight) == (2, 2)
+
+
+def test_each_freed_permit_goes_to_a_waiter_and_none_is_left_waiting() -> None:
+    limit = AdaptiveLimit.fixed(2)
+    held = take(limit, 2)
+    acquired: list[Permit] = []
+    lock = threading.Lock()
+
+    def wait_for_permit() -> None:
+        permit = limit.acquire()
+        with lock:
+            acquired.append(permit)
+
+    waiters = [threading.Thread(target=wait_for_permit) for _ in range(6)]
+    for waiter in waiters:
+        waiter.start()
+    for freed in range(1, 7):  # each release lets exactly one more waiter through
+        limit.release(held.pop(), "http_5xx")
+        deadline = time.monotonic() + 2
+        while len(acquired) < freed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # time for a second waiter to slip through, were one let in
+        with lock:
+            assert len(acquired) == freed
+            held.append(acquired[-1])
+    for waiter in waiters:
+        waiter.join(2)
+        assert not waiter.is_alive()
+    assert limit.in_flight == 2
 
 
 def test_a_429_brings_the_limit_down_to_the_calls_still_in_flight() -> None:
