@@ -261,7 +261,7 @@ class StageMember:
         notice = spec.failure_notice
         if key is not None and notice is not None and reason == "ai_unavailable":
             route = Route(to=notice.to, fields={**notice.fields, "reason": reason})
-            self.ctx.send(notice.to, stages.message(route, spec.key, key, event or {}))
+            self.ctx.send((notice.to, stages.message(route, spec.key, key, event or {})))
         metrics.ERRORS.labels(**self.labels, reason=reason).inc()
 
     def _transient(self, msg: Message, exc: Exception) -> None:

@@ -72,9 +72,14 @@ class StageContext:
         rank = 2 * self.topics.spec.stage_names.index(self.stage) + int(route)
         return Status(name, rank, settles=name in pipeline_spec.TERMINAL_STATUSES)
 
-    def send(self, topic: str, event: dict[str, Any]) -> None:
-        """Send downstream and wait for the acknowledgement: a record only completes after it."""
-        self.producer.send(self.topics.name(topic), event).result(DELIVERY_TIMEOUT_S)
+    def send(self, *outgoing: tuple[str, dict[str, Any]]) -> None:
+        """Send each (topic, event) downstream, then wait for every acknowledgement: a record
+        only completes after them. All are sent before the first is waited for: waiting for each
+        in turn held a record one acknowledgement per route (a stage that feeds the next and
+        tells the bot waited for two, one after the other)."""
+        pending = [self.producer.send(self.topics.name(topic), event) for topic, event in outgoing]
+        for delivery in pending:
+            delivery.result(DELIVERY_TIMEOUT_S)
 
 
 @dataclass
@@ -106,9 +111,8 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
     state.recorded_first = ctx.storage.record_result(key, ctx.stage, state.result, origin, status,
                                                      ctx.entry, state.unwritten) or state.recorded_first
     state.unwritten.clear()
-    for route in routes:
-        if state.recorded_first or not route.once:
-            ctx.send(route.to, message(route, ctx.topics.spec.key, key, outcome))
+    ctx.send(*[(route.to, message(route, ctx.topics.spec.key, key, outcome))
+               for route in routes if state.recorded_first or not route.once])
     if status is not None and status.settles:
         ctx.storage.mark_notified(key)
 

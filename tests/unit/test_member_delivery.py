@@ -204,7 +204,7 @@ def make_member(mode: str, sink: Sink, windows: WindowPool | None = None) -> Mem
     topics = Topics("unit", pipeline_spec.load("genai_image"))
     ctx = SimpleNamespace(topics=topics, storage=storage, producer=sink, entry=True, ai=None, windows=windows,
                           key=lambda event: Key("genai_image", event["request_id"], event["run_id"]),
-                          send=lambda topic, event: None)
+                          send=lambda *outgoing: None)
     settings = MemberSettings(run_id="r", stage="check", mode=mode, group_id="g",
                               kafka=KafkaConnection.plain("unused"), time_scale=0.02, window=4, buffer=8,
                               batch_size=1, commit_interval_s=0.01,

@@ -150,7 +150,7 @@ def make_member(dead: DeadLetters, group_events: list[tuple[str, list[str]]]) ->
     ctx = SimpleNamespace(topics=Topics("unit", pipeline_spec.load("genai_image")), storage=storage,
                           producer=dead, entry=True, ai=None,
                           key=lambda event: Key("genai_image", event["request_id"], event["run_id"]),
-                          send=lambda topic, event: None)
+                          send=lambda *outgoing: None)
     settings = MemberSettings(run_id="r", stage="check", mode="share", group_id="unit.check",
                               kafka=KafkaConnection.plain("unused"), time_scale=0.02, window=WINDOW)
     return ShareMember("check-0", settings, ctx)

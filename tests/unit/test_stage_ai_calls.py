@@ -8,6 +8,7 @@ every shipped pipeline is run through each case.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import Future
 from typing import Any
 
 import psycopg2
@@ -108,8 +109,8 @@ class Sent:
     def __init__(self) -> None:
         self.events: list[tuple[str, dict]] = []
 
-    def __call__(self, topic: str, event: dict) -> None:
-        self.events.append((topic, event))
+    def __call__(self, *outgoing: tuple[str, dict]) -> None:
+        self.events.extend(outgoing)
 
 
 def context(spec: pipeline_spec.PipelineSpec, stage: str, storage: FakeStorage,
@@ -231,3 +232,30 @@ def test_a_claimed_or_finished_request_is_not_called(ai_stage: tuple, claim: Cla
         assert [topic for topic, _ in ctx.send.events] == ROUTED[spec.name, stage]  # re-sent downstream
     else:
         assert isinstance(failure, expected) and classify(failure).kind == TRANSIENT
+
+
+class AckedTogether:
+    """A producer whose sends are acknowledged only once `expected` of them were sent."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.futures: list[Future] = []
+
+    def send(self, topic: str, event: dict) -> Future:
+        self.futures.append(Future())
+        if len(self.futures) == self.expected:
+            for i, future in enumerate(self.futures):
+                future.set_result((0, i))
+        return self.futures[-1]
+
+
+def test_a_record_sends_every_route_before_waiting_for_the_acknowledgements(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Had the first send been waited for before the second was sent, its acknowledgement (which
+    # comes only with the second) would never arrive.
+    monkeypatch.setattr(stages, "DELIVERY_TIMEOUT_S", 0.5)
+    producer = AckedTogether(expected=2)
+    ctx = stages.StageContext(stage="check", topics=events.Topics("p", pipeline_spec.load("genai_image")),
+                              storage=None, producer=producer)  # type: ignore[arg-type]
+    ctx.send(("generate", {"request_id": "r"}), ("notify", {"request_id": "r"}))
+    assert [f.result(0) for f in producer.futures] == [(0, 0), (0, 1)]
