@@ -6,8 +6,9 @@ baseline     no keys (sticky partitions), client defaults, 500-record batches pr
              committing: the reference article's starting point
 tuned        a UUID key per event and bounded polls of one record: the article's fix
 flow         UUID keys and the flow-controlled consumer: a few members whose windows add up to
-             twice the AI concurrency, with the AI calls capped at the concurrency, so records
-             that wait on writing their result or on an acknowledged send never idle an AI slot
+             FLOW_WINDOW_FACTOR times the AI concurrency, with the AI calls capped at the
+             concurrency, so records that wait on writing their result or on an acknowledged
+             send never idle an AI slot
 flow-kip848  `flow` with the KIP-848 consumer group protocol (`group.protocol=consumer`)
 flow-adaptive  `flow` told nothing of the AI concurrency: each fleet discovers its endpoint's
              limit while calling it (`consumers.concurrency_limit`); the members' windows only
@@ -27,6 +28,13 @@ from consumers.pipeline_config import PipelineConfig, StageConfig
 
 NAMES = ("baseline", "tuned", "flow", "flow-kip848", "flow-adaptive", "share")
 ADAPTIVE_CEILING = 256  # calls in flight per AI stage, far above the published limits
+# Records in flight per AI call allowed. A record holds its place in the window for its call and
+# then while its result is written and its sends are acknowledged (Little's law: records in
+# flight = rate x that whole time). With acks=all on three brokers beside everything else on two
+# cores, the acknowledgements took longer than a check call: at twice the concurrency 106 of a
+# check fleet's 128 records waited on them and 10 were in AI calls (`durable` at 0.53-0.69 of
+# the capacity, 0.84 at four times).
+FLOW_WINDOW_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,8 @@ def build(name: str, p: PresetParams) -> PipelineConfig:
     def ai_stages(stage: StageConfig) -> dict[str, StageConfig]:
         return dict.fromkeys(spec.ai_stages, stage)
 
-    flow = common.with_stages(**ai_stages(StageConfig("flow", members=p.flow_members, window=2 * window,
+    flow = common.with_stages(**ai_stages(StageConfig("flow", members=p.flow_members,
+                                                      window=FLOW_WINDOW_FACTOR * window,
                                                       ai_calls=p.concurrency)))
     configs = {
         "baseline": replace(common, key_strategy="none", profile="latency").with_stages(
