@@ -205,10 +205,14 @@ def start_node(layout: Layout, node_id: int) -> int:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: a UUID in Kafka's URL-safe base64 form."""
+    """A KRaft cluster id: a UUID in Kafka's URL-safe base64 form, never starting with '-' (as
+    Kafka's own Uuid.randomUuid ensures): the storage tool reads such an id as an option and
+    refuses to format, one stack start in 64."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        pass
+    return cluster_id
 
 
 def wait_registered(layout: Layout, pids: dict[int, int], expected: int,
