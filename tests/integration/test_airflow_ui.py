@@ -22,6 +22,7 @@ from consumers.pipeline_config import PipelineConfig
 from consumers.pipeline_spec import REFERENCE
 from infra import airflow_ui
 from tests.integration.pipeline_fixtures import query
+from tests.integration.test_dags import PASSABLE, TEXT_MODERATION_SCALE
 from tests.stack import REPO, Stack, unique
 
 playwright_api = pytest.importorskip("playwright.sync_api")
@@ -34,9 +35,8 @@ DAG_ID = "pipeline_tuning"
 ROLLBACK_DAG_ID = "pipeline_rollback"
 PIPELINE = "text_moderation"  # not the form's default
 BURST = 200  # the form's default is 320: seeing 200 in the run's conf proves the form was used
-# Three trials and a low target: the lower bound of two trials' t-interval (t = 12.7) is too wide
-# for a loaded test machine to clear any target. A fast time scale keeps the run short.
-FORM = {"burst": BURST, "trials": 3, "target_utilization": 0.05, "tolerance": 0.9, "time_scale": 0.05}
+# The gate tests' passable thresholds, at the time scale that text_moderation's trials need.
+FORM = {"burst": BURST, **PASSABLE, "time_scale": TEXT_MODERATION_SCALE}
 RUN_TIMEOUT_S = 600
 # The nightly schedule would add a run of its own as soon as the DAG is unpaused (catchup=False
 # still runs the latest missed interval); this Airflow only runs what is triggered.
@@ -220,10 +220,10 @@ def test_trigger_tuning_from_the_form_and_act_on_the_gate_decision(stack: Stack,
         assert len(decision) == 1, decision
         decision = decision[0]
         assert (decision["version"], decision["pipeline"]) == (resolved["version"], PIPELINE)
-        assert decision["thresholds"]["target_utilization"] == 0.05
+        assert decision["thresholds"]["target_utilization"] == FORM["target_utilization"]
         assert decision["passed"], decision["reasons"]
         summary = decision["figures"]["summary"]
-        assert summary["trials"] == 3
+        assert summary["trials"] == FORM["trials"]
         gate = gate_frame(page, airflow)
         row = gate.locator(f'tr[data-run-id="{pipeline_run}"]')
         expect(row).to_be_visible()

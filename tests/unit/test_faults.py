@@ -146,9 +146,9 @@ def test_settings_put_the_load_at_88_percent_of_a_21_rps_capacity() -> None:
     config = s.config()
     assert (config.profile, config.replication_factor, config.partitions) == ("durability", 3, 16)
     generate = config.stage("generate")
-    # 4 members holding 8 records each (twice their share of the calls), 16 AI calls at once:
-    # the 16 slots.
-    assert (generate.mode, generate.members, generate.window, generate.ai_calls) == ("flow", 4, 8, 16)
+    # 4 members holding 16 records each (four times their share of the calls), 16 AI calls at
+    # once: the 16 slots.
+    assert (generate.mode, generate.members, generate.window, generate.ai_calls) == ("flow", 4, 16, 16)
     assert generate.ai_calls_at_once == 16
 
 
