@@ -13,9 +13,9 @@ our rows and by the service's own count, uncommitted records per group, and seco
 fault's end (when the harness undoes it; a fleet kill ends with the kill, supervisord's restart
 being the recovery) back to 90 % of the pre-fault completion rate. The run writes
 results/<run id>/faults.json and faults.png and exits 1 when any fault fails (lost, duplicate
-results, AI calls the service served twice beyond the fleet kill's in-flight window (one per
-record the fleet holds), dead
-letters for a reason the fault did not inject, or a fault that could not be measured).
+results, AI calls the service served twice beyond the fleet kill's in-flight window, one per
+record the fleet holds; dead letters for a reason the fault did not inject, or a fault that
+could not be measured).
 
 Why this setup:
 - The durability profile (RF 3, min ISR 2, acks=all, idempotent producers) with the `flow`
