@@ -135,11 +135,11 @@ def freeze_broker(t: Target) -> Window:
 
 
 def in_flight_window(config: PipelineConfig, stage: str = "generate") -> int:
-    """The AI calls a kill -9 of a stage's fleet can leave answered but unrecorded, so made again
-    after the restart: one per record the fleet holds. An answer is recorded with its record's
-    result, after the call gave its slot back, so records past their call and waiting on that
-    write add to the calls under way (17 with 16 calls under way, seen once)."""
-    return config.stage(stage).records_at_once
+    """AI calls a stage's fleet can have under way at once: what a kill -9 may leave answered
+    but unrecorded, so called again after the restart. Not yet a guarantee: a call gives its
+    AI slot back when answered, and its answer is recorded with the record's result after
+    that, so a kill in between repeats calls beyond it (17 with 16 under way, faults-8954c32877)."""
+    return config.stage(stage).ai_calls_at_once
 
 
 def kill_fleet(t: Target) -> Window:

@@ -13,9 +13,8 @@ our rows and by the service's own count, uncommitted records per group, and seco
 fault's end (when the harness undoes it; a fleet kill ends with the kill, supervisord's restart
 being the recovery) back to 90 % of the pre-fault completion rate. The run writes
 results/<run id>/faults.json and faults.png and exits 1 when any fault fails (lost, duplicate
-results, AI calls the service served twice beyond the fleet kill's in-flight window, one per
-record the fleet holds; dead letters for a reason the fault did not inject, or a fault that
-could not be measured).
+results, AI calls the service served twice beyond the fleet kill's in-flight window, dead
+letters for a reason the fault did not inject, or a fault that could not be measured).
 
 Why this setup:
 - The durability profile (RF 3, min ISR 2, acks=all, idempotent producers) with the `flow`
@@ -25,7 +24,7 @@ Why this setup:
   requests/s, the reference scenario's ceiling (64 / 3 s) with calls four times shorter and
   four times fewer in flight. On this 2-core machine that keeps the fleets' threads and the
   per-request platform work (replicated Kafka writes, a dozen database transactions) small
-  beside the AI time; it caps the fleet kill's calls under way at 16; the consumer
+  beside the AI time; it bounds the fleet kill's in-flight window at 16 calls; the consumer
   group clocks scale with it (an 11 s session timeout, so a killed fleet's members expire
   within the phase); and 0.75 s calls make one-second completion counts smooth where 3 s
   calls would arrive in waves.
@@ -329,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     for phase in phases:
         if phase["fault"] == "fleet-kill":
             console.print(f"fleet kill: in-flight window {phase['allowed_service_duplicates']} generate "
-                          "records (the most calls the service may serve twice); served twice: "
+                          "calls (the most the service may serve twice); served twice: "
                           f"{phase.get('service_duplicates', '-')}")
     console.print(f"results in {folder} (faults.json, faults.png)")
     return 0 if summary["passed"] else 1

@@ -41,14 +41,10 @@ class StageConfig:
         return self.window if self.mode in WINDOW_MODES else 1
 
     @property
-    def records_at_once(self) -> int:
-        """Records the whole fleet works on at once: its members' windows."""
-        return self.members * self.concurrent
-
-    @property
     def ai_calls_at_once(self) -> int:
         """AI calls the whole fleet can have under way: its members' records, capped by `ai_calls`."""
-        return self.records_at_once if self.ai_calls is None else min(self.records_at_once, self.ai_calls)
+        held = self.members * self.concurrent
+        return held if self.ai_calls is None else min(held, self.ai_calls)
 
 
 @dataclass(frozen=True)

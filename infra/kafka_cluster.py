@@ -214,9 +214,10 @@ def new_cluster_id() -> str:
     refuses to format, one stack start in 64."""
     import base64
 
-    while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
-        pass
-    return cluster_id
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def wait_registered(layout: Layout, pids: dict[int, int], expected: int,
