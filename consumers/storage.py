@@ -94,12 +94,19 @@ _FORWARD = ("status = CASE WHEN requests.status = ANY(%(settled)s) OR requests.s
 Ended = tuple[int, float, float, str, int | None]
 
 
-def _end_attempts(cur: Any, ended: Sequence[Ended]) -> None:
-    if ended:
-        cur.executemany("UPDATE ai_attempts SET started_at = %s, ended_at = %s, outcome = %s, "
-                        "http_status = %s WHERE id = %s",
-                        [(ts(sent), ts(at), outcome, status, row_id)
-                         for row_id, sent, at, outcome, status in ended])
+# Completes the attempt rows of %(ended_*)s (see `_ended`), however many, in one statement.
+_END_ATTEMPTS = (
+    "UPDATE ai_attempts a SET started_at = e.sent, ended_at = e.at, outcome = e.outcome, "
+    "http_status = e.status FROM unnest(%(ended_id)s::bigint[], %(ended_sent)s::timestamptz[], "
+    "%(ended_at)s::timestamptz[], %(ended_outcome)s::text[], %(ended_status)s::int[]) "
+    "AS e(id, sent, at, outcome, status) WHERE a.id = e.id")
+
+
+def _ended(ended: Sequence[Ended]) -> dict[str, list]:
+    """The parameters of `_END_ATTEMPTS`: one array per column."""
+    return {"ended_id": [e[0] for e in ended], "ended_sent": [ts(e[1]) for e in ended],
+            "ended_at": [ts(e[2]) for e in ended], "ended_outcome": [e[3] for e in ended],
+            "ended_status": [e[4] for e in ended]}
 
 
 LEFT_FOR_OTHERS = 16  # connections a new pool leaves free: the platform's other processes need some
@@ -204,30 +211,30 @@ class Storage:
                       status: Status | None, entry: bool, ended: Sequence[Ended] = ()) -> bool:
         """A stage's result, once, with what it does to the request row (the kept fields, the
         status, an entry stage's count) and the endings of the tries that got it (`ended`, see
-        `end_attempts`), in one transaction; True when this call recorded the result, False for
-        a duplicate."""
-        with self._tx() as cur:
-            _end_attempts(cur, ended)
+        `end_attempts`), in one statement (atomic as a transaction, one round trip instead of
+        five); True when this call recorded the result, False for a duplicate."""
+        with self._tx(atomic=False) as cur:
             cur.execute(
-                "INSERT INTO stage_results (pipeline, request_id, stage, run_id, outcome, result, member, "
-                "topic, kafka_partition, kafka_offset) VALUES (%s, %s, %s, %s, 'ok', %s, %s, %s, %s, %s) "
-                "ON CONFLICT (pipeline, request_id, stage) DO NOTHING RETURNING 1",
-                (key.pipeline, key.request_id, stage, key.run_id,
-                 None if result is None else json.dumps(result), origin.member, origin.topic,
-                 origin.partition, origin.offset))
-            first = cur.fetchone() is not None
-            if first:
-                cur.execute(
-                    "UPDATE requests SET fields = fields || %(fields)s, entries = entries + %(entry)s, "
-                    "finished_at = CASE WHEN %(settles)s AND NOT requests.status = ANY(%(settled)s) "
-                    f"THEN now() ELSE finished_at END, {_FORWARD} "
-                    "WHERE pipeline = %(p)s AND request_id = %(r)s",
-                    {"p": key.pipeline, "r": key.request_id, "fields": json.dumps(result or {}),
-                     "entry": int(entry), "settles": bool(status and status.settles),
-                     # no status: rank -1 is below every row's, so the row keeps its own
-                     "status": status.name if status else "", "rank": status.rank if status else -1,
-                     "settled": list(TERMINAL_STATUSES)})
-            return first
+                f"WITH ended AS ({_END_ATTEMPTS}), "
+                "first AS (INSERT INTO stage_results (pipeline, request_id, stage, run_id, outcome, "
+                "result, member, topic, kafka_partition, kafka_offset) VALUES (%(p)s, %(r)s, %(s)s, "
+                "%(run)s, 'ok', %(result)s, %(member)s, %(topic)s, %(partition)s, %(offset)s) "
+                "ON CONFLICT (pipeline, request_id, stage) DO NOTHING RETURNING 1), "
+                "forward AS (UPDATE requests SET fields = fields || %(fields)s, "
+                "entries = entries + %(entry)s, "
+                "finished_at = CASE WHEN %(settles)s AND NOT requests.status = ANY(%(settled)s) "
+                f"THEN now() ELSE finished_at END, {_FORWARD} "
+                "WHERE pipeline = %(p)s AND request_id = %(r)s AND EXISTS (SELECT FROM first)) "
+                "SELECT EXISTS (SELECT FROM first)",
+                {"p": key.pipeline, "r": key.request_id, "s": stage, "run": key.run_id,
+                 "result": None if result is None else json.dumps(result), "member": origin.member,
+                 "topic": origin.topic, "partition": origin.partition, "offset": origin.offset,
+                 "fields": json.dumps(result or {}), "entry": int(entry),
+                 "settles": bool(status and status.settles),
+                 # no status: rank -1 is below every row's, so the row keeps its own
+                 "status": status.name if status else "", "rank": status.rank if status else -1,
+                 "settled": list(TERMINAL_STATUSES), **_ended(ended)})
+            return cur.fetchone()[0]
 
     def mark_notified(self, key: Key) -> None:
         """The settling route's messages were acknowledged: the end of the request's latency."""
@@ -239,25 +246,25 @@ class Storage:
         """Claim (key, stage) before calling its AI, unless its result is already recorded.
 
         The claim is `owner`'s when nobody holds it, when `owner` holds it already, or when the
-        holder's lease has expired (a member that died mid-call): then it is taken over.
+        holder's lease has expired (a member that died mid-call): then it is taken over. One
+        statement: the claim is only tried when no result is recorded.
         """
         with self._tx(atomic=False) as cur:
-            cur.execute("SELECT coalesce(result, '{}'::jsonb) FROM stage_results "
-                        "WHERE pipeline = %s AND request_id = %s AND stage = %s",
-                        (key.pipeline, key.request_id, stage))
-            row = cur.fetchone()
-            if row is not None:
-                return Claim(done=row[0])
             cur.execute(
-                "INSERT INTO stage_claims (pipeline, request_id, stage, owner, lease_until) "
-                "VALUES (%(p)s, %(r)s, %(s)s, %(o)s, now() + make_interval(secs => %(l)s)) "
+                "WITH done AS (SELECT coalesce(result, '{}'::jsonb) AS result FROM stage_results "
+                "WHERE pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s), "
+                "claimed AS (INSERT INTO stage_claims (pipeline, request_id, stage, owner, lease_until) "
+                "SELECT %(p)s, %(r)s, %(s)s, %(o)s, now() + make_interval(secs => %(l)s) "
+                "WHERE NOT EXISTS (SELECT FROM done) "
                 "ON CONFLICT (pipeline, request_id, stage) DO UPDATE SET owner = EXCLUDED.owner, "
                 "lease_until = EXCLUDED.lease_until, "
                 "takeovers = stage_claims.takeovers + (stage_claims.owner <> EXCLUDED.owner)::int "
                 "WHERE stage_claims.owner = EXCLUDED.owner OR stage_claims.lease_until < now() "
-                "RETURNING 1", {"p": key.pipeline, "r": key.request_id, "s": stage, "o": owner,
-                                "l": lease_s})
-            return Claim(ours=cur.fetchone() is not None)
+                "RETURNING 1) "
+                "SELECT (SELECT result FROM done), EXISTS (SELECT FROM claimed)",
+                {"p": key.pipeline, "r": key.request_id, "s": stage, "o": owner, "l": lease_s})
+            done, ours = cur.fetchone()
+            return Claim(done=done) if done is not None else Claim(ours=ours)
 
     def start_attempt(self, key: Key, stage: str, origin: Origin, owner: str, lease_s: float,
                       attempt: int, started: float) -> int:
@@ -267,25 +274,28 @@ class Storage:
         try is then not sent, and the record waits for that member's result.
         """
         with self._tx(atomic=False) as cur:
-            cur.execute("UPDATE stage_claims SET lease_until = now() + make_interval(secs => %s) "
-                        "WHERE pipeline = %s AND request_id = %s AND stage = %s AND owner = %s RETURNING 1",
-                        (lease_s, key.pipeline, key.request_id, stage, owner))
-            if cur.fetchone() is None:
-                raise ClaimLost(f"{stage} claim of {key.request_id} taken over by another member")
             cur.execute(
+                "WITH renewed AS (UPDATE stage_claims SET lease_until = now() + make_interval(secs => %(l)s) "
+                "WHERE pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s AND owner = %(o)s "
+                "RETURNING 1) "
                 "INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
                 "kafka_partition, kafka_offset, started_at, outcome) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'started') RETURNING id",
-                (key.pipeline, key.run_id, key.request_id, stage, attempt, origin.member, origin.topic,
-                 origin.partition, origin.offset, ts(started)))
-            return cur.fetchone()[0]
+                "SELECT %(p)s, %(run)s, %(r)s, %(s)s, %(attempt)s, %(member)s, %(topic)s, %(partition)s, "
+                "%(offset)s, %(at)s, 'started' FROM renewed RETURNING id",
+                {"l": lease_s, "p": key.pipeline, "r": key.request_id, "s": stage, "o": owner,
+                 "run": key.run_id, "attempt": attempt, "member": origin.member, "topic": origin.topic,
+                 "partition": origin.partition, "offset": origin.offset, "at": ts(started)})
+            row = cur.fetchone()
+            if row is None:
+                raise ClaimLost(f"{stage} claim of {key.request_id} taken over by another member")
+            return row[0]
 
     def end_attempts(self, ended: Sequence[Ended]) -> None:
         """Complete the attempt rows of tries that got no result (a result completes its own
         with `record_result`)."""
         if ended:
             with self._tx(atomic=False) as cur:
-                _end_attempts(cur, ended)
+                cur.execute(_END_ATTEMPTS, _ended(ended))
 
     def record_skip(self, key: Key, stage: str, origin: Origin) -> None:
         """A re-consumed event whose result already exists: on record, and no AI call made."""
