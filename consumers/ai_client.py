@@ -117,7 +117,8 @@ class AIClient:
         """One try, inside a permit of the limiter when there is one."""
         if observer is not None:
             observer.started(attempt, time.time())
-        permit = self.limiter.acquire() if self.limiter is not None else None
+        # (renewed as the try goes out: its thread may have waited to run since it was granted)
+        permit = self.limiter.renew(self.limiter.acquire()) if self.limiter is not None else None
         outcome, retry_after = "not_sent", None
         try:
             started = time.time()

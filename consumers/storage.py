@@ -109,6 +109,13 @@ def _ended(ended: Sequence[Ended]) -> dict[str, list]:
             "ended_status": [e[4] for e in ended]}
 
 
+def _row_of(key: Key, stage: str, origin: Origin) -> dict[str, Any]:
+    """The named parameters every row of a stage's record carries: request, stage and offset."""
+    return {"p": key.pipeline, "r": key.request_id, "s": stage, "run": key.run_id,
+            "member": origin.member, "topic": origin.topic, "partition": origin.partition,
+            "offset": origin.offset}
+
+
 LEFT_FOR_OTHERS = 16  # connections a new pool leaves free: the platform's other processes need some
 
 _FREE_CONNECTIONS = (
@@ -226,9 +233,7 @@ class Storage:
                 f"THEN now() ELSE finished_at END, {_FORWARD} "
                 "WHERE pipeline = %(p)s AND request_id = %(r)s AND EXISTS (SELECT FROM first)) "
                 "SELECT EXISTS (SELECT FROM first)",
-                {"p": key.pipeline, "r": key.request_id, "s": stage, "run": key.run_id,
-                 "result": None if result is None else json.dumps(result), "member": origin.member,
-                 "topic": origin.topic, "partition": origin.partition, "offset": origin.offset,
+                {**_row_of(key, stage, origin), "result": None if result is None else json.dumps(result),
                  "fields": json.dumps(result or {}), "entry": int(entry),
                  "settles": bool(status and status.settles),
                  # no status: rank -1 is below every row's, so the row keeps its own
@@ -282,9 +287,8 @@ class Storage:
                 "kafka_partition, kafka_offset, started_at, outcome) "
                 "SELECT %(p)s, %(run)s, %(r)s, %(s)s, %(attempt)s, %(member)s, %(topic)s, %(partition)s, "
                 "%(offset)s, %(at)s, 'started' FROM renewed RETURNING id",
-                {"l": lease_s, "p": key.pipeline, "r": key.request_id, "s": stage, "o": owner,
-                 "run": key.run_id, "attempt": attempt, "member": origin.member, "topic": origin.topic,
-                 "partition": origin.partition, "offset": origin.offset, "at": ts(started)})
+                {**_row_of(key, stage, origin), "l": lease_s, "o": owner, "attempt": attempt,
+                 "at": ts(started)})
             row = cur.fetchone()
             if row is None:
                 raise ClaimLost(f"{stage} claim of {key.request_id} taken over by another member")

@@ -248,6 +248,59 @@ def test_refusals_of_calls_sent_before_the_drain_at_levels_served_cut_by_the_bac
     assert limit.limit == 30
 
 
+def test_a_latency_cut_is_not_repeated_for_calls_sent_before_it() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=64, maximum=64, latency_tolerance=1.5, clock=clock)
+    first = take(limit, 64)
+    clock.now = 1.0
+    for permit in first:  # baseline: a round of 64 calls of 1 s
+        limit.release(permit, OK)
+    queued = take(limit, 64)
+    clock.now = 2.5
+    for permit in queued[:32]:
+        limit.release(permit, OK)
+    late = take(limit, 32)  # sent before the cut below, queued behind it
+    clock.now = 3.0
+    for permit in queued[32:]:
+        limit.release(permit, OK)
+    assert limit.limit == 36  # a round of 1.5 s and 2 s: 64 x 1 / 1.75 = 36.6
+    clock.now = 4.5
+    for permit in late:  # 2 s each, but sent before the cut: not in a round
+        limit.release(permit, OK)
+    fresh = take(limit, 8)
+    clock.now = 5.5
+    for permit in fresh:
+        limit.release(permit, OK)
+    # With them, 32 latencies of 2 s and 5 of 1 s made a round of 1.86 s: cut again to 19.
+    assert limit.limit == 36
+
+
+def test_a_permit_taken_before_a_cut_is_given_back_unsent_and_waits_for_the_new_limit() -> None:
+    clock = Clock()
+    limit, permits = served_at_64(clock)  # limit 65, 63 in flight
+    assert limit.renew(permits[0]) is permits[0]  # no cut since it was taken: sent as it is
+    late = limit.acquire()  # level 64: its thread runs again only after the 429 below
+    probe = limit.acquire()  # level 65
+    clock.now = 1.01
+    limit.release(probe, OVERLOAD)  # 64 in flight, the late try counted: the drain runs to 1.02
+    assert (limit.limit, limit.in_flight) == (64, 64)
+    renewed: list[Permit] = []
+    waiter = threading.Thread(target=lambda: renewed.append(limit.renew(late)))
+    waiter.start()
+    deadline = time.monotonic() + 2
+    while limit.in_flight != 63 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    # Given back unsent and not replaced while the drain runs: the try waits.
+    assert (limit.limit, limit.in_flight, renewed) == (63, 63, [])
+    clock.now = 1.021
+    limit.release(permits.pop(), OK)  # the drain is over: one call more than the 62 in flight
+    waiter.join(2)
+    assert not waiter.is_alive()
+    assert renewed[0].generation != late.generation
+    assert (limit.limit, limit.in_flight) == (63, 63)
+
+
 def test_after_the_drain_the_limit_comes_back_a_step_at_a_time_and_a_refused_step_tells_a_shrink() -> None:
     clock = Clock()
     limit, permits = served_at_64(clock)
