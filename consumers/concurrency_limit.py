@@ -2,7 +2,8 @@
 
 Model APIs do not publish a stable concurrency limit: it moves with their load and the
 account's tier and shows itself as 429 answers and as rising latency. This limiter is told
-nothing about it; every try of an `AIClient` takes a permit and reports how it ended:
+nothing about it; every try of an `AIClient` takes a permit, renews it as it goes out (one
+taken before a cut is given back and waited for again) and reports how it ended:
 
 - a 429 is the service saying it is full: the calls still in flight are what it holds of ours,
   so the limit falls to that count. Every permit carries its level (the calls in flight with

@@ -20,6 +20,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Any
+
+from confluent_kafka import ConsumerGroupState
 
 from consumers import events, kafka_connection, metrics, pipeline_spec, profiles, storage
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
@@ -152,13 +155,32 @@ class Fleet:
             time.sleep(0.05)
         settled_since = time.monotonic()
         last = self._assignments()
-        while time.monotonic() - settled_since < 1.0:
+        admin = None if self.settings.member.mode == "share" else self.settings.member.kafka.admin()
+
+        def settled() -> bool:
+            return time.monotonic() - settled_since >= 1.0 and (admin is None or self._group_settled(admin))
+
+        while not settled():
             if time.monotonic() > deadline:
                 raise TimeoutError("group assignment did not settle")
             time.sleep(0.1)
             now = self._assignments()
             if now != last:
                 last, settled_since = now, time.monotonic()
+
+    def _group_settled(self, admin: Any) -> bool:
+        """The coordinator's view agrees: the group is stable and gives each member of this fleet
+        that holds partitions what it holds. A member's own assignment can stay the same for a
+        second while the group's next rebalance is under way: a steady load started then met
+        members that stopped fetching for it (its first records waited 1.2 s, and commits were
+        refused with ILLEGAL_GENERATION)."""
+        group = admin.describe_consumer_groups([self.settings.member.group_id],
+                                               request_timeout=10)[self.settings.member.group_id].result()
+        if group.state != ConsumerGroupState.STABLE:
+            return False
+        held = {m.client_id: {(tp.topic, tp.partition) for tp in m.assignment.topic_partitions}
+                for m in group.members}
+        return all(held.get(m.name) == m.assignment for m in self.members if m.assignment)
 
     def raise_failures(self) -> None:
         """Re-raise the first member failure, so a broken fleet fails fast and loudly."""
