@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from confluent_kafka import ConsumerGroupState
+from confluent_kafka import ConsumerGroupState, KafkaException
 
 from consumers import events, kafka_connection, metrics, pipeline_spec, profiles, storage
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
@@ -173,9 +173,14 @@ class Fleet:
         that holds partitions what it holds. A member's own assignment can stay the same for a
         second while the group's next rebalance is under way: a steady load started then met
         members that stopped fetching for it (its first records waited 1.2 s, and commits were
-        refused with ILLEGAL_GENERATION)."""
-        group = admin.describe_consumer_groups([self.settings.member.group_id],
-                                               request_timeout=10)[self.settings.member.group_id].result()
+        refused with ILLEGAL_GENERATION). A group the coordinator cannot describe yet (it is
+        loading, or moving with a broker's restart) is not settled: asked again until the deadline."""
+        group_id = self.settings.member.group_id
+        try:
+            group = admin.describe_consumer_groups([group_id], request_timeout=10)[group_id].result()
+        except KafkaException as exc:
+            log.info("group %s not described yet: %s", group_id, exc)
+            return False
         if group.state != ConsumerGroupState.STABLE:
             return False
         held = {m.client_id: {(tp.topic, tp.partition) for tp in m.assignment.topic_partitions}
