@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import urllib3
 
-from consumers.concurrency_limit import AdaptiveLimit
+from consumers.concurrency_limit import NOT_SENT, AdaptiveLimit
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class AIClient:
             observer.started(attempt, time.time())
         # (renewed as the try goes out: its thread may have waited to run since it was granted)
         permit = self.limiter.renew(self.limiter.acquire()) if self.limiter is not None else None
-        outcome, retry_after = "not_sent", None
+        outcome, retry_after = NOT_SENT, None
         try:
             started = time.time()
             status, body, outcome, retry_after = self._post(payload)

@@ -75,7 +75,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-OK, OVERLOAD = "ok", "http_429"
+OK, OVERLOAD, NOT_SENT = "ok", "http_429", "not_sent"
 SHRINK_SIGN = 0.9  # a refusal this far under the last cut's level means the service shrank
 SHRINK_REFUSALS = 3  # refusals in one episode at levels the service served: it shrank
 ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
@@ -188,11 +188,7 @@ class AdaptiveLimit:
         with self._cond:
             if permit.generation == self._generation:
                 return permit
-            self._in_flight -= 1
-            if permit is self._probe_out:
-                self._probe_out = None
-            self._drain(self._clock())  # (while draining, the given-back call is not replaced)
-            self._cond.notify(max(0, int(self._limit) - self._in_flight))
+        self.release(permit, NOT_SENT)  # (while draining, the given-back call is not replaced)
         return self.acquire()
 
     def release(self, permit: Permit, outcome: str, retry_after_s: float | None = None) -> None:
@@ -200,7 +196,7 @@ class AdaptiveLimit:
         with self._cond:
             now = self._clock()
             self._in_flight -= 1
-            self._ended += 1
+            self._ended += outcome != NOT_SENT  # (a try never sent did not end at the service)
             if permit is self._probe_out:
                 self._probe_out = None
             if outcome == OVERLOAD:
