@@ -207,6 +207,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pause-seconds", type=float, default=10.0)
     p.add_argument("--spark-records", type=int, default=10_000_000,
                    help="records partition_load reads beside ConsumerPerformance (0: skip)")
+    p.add_argument("--spark-repeat", type=int, default=3,
+                   help="runs of partition_load and of ConsumerPerformance; the best of each is compared")
     p.add_argument("--keep-topics", action="store_true", help="keep the scenarios' topics for inspection")
     p.add_argument("--smoke", action="store_true", help="a small run that checks the output")
     return p.parse_args(argv)
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> Path:
     if args.smoke:
         args.partitions, args.concurrency, args.flow_members = 8, 8, 2
         args.burst, args.perf_records, args.pause_seconds = 80, 50_000, 2.0
-        args.spark_records = min(args.spark_records, 100_000)
+        args.spark_records, args.spark_repeat = min(args.spark_records, 100_000), 1
         args.scale = min(args.scale, 0.05)
     names = args.scenarios.split(",")
     where = stacks(args, names)
@@ -263,7 +265,8 @@ def main(argv: list[str] | None = None) -> Path:
         console.rule("[bold]Spark partition_load against ConsumerPerformance")
         with session(spark_partition_load.APP_NAME, long_scan=True) as spark_session:
             spark = spark_partition_load.measure(main_stack.kafka.default, spark_session, args.spark_records,
-                                                 partitions=params.partitions, replication=rf)
+                                                 partitions=params.partitions, replication=rf,
+                                                 workload=spark_partition_load.Workload(repeat=args.spark_repeat))
     summary = {
         "run_id": bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
         "versions": versions(), "params": {**asdict(params), "replication_factor": rf},
