@@ -172,12 +172,16 @@ def adaptive_figures(database_url: str, run_id: str, result: dict[str, Any], p: 
     discovered = [(float(at) - first, limit) for at, limit in rows(
         database_url, "SELECT extract(epoch FROM at), limit_value FROM ai_limits WHERE run_id = %s "
         "AND stage = %s ORDER BY at", (run_id, stage))]
+    calls = [(float(started) - first, float(ended) - first) for started, ended in rows(
+        database_url, "SELECT extract(epoch FROM started_at), extract(epoch FROM ended_at) FROM ai_attempts "
+        "WHERE run_id = %s AND stage = %s AND outcome = 'ok'", (run_id, stage))]
     recoveries = []
     for at, limit in in_force[1:]:
         took = figures.recovery_s(times, at, limit / service_s, service_s)
         recoveries.append({"at_s": round(at, 3), "limit": limit, "recovery_s": _rounded(took, 3),
                            "recovery_real_s": _rounded(None if took is None else took / p.time_scale, 2)})
+    utilization = figures.utilization_in_force(times, calls, capacity, service_s)
     return {"stage": stage, "service_s": round(service_s, 5),
-            "utilization_in_force": _rounded(figures.utilization_in_force(times, capacity), 4),
-            "recoveries": recoveries, "service_limits": [(round(at, 3), limit) for at, limit in in_force],
+            "utilization_in_force": _rounded(utilization, 4), "recoveries": recoveries,
+            "service_limits": [(round(at, 3), limit) for at, limit in in_force],
             "discovered_limits": [(round(at, 3), limit) for at, limit in discovered]}

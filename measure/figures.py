@@ -40,8 +40,13 @@ schedule: (from_s, capacity_rps) pieces, seconds since the first produce):
 - physical_minimum_s: the shortest span the AI services allow: `requests` served at the capacity
   in force, plus one request's chain of AI calls (the last one still has to go through them).
 - span_over_minimum: span_s / physical_minimum_s.
-- utilization_in_force: completions on the plateau (the STEADY_BAND of completions, as for
-  steady_throughput_rps) / what the capacity in force could serve over that time.
+- utilization_in_force: the share of the concurrency in force that the bottleneck's successful
+  calls kept busy on the plateau (from the first to the last completion of the STEADY_BAND, as
+  for steady_throughput_rps): seconds of those calls inside it / the slot-seconds the capacity
+  in force gives it (capacity x the mean call). It counts calls, not completions: with calls of
+  a fixed latency completions come in waves, and where the band's ends fell among the waves
+  moved a count of completions by up to a wave (0.925 and 0.989 for two runs whose calls kept
+  0.955 and 0.953 of the slots busy, bench-233daa3e14 and bench-ad86636781).
 - recovery_s after a change of capacity: from the change until the completions of the last
   `window_s` (one call of the bottleneck: as many completions as calls fit in flight) first
   reach RECOVERED of what the new capacity serves in that window.
@@ -249,14 +254,18 @@ def span_over_minimum(span: float | None, minimum_s: float) -> float | None:
     return None if span is None or minimum_s <= 0 else span / minimum_s
 
 
-def utilization_in_force(times: Sequence[float], schedule: Schedule) -> float | None:
-    """Completion times are seconds since the first produce, like the schedule's."""
+def utilization_in_force(times: Sequence[float], calls: Iterable[tuple[float, float]], schedule: Schedule,
+                         call_s: float) -> float | None:
+    """Completion times and the successful calls' (start, end) are seconds since the first
+    produce, like the schedule's; `call_s` is the bottleneck's mean call."""
     if len(times) < MIN_STEADY_POINTS:
         return None
     ordered = sorted(times)
     lo, hi = (round(share * (len(ordered) - 1)) for share in STEADY_BAND)
-    could = servable(schedule, ordered[lo], ordered[hi])
-    return (hi - lo) / could if could > 0 else None
+    start, end = ordered[lo], ordered[hi]
+    busy = sum(max(0.0, min(ended, end) - max(started, start)) for started, ended in calls)
+    slots = servable(schedule, start, end) * call_s
+    return busy / slots if slots > 0 else None
 
 
 def recovery_s(times: Sequence[float], change_at: float, capacity_rps: float,
