@@ -167,7 +167,7 @@ def adaptive_figures(database_url: str, run_id: str, result: dict[str, Any], p: 
     first = result["first_produced_s"]
     service_s = result["service_s"][stage]
     in_force = _relative([[0.0, p.concurrency], *schedule], p, applied_at, first)
-    capacity = [(max(0.0, at), limit / service_s) for at, limit in in_force]
+    slots = [(max(0.0, at), float(limit)) for at, limit in in_force]
     times = [t - first for t in result["completion_times"]]
     discovered = [(float(at) - first, limit) for at, limit in rows(
         database_url, "SELECT extract(epoch FROM at), limit_value FROM ai_limits WHERE run_id = %s "
@@ -180,7 +180,7 @@ def adaptive_figures(database_url: str, run_id: str, result: dict[str, Any], p: 
         took = figures.recovery_s(times, at, limit / service_s, service_s)
         recoveries.append({"at_s": round(at, 3), "limit": limit, "recovery_s": _rounded(took, 3),
                            "recovery_real_s": _rounded(None if took is None else took / p.time_scale, 2)})
-    utilization = figures.utilization_in_force(times, calls, capacity, service_s)
+    utilization = figures.utilization_in_force(times, calls, slots)
     return {"stage": stage, "service_s": round(service_s, 5),
             "utilization_in_force": _rounded(utilization, 4), "recoveries": recoveries,
             "service_limits": [(round(at, 3), limit) for at, limit in in_force],

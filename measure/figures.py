@@ -42,8 +42,8 @@ schedule: (from_s, capacity_rps) pieces, seconds since the first produce):
 - span_over_minimum: span_s / physical_minimum_s.
 - utilization_in_force: the share of the concurrency in force that the bottleneck's successful
   calls kept busy on the plateau (from the first to the last completion of the STEADY_BAND, as
-  for steady_throughput_rps): seconds of those calls inside it / the slot-seconds the capacity
-  in force gives it (capacity x the mean call). It counts calls, not completions: with calls of
+  for steady_throughput_rps): seconds of those calls inside it / the slot-seconds the
+  concurrency in force gives it. It counts calls, not completions: with calls of
   a fixed latency completions come in waves, and where the band's ends fell among the waves
   moved a count of completions by up to a wave (0.925 and 0.989 for two runs whose calls kept
   0.955 and 0.953 of the slots busy, bench-233daa3e14 and bench-ad86636781).
@@ -235,7 +235,8 @@ def capacity_at(schedule: Schedule, t: float) -> float:
 
 
 def servable(schedule: Schedule, start: float, end: float) -> float:
-    """Requests the capacity in force can serve between `start` and `end`."""
+    """The schedule summed over time between `start` and `end`: the requests a capacity schedule
+    can serve, the slot-seconds a concurrency schedule gives."""
     bounds = [start, *(at for at, _ in schedule if start < at < end), end]
     return sum(capacity_at(schedule, a) * (b - a) for a, b in itertools.pairwise(bounds))
 
@@ -254,17 +255,17 @@ def span_over_minimum(span: float | None, minimum_s: float) -> float | None:
     return None if span is None or minimum_s <= 0 else span / minimum_s
 
 
-def utilization_in_force(times: Sequence[float], calls: Iterable[tuple[float, float]], schedule: Schedule,
-                         call_s: float) -> float | None:
-    """Completion times and the successful calls' (start, end) are seconds since the first
-    produce, like the schedule's; `call_s` is the bottleneck's mean call."""
+def utilization_in_force(times: Sequence[float], calls: Iterable[tuple[float, float]],
+                         limits: Schedule) -> float | None:
+    """Completion times, the successful calls' (start, end) and `limits` (the concurrency in
+    force, calls) are in seconds since the first produce."""
     if len(times) < MIN_STEADY_POINTS:
         return None
     ordered = sorted(times)
     lo, hi = (round(share * (len(ordered) - 1)) for share in STEADY_BAND)
     start, end = ordered[lo], ordered[hi]
     busy = sum(max(0.0, min(ended, end) - max(started, start)) for started, ended in calls)
-    slots = servable(schedule, start, end) * call_s
+    slots = servable(limits, start, end)
     return busy / slots if slots > 0 else None
 
 

@@ -162,22 +162,23 @@ def test_physical_minimum_is_the_requests_at_the_capacity_in_force_plus_one_chai
 
 
 def test_utilization_in_force_is_the_share_of_the_slots_in_force_that_calls_kept_busy() -> None:
-    # Calls of 1 s (10, 5 then 10 slots), five at a time back to back from 0 to 60 s: completions
-    # come five at once at 1, 2, ... 60 s. The band runs from the 60th (13 s) to the 240th (48 s):
-    # 5 x 35 = 175 busy slot-seconds where the schedule gives 10 x 7 + 5 x 20 + 10 x 8 = 250.
+    # HALVED read as 10, 5 then 10 slots; calls of 1 s, five at a time back to back from 0 to
+    # 60 s: completions come five at once at 1, 2, ... 60 s. The band runs from the 60th (13 s) to
+    # the 240th (48 s): 5 x 35 = 175 busy slot-seconds where the schedule gives 10 x 7 + 5 x 20 +
+    # 10 x 8 = 250.
     calls = [(float(k), k + 1.0) for k in range(60) for _ in range(5)]
     times = [end for _, end in calls]
-    assert figures.utilization_in_force(times, calls, HALVED, 1.0) == pytest.approx(0.7)
-    assert figures.utilization_in_force(times[:5], calls, HALVED, 1.0) is None
+    assert figures.utilization_in_force(times, calls, HALVED) == pytest.approx(0.7)
+    assert figures.utilization_in_force(times[:5], calls, HALVED) is None
 
 
 def test_utilization_in_force_does_not_move_with_where_the_band_meets_a_wave() -> None:
-    # Four slots of 2 s calls (2 rps), all four busy from 0 to 80 s: a full service is 1.0
+    # Four slots of 2 s calls, all four busy from 0 to 80 s: a full service is 1.0
     # wherever the band's ends fall. Counting completions instead, the 32nd to the 127th (18 s
-    # to 64 s: 95 completions where 2 x 46 = 92 could be) made it 1.033.
+    # to 64 s: 95 completions where 2 calls/s x 46 s = 92 could be) made it 1.033.
     calls = [(float(k), k + 2.0) for k in range(0, 80, 2) for _ in range(4)]
     times = [end for _, end in calls]
-    assert figures.utilization_in_force(times, calls, [(0.0, 2.0)], 2.0) == pytest.approx(1.0)
+    assert figures.utilization_in_force(times, calls, [(0.0, 4.0)]) == pytest.approx(1.0)
 
 
 def test_recovery_is_when_the_last_window_of_completions_reaches_90_percent_of_the_new_capacity() -> None:
