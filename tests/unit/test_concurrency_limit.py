@@ -86,41 +86,69 @@ def test_saturated_successes_grow_the_limit_one_call_each_paced_by_the_latency()
     clock = Clock()
     limit = AdaptiveLimit(initial=4, clock=clock)
     permits = take(limit, 4)
-    clock.now = 1.0  # latency 1 s
+    clock.now = 4.0  # latency 4 s
     limit.release(permits.pop(0), OK)  # in use, nothing refused: slow start, +1
     assert limit.limit == 5
     permits += take(limit, limit.spare())
-    # Growth waits latency / limit / 2 = 0.1 s: a success at the same instant adds nothing.
+    # Growth waits latency / limit / 2 = 0.4 s: a success at the same instant adds nothing.
     limit.release(permits.pop(0), OK)
     assert limit.limit == 5
     permits += take(limit, limit.spare())
-    clock.now = 1.1
+    clock.now = 4.4
     limit.release(permits.pop(0), OK)
     assert limit.limit == 6
 
 
+def measured(limit: AdaptiveLimit, trip: float) -> AdaptiveLimit:
+    """`limit` as if a 429 had measured `trip` as its round trip, the rest of its state untouched
+    (a real 429 would cut and hold it too)."""
+    limit._trip = trip
+    return limit
+
+
 def test_calls_ending_together_grow_the_limit_by_the_saved_tokens_only() -> None:
     clock = Clock()
-    limit = AdaptiveLimit(initial=32, clock=clock)
+    limit = measured(AdaptiveLimit(initial=32, clock=clock), trip=0.001)
     permits = take(limit, 32)
-    clock.now = 1.0  # 32 calls of 1 s end at once: at most 32 / 8 = 4 tokens are saved
-    for _ in range(10):
+    # 10 of the 32 calls of 4 s end within 45 ms (5 ms apart, past the 4 round trips of 1 ms a
+    # step waits): 32 / 8 = 4 tokens saved, and a token every latency / limit / 2 = 1/18 s since.
+    for end in range(10):
+        clock.now = 4.0 + 0.005 * end
         limit.release(permits.pop(0), OK)
         refill(limit, permits)
     assert limit.limit == 36
-    clock.now = 1.05  # a token every latency / limit / 2 = 1/72 s: 3.6 by now
-    for _ in range(3):
+    for end in range(3):  # 4.2 s: 0.75 tokens left and 0.155 s x 18 more, 3.5: three steps
+        clock.now = 4.2 + 0.005 * end
         limit.release(permits.pop(0), OK)
         refill(limit, permits)
     assert limit.limit == 39
+
+
+def test_until_a_429_is_measured_growth_doubles_at_most_every_1_5_s_in_steps_20_ms_apart() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=20, clock=clock)
+    permits = take(limit, 20)
+    clock.now = 0.5  # 20 calls of 0.5 s end at once: one step, though 20 / 8 tokens are saved
+    for _ in range(20):
+        limit.release(permits.pop(0), OK)
+        refill(limit, permits)
+    assert limit.limit == 21
+    for end in range(1, 41):  # then a call ends every 25 ms for 1 s
+        clock.now = 0.5 + 0.025 * end
+        limit.release(permits.pop(0), OK)
+        refill(limit, permits)
+    # A token every 1.5 s / limit: dL/dt = L / 1.5, so 21 x e^(1 / 1.5) = 40.9, and the 1.5
+    # saved tokens left. Paced by the latency (a token every 0.25 s / limit), every call that
+    # ended would have stepped: 61.
+    assert 40 <= limit.limit <= 43, limit.limit
 
 
 def test_a_step_waits_until_the_last_one_is_taken() -> None:
     clock = Clock()
     limit = AdaptiveLimit(initial=32, clock=clock)
     permits = take(limit, 32)
-    clock.now = 1.0  # 4 tokens saved, but the caller has not started a call at 33 yet
-    for _ in range(10):
+    for end in range(10):  # tokens enough, but the caller has not started a call at 33 yet
+        clock.now = 1.0 + 0.1 * end
         limit.release(permits.pop(0), OK)
     assert limit.limit == 33
     refill(limit, permits)  # the calls start: 33 in flight, the step is taken
@@ -187,7 +215,8 @@ def test_a_429_at_a_level_the_service_served_since_the_cut_cuts_by_the_backoff()
     limit.release(permits.pop(), OK)  # level 10 served; +1 of growth: limit 11
     assert limit.limit == 11
     clock.now = 1.01
-    limit.release(permits.pop(), OVERLOAD)  # level 9 refused: the service shrank. 8 x 0.5
+    # Level 7 refused, a tenth and the margin (a call) under 10: the service shrank. 8 x 0.5
+    limit.release(permits.pop(6), OVERLOAD)
     assert limit.limit == 4
 
 
@@ -371,11 +400,33 @@ def test_refusals_at_levels_the_service_served_cut_by_the_backoff_at_the_third()
     assert limit.limit == 30
 
 
+def test_a_probe_refused_a_while_before_the_service_halves_is_not_its_episode() -> None:
+    clock = Clock()
+    limit, permits = served_at_64(clock)
+    permits += take(limit, 2)  # levels 64 and 65: the last a probe
+    clock.now = 1.001
+    limit.release(permits.pop(), OVERLOAD)  # refused: limit 64, the calls in flight
+    assert limit.limit == 64
+    # 0.96 latencies later the service halves, with 64 of ours in flight: each call that ends is
+    # replaced and refused. These refusals are an episode of their own (the probe's was 0.96 s
+    # before, over a quarter latency): it began with 63 in flight, so the service held at least
+    # 62 of them (a margin of one call). Refused at 64 and 63, then at 62, 61 and 60: the third at
+    # a level it held, so it shrank: 59 in flight x 0.5.
+    for at, expected in ((1.96, 63), (1.98, 62), (2.0, 61), (2.02, 60), (2.04, 29)):
+        clock.now = at
+        limit.release(permits.pop(0), OK)
+        replacement = limit.acquire()
+        clock.now += 0.001
+        limit.release(replacement, OVERLOAD)
+        assert limit.limit == expected, at
+
+
 def test_successes_of_tries_sent_before_a_cut_do_not_grow_the_limit() -> None:
     clock = Clock()
     limit, permits = served_at_64(clock)
     clock.now = 1.01
-    limit.release(permits.pop(), OVERLOAD)  # level 63 refused: 62 in flight, x 0.5
+    # Level 56 refused, a tenth and a call under the 64 served: it shrank. 62 in flight x 0.5
+    limit.release(permits.pop(55), OVERLOAD)
     assert limit.limit == 31
     for i, permit in enumerate(permits):  # the calls of before end; they held the old level
         clock.now = 1.02 + i * 0.01
@@ -394,17 +445,17 @@ def test_a_429_for_a_try_sent_before_the_cut_only_counts_the_call_it_freed() -> 
 
 
 def shrunk(clock: Clock) -> AdaptiveLimit:
-    """A limiter whose service served 20 calls, then refused one sent at level 19 with nothing
-    ending on the way (a margin of one call): limit 4 (18 in flight x 0.25), plateau 20, lowest
-    refused level 19, the calls of before all ended at t=1.02."""
-    limit = AdaptiveLimit(initial=20, backoff=0.25, clock=clock)
+    """A limiter whose service served 20 calls, then refused one sent at level 16 with nothing
+    ending on the way (a margin of one call): limit 4 (15 in flight x 0.3), plateau 20, lowest
+    refused level 16, the calls of before all ended at t=1.02."""
+    limit = AdaptiveLimit(initial=20, backoff=0.3, clock=clock)
     permits = take(limit, 20)
     clock.now = 1.0
-    limit.release(permits.pop(), OK)  # level 20 served: +1 of growth, limit 21
-    limit.release(permits.pop(), OK)  # level 19 served
-    refused = limit.acquire()  # level 19
+    for _ in range(5):
+        limit.release(permits.pop(), OK)  # levels 20 to 16 served: +1 of growth, limit 21
+    refused = limit.acquire()  # level 16
     clock.now = 1.01
-    limit.release(refused, OVERLOAD, retry_after_s=0.5)  # 19 + 1 <= 20: it shrank. 18 x 0.25
+    limit.release(refused, OVERLOAD, retry_after_s=0.5)  # 16 + 1 < 20 x 0.9: it shrank. 15 x 0.3
     clock.now = 1.02
     for permit in permits:
         limit.release(permit, OK)  # sent before the cut: no growth, no return to the plateau
@@ -443,8 +494,10 @@ def test_under_the_plateau_the_refused_level_is_probed_once_a_latency_up_to_the_
         assert limit.limit == expected, at
 
 
-def test_a_probe_unrefused_for_a_few_round_trips_returns_to_the_plateau_doubling() -> None:
-    clock = Clock()
+def probe_out(clock: Clock) -> tuple[AdaptiveLimit, list[Permit]]:
+    """`shrunk`, then a probe refused at level 5, and one at 6 sent at 3.04, out until 3.089 (4
+    round trips of a 429, 0.036 s, or 5 % of the latency, 0.049 s) before it is taken for
+    admitted. At 3.06: returns it and the permits in flight (limit 6, all of it taken)."""
     limit = shrunk(clock)  # a 429's round trip: 0.009 s; the lowest latency 0.98 s
     permits = take(limit, 4)
     clock.now = 2.0
@@ -461,24 +514,110 @@ def test_a_probe_unrefused_for_a_few_round_trips_returns_to_the_plateau_doubling
     clock.now = 3.0
     limit.release(permits.pop(0), OK)  # limit 5 again
     permits += take(limit, 2)  # levels 4 and 5
-    clock.now = 3.02
+    clock.now = 3.04  # the last step's refusal would be back (4 round trips of 0.009 s)
     limit.release(permits.pop(0), OK)  # and 6: probes go up to the margin (a call) over 5
     permits += take(limit, 2)  # levels 5 and 6: the probe
-    clock.now = 3.04  # out 0.02 s: under 4 round trips of a 429 (0.036 s) and 5 % of the latency
+    clock.now = 3.06  # out 0.02 s: not yet taken for admitted
     limit.release(permits.pop(0), OK)
     permits.append(limit.acquire())
-    assert limit.limit == 6
-    clock.now = 3.08  # 0.06 s unrefused: the service admitted it. Towards 20, at most 2 x 6.
-    limit.release(permits.pop(0), OK)
-    assert limit.limit == 12
-    permits += take(limit, 7)  # levels 6 to 12
+    assert (limit.limit, limit.spare()) == (6, 0)
+    return limit, permits
+
+
+def admitted_probe(clock: Clock) -> tuple[AdaptiveLimit, list[Permit]]:
+    """`probe_out`, then a call ending at 3.1: the service admitted the probe, and the return to
+    the plateau (20), at most 2 x 6, has begun. Returns it and the permits in flight."""
+    limit, permits = probe_out(clock)
     clock.now = 3.1
+    limit.release(permits.pop(0), OK)
+    return limit, permits
+
+
+def test_a_probe_is_taken_for_admitted_while_callers_wait_and_no_call_ends() -> None:
+    clock = Clock()
+    limit, _ = probe_out(clock)
+    got: list[Permit] = []
+    waiter = threading.Thread(target=lambda: got.append(limit.acquire()), daemon=True)
+    waiter.start()
+    clock.now = 3.1  # past 3.089, and no call has ended: the waiter's own wait ends
+    waiter.join(2)
+    assert not waiter.is_alive() and got
+    assert limit.limit == 7  # the return's first step
+
+
+def test_a_step_waits_for_the_longest_refusal_of_the_last_two_latencies() -> None:
+    clock = Clock()
+    limit = shrunk(clock)  # one 429 so far, 0.01 s on its way; the lowest latency 0.98 s
+    permits = take(limit, 4)
+    clock.now = 2.0
+    limit.release(permits.pop(0), OK)
+    probe = limit.acquire()
+    clock.now = 2.5  # refused after 0.5 s: the machine was loaded
+    limit.release(probe, OVERLOAD)
+    # The mean round trip: 0.01 + 0.2 x (0.5 - 0.01) = 0.108, 4 of them 0.432: the 0.5 s is longer.
+    assert limit._step_wait() == pytest.approx(0.5)
+    clock.now = 4.5  # two latencies (1.96 s) later that refusal is forgotten, the mean is not
+    limit.release(permits.pop(0), OK)
+    assert limit._step_wait() == pytest.approx(0.432)
+
+
+def test_the_margin_counts_the_calls_served_while_a_429_was_out_not_the_refused() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=8, clock=clock)
+    permits = take(limit, 3)
+    clock.now = 1.0
+    limit.release(permits.pop(0), OK)  # latency seen: 1 s
+    probe, *others = take(limit, 4)
+    clock.now = 1.001
+    for permit in others:  # refused, and back before the probe's 429: nothing served meanwhile
+        limit.release(permit, OVERLOAD)  # three samples of 0 calls in transit
+    for permit in permits:  # two calls served while the probe was out
+        limit.release(permit, OK)
+    limit.release(probe, OVERLOAD)  # 2 calls: the running mean 0.2 x 2 = 0.4, one call
+    assert limit._margin() == 1  # counting the refused too: 0, 1, 2 and 5, a mean of 1.45
+
+
+def test_a_probe_unrefused_for_a_few_round_trips_returns_to_the_plateau_in_doubling_steps() -> None:
+    clock = Clock()
+    limit, permits = admitted_probe(clock)
+    assert limit.limit == 7  # the first step: one call; then 2, 4... 4 round trips apart
+    for at, expected in ((3.135, 7), (3.136, 9), (3.171, 9), (3.172, 12)):
+        clock.now = at
+        limit.release(permits.pop(0), OK)
+        refill(limit, permits)
+        assert limit.limit == expected, at
+    clock.now = 3.2
     limit.release(permits.pop(0), OK)  # 13: again up to a call over the level reached
     permits += take(limit, 2)  # levels 12 and 13
     top = permits.pop()  # level 13
     clock.now = 4.1
-    limit.release(top, OK)  # served at 13: 2 x 13 is past the plateau, 20
+    limit.release(top, OK)  # served at 13: 2 x 13 is past the plateau, 20; 13 + 1 first
+    assert limit.limit == 14
+    for at, expected in ((4.136, 16), (4.172, 20)):
+        clock.now = at
+        limit.release(permits.pop(0), OK)
+        refill(limit, permits)
+        assert limit.limit == expected, at
+    for end in range(10):  # back at the plateau: a hold (4 rounds of 20 successes) before growth
+        clock.now = 4.2 + 0.1 * end
+        limit.release(permits.pop(0), OK)
+        refill(limit, permits)
     assert limit.limit == 20
+
+
+def test_a_refused_step_of_the_return_ends_it() -> None:
+    clock = Clock()
+    limit, permits = admitted_probe(clock)
+    assert limit.limit == 7
+    permits += take(limit, limit.spare())
+    clock.now = 3.105  # the step was refused: the service did not grow after all
+    limit.release(permits.pop(), OVERLOAD)
+    assert limit.limit == 6
+    for at in (3.12, 3.3, 3.6):  # no more steps back, and the next probe waits a latency
+        clock.now = at
+        limit.release(permits.pop(0), OK)
+        refill(limit, permits)
+        assert limit.limit == 6, at
 
 
 def test_a_refused_probe_is_not_taken_for_admitted() -> None:
