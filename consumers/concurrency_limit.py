@@ -43,13 +43,13 @@ taken before a cut is given back and waited for again) and reports how it ended:
   of Netflix's Gradient2.
 - under a plateau, probes go out as soon as the Retry-After allows, up to the margin above the
   lowest refused level. When the service serves one that far above it (discounting the refused
-  tries that were in flight with it, which it never held), or has not refused it within a
-  few round trips of a 429 (`_step_wait`; a service refuses a call as soon as it sees it, so one it
-  has kept is admitted, a latency before its answer says so), the service grew back: the limit
-  returns to the plateau, at most twice the level served, in steps that double each time a
-  refusal would be back (a probe can be served by chance, see `_step_back`). Limits that move
-  between tiers are followed within a few latencies, at the price of a 429 or two per latency
-  while the service stays low.
+  tries that were in flight with it, which it never held), or has not refused it within a few
+  round trips of a 429 (`_step_wait`; a service refuses a call as soon as it sees it, so one
+  it has kept is admitted, a latency before its answer says so), the service grew back: the
+  limit returns to the plateau, at most twice the level served, in steps that double each time
+  a refusal would be back (a probe can be served by chance, see `_step_back`). Limits that
+  move between tiers are followed within a few latencies, at the price of a 429 or two per
+  latency while the service stays low.
 - otherwise, while the limit is in use (at least half of it, as Netflix's limiters count it),
   nothing refuses and the latency averaged over the last MIN_ROUND calls is within
   GROWTH_TOLERANCE of its lowest (else calls queue, at the service or for this process's CPU,
@@ -58,14 +58,15 @@ taken before a cut is given back and waited for again) and reports how it ended:
   rounds (`limit` successes each, one latency when saturated) by one call per round, the rate
   quadrupling every half round up to one call per success (doubling per latency). So a steady
   service sees one probing 429 every five rounds or so: with a hold of two, one every three, a
-  third of a bench run's 429s. Growth is paced (`_growth_token`), so calls
-  that finish together cannot push a burst of probes past the service's limit, and once a 429
-  has been seen a step waits a few 429 round trips after the last, so the refusal of a step
-  past the limit is back before the next goes out; and a step waits until the last one has been
-  taken (a call acquired at the limit), since a caller starts a call a while after a permit
-  frees (its record dispatched, its rows written): steps that ran ahead of the calls took the
-  limit from 64 to 89 before the first refusal of a step past 64 was back. It starts at 20
-  calls, as Netflix's limiters do: a guess, not the service's limit.
+  third of a bench run's 429s. Growth is paced (`_growth_token`), so calls that finish
+  together cannot push a burst of probes past the service's limit, and once a 429 has been
+  seen a step waits a few 429 round trips after the last, so the refusal of a step past the
+  limit is back before the next goes out; and a step waits until the last one has been taken
+  (a call acquired at the limit), since a caller starts a call a while after a permit frees
+  (its record dispatched, its rows written): steps that ran ahead of the calls took the limit
+  from 64 to 89 before the first refusal of a step past 64 was back. Until a 429 has measured
+  that round trip, growth doubles at most every BLIND_DOUBLING, in steps BLIND_GAP apart. It
+  starts at 20 calls, as Netflix's limiters do: a guess, not the service's limit.
 
 One limiter serves every member of a fleet through its shared AI client, so the members
 discover one limit per endpoint instead of each guessing a share.
@@ -106,7 +107,7 @@ class Permit:
     generation: int
     at: float
     level: int = 0
-    ended: int = 0
+    served: int = 0
 
 
 class AdaptiveLimit:
@@ -140,9 +141,9 @@ class AdaptiveLimit:
         self._episode_held = 0  # the highest level served when the episode of refusals began
         self._episode_refusals = 0  # refusals in the episode at levels up to that one
         self._min_latency: float | None = None
-        self._ended = 0  # tries served
+        self._served = 0  # tries served
         self._trip = 0.0  # mean round trip of a 429
-        self._transit: float | None = None  # mean calls ended while a 429 was out: the calls in transit
+        self._transit: float | None = None  # mean calls served while a 429 was out: the calls in transit
         self._grown_at = -math.inf
         self._filled = True  # a call was acquired at the limit since it last grew
         self._drain_until = -math.inf  # after an episode's first 429: calls that end are not replaced
@@ -194,7 +195,7 @@ class AdaptiveLimit:
                 self._cond.notify(max(0, int(self._limit) - self._in_flight - 1))
             self._in_flight += 1
             self._filled = self._filled or self._in_flight >= int(self._limit)
-            permit = Permit(self._generation, self._clock(), self._in_flight, self._ended)
+            permit = Permit(self._generation, self._clock(), self._in_flight, self._served)
             if self._probe_out is None and self._plateau > self._limit \
                     and self._in_flight >= self._refused + self._margin():
                 self._probe_out = permit  # under the plateau, past the lowest refused level
@@ -217,7 +218,7 @@ class AdaptiveLimit:
         with self._cond:
             now = self._clock()
             self._in_flight -= 1
-            self._ended += outcome == OK
+            self._served += outcome == OK
             if permit is self._probe_out:
                 self._probe_out = None
             if outcome == OVERLOAD:
@@ -234,7 +235,7 @@ class AdaptiveLimit:
 
     def _overloaded(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
         self._refusals.append((permit.at, now))
-        trip, ended = now - permit.at, self._ended - permit.ended
+        trip, ended = now - permit.at, self._served - permit.served
         self._trip = trip if not self._trip else self._trip + TRANSIT_WEIGHT * (trip - self._trip)
         self._transit = ended if self._transit is None else \
             self._transit + TRANSIT_WEIGHT * (ended - self._transit)
@@ -425,8 +426,8 @@ class AdaptiveLimit:
         the last would be back (`_step_wait`): a probe served only because calls on their way back
         had freed its place at the service costs the first step's 429, not a return of tens of
         calls into a service that refuses them all (30 at once in a simulated run with 20 ms each
-        way, give or take half). A refused step is a refused probe: the limit is cut to the calls in flight,
-        and the cut ends the return."""
+        way, give or take half). A refused step is a refused probe: the limit is cut to the calls
+        in flight, and the cut ends the return."""
         if self._returning is None or now < self._return_at:
             return
         self._set(min(self._returning, self._limit + self._return_step), now)
