@@ -220,6 +220,19 @@ def test_a_429_at_a_level_the_service_served_since_the_cut_cuts_by_the_backoff()
     assert limit.limit == 4
 
 
+def test_a_429_a_call_under_a_level_served_only_brings_the_limit_to_the_calls_in_flight() -> None:
+    clock = Clock()
+    limit = AdaptiveLimit(initial=10, backoff=0.5, clock=clock)
+    permits = take(limit, 10)  # levels 1 to 10
+    clock.now = 1.0
+    limit.release(permits.pop(), OK)  # level 10 served; +1 of growth: limit 11
+    clock.now = 1.01
+    # Level 9 refused: 9 + 1 is not under 10 x 0.9. Calls that end together are replaced before
+    # the service has counted them out, so a level or two says nothing: 8 in flight, no halving.
+    limit.release(permits.pop(), OVERLOAD)
+    assert limit.limit == 8
+
+
 def test_refusals_of_a_few_probes_over_the_limit_do_not_cut_by_the_backoff() -> None:
     clock = Clock()
     limit = AdaptiveLimit(initial=20, backoff=0.5, clock=clock)
