@@ -207,7 +207,12 @@ def test_a_second_429_within_a_latency_of_the_cut_cuts_by_the_backoff() -> None:
     assert limit.limit == 3
 
 
-def test_a_429_at_a_level_the_service_served_since_the_cut_cuts_by_the_backoff() -> None:
+# Level 7 refused, a tenth and the margin (a call) under the 10 served: the service shrank, 8 in
+# flight x 0.5. Level 9: 9 + 1 is not under 10 x 0.9, and calls that end together are replaced
+# before the service has counted them out, so a level or two says nothing: 8 in flight, no halving.
+@pytest.mark.parametrize(("refused_level", "expected"), [(7, 4), (9, 8)])
+def test_a_429_a_tenth_under_a_level_served_since_the_cut_cuts_by_the_backoff(
+        refused_level: int, expected: int) -> None:
     clock = Clock()
     limit = AdaptiveLimit(initial=10, backoff=0.5, clock=clock)
     permits = take(limit, 10)  # levels 1 to 10
@@ -215,22 +220,8 @@ def test_a_429_at_a_level_the_service_served_since_the_cut_cuts_by_the_backoff()
     limit.release(permits.pop(), OK)  # level 10 served; +1 of growth: limit 11
     assert limit.limit == 11
     clock.now = 1.01
-    # Level 7 refused, a tenth and the margin (a call) under 10: the service shrank. 8 x 0.5
-    limit.release(permits.pop(6), OVERLOAD)
-    assert limit.limit == 4
-
-
-def test_a_429_a_call_under_a_level_served_only_brings_the_limit_to_the_calls_in_flight() -> None:
-    clock = Clock()
-    limit = AdaptiveLimit(initial=10, backoff=0.5, clock=clock)
-    permits = take(limit, 10)  # levels 1 to 10
-    clock.now = 1.0
-    limit.release(permits.pop(), OK)  # level 10 served; +1 of growth: limit 11
-    clock.now = 1.01
-    # Level 9 refused: 9 + 1 is not under 10 x 0.9. Calls that end together are replaced before
-    # the service has counted them out, so a level or two says nothing: 8 in flight, no halving.
-    limit.release(permits.pop(), OVERLOAD)
-    assert limit.limit == 8
+    limit.release(permits.pop(refused_level - 1), OVERLOAD)
+    assert limit.limit == expected
 
 
 def test_refusals_of_a_few_probes_over_the_limit_do_not_cut_by_the_backoff() -> None:
