@@ -29,6 +29,7 @@ Benchmark-only figures:
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -39,6 +40,8 @@ from consumers.kafka_connection import KafkaConnection
 from consumers.presets import PresetParams
 from consumers.run_figures import rows, standard_figures
 from measure import figures
+
+POLL_S = 0.2  # the longest one read of topic_bytes waits
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -70,18 +73,24 @@ def refetch_amplification(database_url: str, kafka: KafkaConnection, run_id: str
     return round(fetched / unique, 4) if unique and fetched else None
 
 
-def topic_bytes(kafka: KafkaConnection, topic: str) -> int:
-    """Key + value bytes of every record of a topic (read once, from the beginning)."""
+def topic_bytes(kafka: KafkaConnection, topic: str, timeout_s: float = 60.0) -> int:
+    """Key + value bytes of every record of a topic (read once, from the beginning).
+
+    Each read waits at most POLL_S: `consume` holds out for its whole timeout until it has
+    `num_messages`, so a long timeout cost every scenario 5 s a stage for a topic of a few
+    thousand records. A topic that does not deliver all its records within `timeout_s` raises
+    rather than give a figure over part of it.
+    """
     consumer = Consumer(kafka.client(**{"group.id": "figures-bytes", "enable.auto.commit": False}))
     counts = kafka.partition_counts(topic)
     consumer.assign([TopicPartition(topic, p, 0) for p in range(len(counts))])
     total, seen, want = 0, 0, sum(counts)
+    deadline = time.monotonic() + timeout_s
     try:
         while seen < want:
-            batch = consumer.consume(num_messages=10_000, timeout=5)
-            if not batch:
-                break
-            for msg in batch:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: read {seen} of {want} records in {timeout_s:.0f} s")
+            for msg in consumer.consume(num_messages=10_000, timeout=POLL_S):
                 if msg.error() is None:
                     seen += 1
                     total += len(msg.value() or b"") + len(msg.key() or b"")

@@ -77,17 +77,18 @@ def consume_per_partition(kafka: KafkaConnection, topic: str, records: int) -> f
     consumer = Consumer(kafka.client(**{"group.id": f"bench-{uuid.uuid4().hex[:6]}",
                                         "auto.offset.reset": "earliest", "enable.auto.commit": False}))
     consumer.subscribe([topic])
-    seen, started = -1, None  # the warm-up record
+    seen, started, ended = -1, None, None  # the warm-up record
     deadline = time.monotonic() + 120
     try:
         while seen < records and time.monotonic() < deadline:
             batch = consumer.consume(num_messages=10_000, timeout=1.0)
-            if batch and started is None:
-                started = time.perf_counter()
+            if batch:  # timed to the last batch's arrival: the last read waits out its timeout
+                ended = time.perf_counter()
+                started = started or ended
             seen += sum(1 for m in batch if not m.error())
     finally:
         consumer.close()
-    return seen / (time.perf_counter() - started) if started else 0.0
+    return seen / (ended - started) if started and ended > started else 0.0
 
 
 def compare(kafka: KafkaConnection, records: int, size: int, partitions: tuple[int, ...], rf: int,
