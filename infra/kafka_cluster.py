@@ -252,6 +252,7 @@ def admin_connection(layout: Layout, nodes: int) -> KafkaConnection:
             or KafkaConnection.plain(layout.bootstrap_servers(nodes)))
 
 
-def stop_node(pid: int | None) -> None:
-    """Controlled shutdown on SIGTERM; the grace period covers leader migration."""
-    terminate(pid, grace_s=30.0)
+def stop_nodes(*pids: int | None) -> None:
+    """Controlled shutdown on SIGTERM, every node at once (see `terminate`); the grace period
+    covers leader migration."""
+    terminate(*pids, grace_s=30.0)

@@ -27,31 +27,48 @@ def spawn(cmd: list[str], log_file: Path, env: dict[str, str] | None = None,
 
 
 def alive(pid: int | None) -> bool:
-    """True when the pid names a live process (zombies count as dead)."""
+    """True while any thread of the process lives. A process whose main thread has exited shows
+    as a zombie in /proc/<pid>/stat while its other threads still run and hold its sockets (a
+    JVM tearing down), so every thread is looked at; a process of zombies only counts as dead."""
     if not pid:
         return False
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
+        threads = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
         return False
+    return any(_state(f"/proc/{pid}/task/{tid}/stat") not in (None, "Z", "X") for tid in threads)
 
 
-def terminate(pid: int | None, grace_s: float = 30.0) -> None:
-    """SIGTERM the process group of `pid`, then SIGKILL it if it outlives `grace_s`."""
-    if not alive(pid):
-        return
+def _state(stat_path: str) -> str | None:
+    """The state letter of a /proc stat file, None once the thread is gone."""
+    try:
+        with open(stat_path) as stat:
+            return stat.read().rsplit(") ", 1)[1][0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def terminate(*pids: int | None, grace_s: float = 30.0) -> None:
+    """SIGTERM the process groups of `pids` together, then SIGKILL those that outlive `grace_s`.
+
+    Together, because the processes may need each other to stop cleanly: a Kafka node's
+    controlled shutdown asks the controller quorum, and the last of three nodes stopped one by
+    one found no quorum left and waited out its whole grace period before being killed.
+    """
+    running = [pid for pid in pids if alive(pid)]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if not alive(pid):
+        while running and time.monotonic() < deadline:
+            for pid in [pid for pid in running if not alive(pid)]:
                 _reap(pid)
-                return
-            time.sleep(0.1)
+                running.remove(pid)
+            if running:
+                time.sleep(0.1)
+        if not running:
+            return
 
 
 def _reap(pid: int) -> None:

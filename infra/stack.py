@@ -312,8 +312,7 @@ def down(layout: Layout) -> None:
     supervisor.shutdown(supervisor.stack_paths(layout))
     terminate(state.get("ai_service"), grace_s=10)
     spark_cluster.stop(state.get("spark", {}))
-    for pid in state.get("kafka", {}).values():
-        kafka_cluster.stop_node(pid)
+    kafka_cluster.stop_nodes(*state.get("kafka", {}).values())
     postgres_server.stop(layout)
     if state:
         state["kafka"], state["ai_service"], state["spark"] = {}, None, {}
@@ -349,7 +348,7 @@ def status(layout: Layout) -> int:
 
 def stop_broker(layout: Layout, node: int) -> None:
     state = load_state(layout)
-    kafka_cluster.stop_node(state["kafka"].get(str(node)))
+    kafka_cluster.stop_nodes(state["kafka"].get(str(node)))
     print(f"kafka node {node} stopped")
 
 
