@@ -5,17 +5,18 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from infra.processes import alive, spawn, terminate
 
 
-def python(tmp_path: Path, name: str, code: str) -> int:
-    """A detached Python child running `code`; its output goes to tmp_path/<name>.log."""
-    return spawn([sys.executable, "-c", textwrap.dedent(code)], tmp_path / f"{name}.log", cwd=tmp_path)
+def python(tmp_path: Path, name: str, code: str, *args: str) -> int:
+    """A detached Python child running `code` with `args`, in tmp_path; output to <name>.log."""
+    return spawn([sys.executable, "-c", textwrap.dedent(code), *args], tmp_path / f"{name}.log", cwd=tmp_path)
 
 
-def wait_for(predicate, timeout_s: float = 10.0) -> None:
+def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
@@ -73,8 +74,7 @@ def test_processes_are_told_to_stop_together(tmp_path: Path) -> None:
         pathlib.Path(me + ".ready").touch()
         time.sleep(60)
     """
-    pids = [spawn([sys.executable, "-c", textwrap.dedent(peer), me, other], tmp_path / f"{me}.log",
-                  cwd=tmp_path) for me, other in (("a", "b"), ("b", "a"))]
+    pids = [python(tmp_path, me, peer, me, other) for me, other in (("a", "b"), ("b", "a"))]
     wait_for(lambda: all((tmp_path / f"{n}.ready").exists() for n in "ab"))
     terminate(*pids, grace_s=2)
     assert not any(alive(pid) for pid in pids)
