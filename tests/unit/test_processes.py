@@ -5,22 +5,15 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from infra.processes import alive, spawn, terminate
+from tests.unit.test_member_delivery import wait_for
 
 
 def python(tmp_path: Path, name: str, code: str, *args: str) -> int:
     """A detached Python child running `code` with `args`, in tmp_path; output to <name>.log."""
     return spawn([sys.executable, "-c", textwrap.dedent(code), *args], tmp_path / f"{name}.log", cwd=tmp_path)
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def leader_state(pid: int) -> str:
