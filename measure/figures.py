@@ -25,8 +25,12 @@ turns them into figures, so a figure cannot mean two things.
 - duplicate_ai_calls: AI calls that may have produced a result or been charged: attempts with
   an outcome in CALL_OUTCOMES ('ok', or 'started' and never ended: cut short by a crash),
   beyond the first per (request, stage).
-- skew over the style topic's partitions (requests per partition): max/mean and coefficient of
-  variation (population standard deviation / mean); None for a topic without records.
+- skew over a topic's partitions (records per partition, empty partitions included): max/mean
+  and coefficient of variation (population standard deviation / mean), the Gini coefficient
+  (2 * sum(i * x_i) / (n * sum(x)) - (n + 1) / n, x ascending, i from 1: 0 for an even load,
+  (n - 1) / n with everything on one partition) and the hottest partition's share of the
+  records (ties go to the lowest partition); None for a topic without records. A partition is
+  hot when its records exceed a threshold x the topic's mean.
 - hashing skew bound: the max/mean that uniform key hashing of `records` over `partitions`
   exceeds with probability at most 0.001 (union bound over the partitions of Binomial(records,
   1/partitions)'s upper tail): below it, skew is what a sample of that size looks like.
@@ -126,6 +130,31 @@ def skew(counts: Sequence[int]) -> tuple[float | None, float | None]:
     if mean == 0:
         return None, None
     return max(counts) / mean, statistics.pstdev(counts) / mean
+
+
+def gini(counts: Sequence[int]) -> float | None:
+    """Gini coefficient of per-partition counts; None without records."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    n = len(counts)
+    weighted = sum(i * x for i, x in enumerate(sorted(counts), start=1))
+    return 2 * weighted / (n * total) - (n + 1) / n
+
+
+def hottest(counts: Sequence[int]) -> tuple[int | None, float | None]:
+    """(index, share of all records) of the partition with the most records; None without records."""
+    total = sum(counts)
+    if total == 0:
+        return None, None
+    index = max(range(len(counts)), key=lambda i: (counts[i], -i))
+    return index, counts[index] / total
+
+
+def hot_partitions(counts: Sequence[int], threshold: float) -> list[int]:
+    """Indexes of the partitions whose counts exceed `threshold` x the mean count."""
+    mean = statistics.fmean(counts) if counts else 0.0
+    return [i for i, n in enumerate(counts) if n > threshold * mean]
 
 
 def hashing_skew_bound(records: int, partitions: int, alpha: float = 0.001) -> float:

@@ -4,8 +4,8 @@ Per topic and partition: records, bytes (key + value lengths), distinct keys (a 
 estimate, see `analyse`), records per time
 bucket (record timestamps), and whether the partition is hot (records > threshold x the
 topic's mean). Per topic, the skew over all partitions, empty ones included (partition counts
-come from the broker's metadata, or `--partitions`): max/mean, coefficient of variation
-(population std / mean), Gini coefficient and the hottest partition's share.
+come from the broker's metadata, or `--partitions`): max/mean, coefficient of variation, Gini
+coefficient and the hottest partition's share, as measure.figures defines them.
 
 Only topic, partition, key, key + value length and timestamp leave the scan, and only the
 aggregates reach the driver, so ten million records never cross into Python.
@@ -28,14 +28,13 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file by spark-submit: import the project from the repo root
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from consumers import kafka_connection
 from consumers.kafka_connection import KafkaConnection
 from measure import figures
 from spark import job_io
-from spark.job_io import collect_sorted
 from spark.session import build
 
 RECORD_COLUMNS = ("topic", "partition", "bytes", "key", "ts_ms")
@@ -125,57 +124,15 @@ def bucket_aggregates(records: DataFrame, bucket_seconds: int) -> DataFrame:
     )
 
 
-def partition_totals(buckets: DataFrame) -> DataFrame:
+def partition_aggregates(buckets: DataFrame) -> DataFrame:
     """Records, bytes and distinct keys per topic and partition, from its buckets' aggregates
-    (the key sketches merged, so a key seen in several buckets counts once)."""
+    (the key sketches merged, so a key seen in several buckets counts once), and its buckets'
+    (bucket_start, records) in time order."""
     return buckets.groupBy("topic", "partition").agg(
         F.sum("records").alias("records"),
         F.sum("bytes").alias("bytes"),
         F.hll_sketch_estimate(F.hll_union_agg("keys")).alias("distinct_keys"),
-    )
-
-
-def fill_partitions(totals: DataFrame, partitions: dict[str, int]) -> DataFrame:
-    """Every partition of every topic, with zeros where no record was read."""
-    spark = totals.sparkSession
-    every = spark.createDataFrame([(t, p) for t, n in partitions.items() for p in range(n)],
-                                  "topic string, partition int")
-    return (every.join(totals, ["topic", "partition"], "left")
-            .fillna(0, subset=["records", "bytes", "distinct_keys"]))
-
-
-def flag_hot(totals: DataFrame, threshold: float) -> DataFrame:
-    """Mark partitions whose records exceed `threshold` x the mean of their topic."""
-    mean = F.avg("records").over(Window.partitionBy("topic"))
-    return totals.withColumn("hot", F.col("records") > F.lit(threshold) * mean)
-
-
-def skew(totals: DataFrame) -> DataFrame:
-    """Skew figures per topic over the given partitions (zero-filled ones count); max/mean and
-    the coefficient of variation are added by `analyse` from the collected counts, with
-    measure.figures.skew like every other consumer of the figure.
-
-    Gini = 2 * sum(i * x_i) / (n * sum(x)) - (n + 1) / n with x ascending and i from 1: 0 when
-    every partition has the same load, (n - 1) / n when one partition has all of it. Ratios are
-    null for a topic without records. Ties for the hottest partition go to the lowest number.
-    """
-    rank = F.row_number().over(Window.partitionBy("topic").orderBy("records", "partition"))
-    stats = totals.withColumn("rank", rank).groupBy("topic").agg(
-        F.count(F.lit(1)).alias("partitions"),
-        F.sum("records").alias("records"),
-        F.max("records").alias("max_records"),
-        F.sum(F.col("rank") * F.col("records")).alias("weighted"),
-        F.max_by("partition", F.struct(F.col("records"), -F.col("partition"))).alias("hottest_partition"),
-    )
-    n, total = F.col("partitions"), F.col("records")
-
-    def ratio(value: Any) -> Any:
-        return F.when(total > 0, value)
-
-    return stats.select(
-        "topic", "partitions", "records", "hottest_partition",
-        ratio(2 * F.col("weighted") / (n * total) - (n + 1) / n).alias("gini"),
-        ratio(F.col("max_records") / total).alias("hottest_share"),
+        F.array_sort(F.collect_list(F.struct("bucket_start", "records"))).alias("buckets"),
     )
 
 
@@ -214,31 +171,41 @@ def analyse(records: DataFrame, partitions: dict[str, int], *, hot_threshold: fl
     """Compute and collect every figure over the topics of `partitions`; only the small
     aggregates reach the driver.
 
-    The scan feeds one aggregation, per (topic, partition, time bucket), whose rows are few
-    (partitions x buckets) and cached: the partition totals are summed from them and the key
-    sketches merged, so both see the same records (a second read would resolve "latest" again)
-    and no record is shuffled or kept. Distinct keys come from a DataSketches HLL sketch per
-    bucket (KEY_SKETCH_LG_K). Keeping the records instead (hash-partitioned by key, persisted)
-    and counting them exactly cost a 10M-record job 45 s against 9-10 s for the bare read,
-    measured here. The topic is an id (topic_ids) until the aggregates are named again, so the
-    aggregation hashes an int instead of the name.
+    The scan feeds one aggregation, per (topic, partition, time bucket), whose few rows
+    (partitions x buckets) are summed per partition, their key sketches merged, in the same
+    query: one Spark action, no record shuffled or kept. The skew figures come from the
+    collected counts, with measure.figures like every other consumer of them, over every
+    partition of `partitions` (those nobody wrote to count as empty). Distinct keys come from a
+    DataSketches HLL sketch per bucket (KEY_SKETCH_LG_K). Keeping the records instead
+    (hash-partitioned by key, persisted) and counting them exactly cost a 10M-record job 45 s
+    against 9-10 s for the bare read, measured here; collecting the totals, the skew and the
+    buckets in separate queries from a cached aggregation cost it 1.5 s more than this one. The
+    topic is an id (topic_ids) until the aggregates are named again, so the aggregation hashes
+    an int instead of the name.
     """
     topics = list(partitions)
-    buckets = bucket_aggregates(topic_ids(records.select(*RECORD_COLUMNS), topics), bucket_seconds).cache()
-    try:
-        named_totals = topic_names(partition_totals(buckets), topics)
-        totals = flag_hot(fill_partitions(named_totals, partitions), hot_threshold).cache()
-        per_partition = collect_sorted(totals, "topic", "partition")
-        per_topic = collect_sorted(skew(totals), "topic")
-        counts = buckets.select("topic", "partition", "bucket_start", "records")
-        per_bucket = collect_sorted(topic_names(counts, topics), "topic", "partition", "bucket_start")
-        totals.unpersist()
-    finally:
-        buckets.unpersist()
-    for topic in per_topic:
-        mine = [p for p in per_partition if p["topic"] == topic["topic"]]
-        topic["max_over_mean"], topic["cv"] = figures.skew([p["records"] for p in mine])
-        topic["hot_partitions"] = [p["partition"] for p in mine if p["hot"]]
+    buckets = bucket_aggregates(topic_ids(records.select(*RECORD_COLUMNS), topics), bucket_seconds)
+    read = {(row["topic"], row["partition"]): row.asDict(recursive=True)
+            for row in topic_names(partition_aggregates(buckets), topics).collect()}
+    empty = {"records": 0, "bytes": 0, "distinct_keys": 0, "buckets": []}
+    per_partition: list[dict[str, Any]] = []
+    per_topic: list[dict[str, Any]] = []
+    per_bucket: list[dict[str, Any]] = []
+    for topic in sorted(partitions):
+        rows = [read.get((topic, p), empty) for p in range(partitions[topic])]
+        counts = [row["records"] for row in rows]
+        hot = figures.hot_partitions(counts, hot_threshold)
+        for p, row in enumerate(rows):
+            per_partition.append({"topic": topic, "partition": p,
+                                  **{name: row[name] for name in ("records", "bytes", "distinct_keys")},
+                                  "hot": p in hot})
+            per_bucket.extend({"topic": topic, "partition": p, **bucket} for bucket in row["buckets"])
+        hottest_partition, hottest_share = figures.hottest(counts)
+        max_over_mean, cv = figures.skew(counts)
+        per_topic.append({"topic": topic, "partitions": len(counts), "records": sum(counts),
+                          "hottest_partition": hottest_partition, "gini": figures.gini(counts),
+                          "hottest_share": hottest_share, "max_over_mean": max_over_mean, "cv": cv,
+                          "hot_partitions": hot})
     return LoadResult(per_partition, per_topic, per_bucket)
 
 

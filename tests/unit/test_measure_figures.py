@@ -72,6 +72,25 @@ def test_skew_of_even_hot_and_empty_partitions() -> None:
     assert figures.skew([]) == (None, None)
 
 
+def test_gini_and_hottest_share_against_hand_computed_values() -> None:
+    ramp = [20, 0, 40, 10, 30]  # loads 0..40 step 10
+    assert figures.gini(ramp) == pytest.approx(0.4)  # sum |xi - xj| over all pairs = 400; 400 / (2 * 25 * 20)
+    assert figures.hottest(ramp) == (2, pytest.approx(0.4))
+    assert figures.gini([5, 5, 5]) == pytest.approx(0.0)
+    assert figures.hottest([5, 5, 5]) == (0, pytest.approx(1 / 3))  # a tie goes to the lowest
+    assert figures.gini([0, 0, 12, 0]) == pytest.approx(0.75)  # everything on one of four: (n - 1) / n
+    assert figures.hottest([0, 0, 12, 0]) == (2, 1.0)
+    assert (figures.gini([0, 0]), figures.hottest([0, 0])) == (None, (None, None))
+
+
+def test_hot_partitions_are_strictly_above_threshold_times_the_mean() -> None:
+    ramp = [0, 10, 20, 30, 40]  # mean 20
+    assert figures.hot_partitions(ramp, 2.0) == []  # 40 is not > 2 x 20
+    assert figures.hot_partitions(ramp, 1.5) == [4]
+    assert figures.hot_partitions([100, 1], 1.5) == [0]  # 100 > 1.5 x 50.5
+    assert figures.hot_partitions([0, 0], 2.0) == []
+
+
 def test_capacity_is_the_limit_over_the_bottleneck_stages_mean_call() -> None:
     assert figures.capacity(16, {"check": 0.025, "generate": 0.16}) == ("generate", pytest.approx(100.0))
     assert figures.capacity(64, {"check": 0.5}) == ("check", 128.0)

@@ -41,12 +41,6 @@ def collect(frame: DataFrame) -> list[dict]:
 
 # --- partition load ---------------------------------------------------------------------------
 
-def totals_frame(spark: SparkSession, counts: dict[str, list[int]]) -> DataFrame:
-    rows = [(t, p, n, n * 10, n) for t, per in counts.items() for p, n in enumerate(per)]
-    schema = "topic string, partition int, records long, bytes long, distinct_keys long"
-    return spark.createDataFrame(rows, schema)
-
-
 def test_project_counts_null_key_and_value_as_zero_bytes(spark: SparkSession) -> None:
     kafka = spark.createDataFrame(
         [("t", 0, b"abc", b"0123456789", at(1.5)), ("t", 1, None, b"01234", at(2)),
@@ -58,16 +52,17 @@ def test_project_counts_null_key_and_value_as_zero_bytes(spark: SparkSession) ->
     assert tuple(rows[0]) == partition_load.RECORD_COLUMNS
 
 
-def test_partition_totals_counts_records_bytes_and_distinct_non_null_keys(spark: SparkSession) -> None:
+def test_partition_aggregates_count_records_bytes_keys_and_buckets(spark: SparkSession) -> None:
     records = spark.createDataFrame(
-        [("t", 0, 10, b"a", 0), ("t", 0, 12, b"a", 5000), ("t", 0, 7, b"b", 5000), ("t", 0, 3, None, 0),
+        [("t", 0, 10, b"a", 5000), ("t", 0, 12, b"a", 0), ("t", 0, 7, b"b", 5000), ("t", 0, 3, None, 0),
          ("t", 2, 5, None, 0), ("u", 0, 1, b"a", 0)],
         "topic string, partition int, bytes int, key binary, ts_ms long")
     buckets = partition_load.bucket_aggregates(records, 1)
-    rows = by(collect(partition_load.partition_totals(buckets)), "topic", "partition")
+    rows = by(collect(partition_load.partition_aggregates(buckets)), "topic", "partition")
     # key a of t/0 is in the buckets at 0 s and 5 s: one key, not two
     assert {k: (r["records"], r["bytes"], r["distinct_keys"]) for k, r in rows.items()} == {
         ("t", 0): (4, 32, 2), ("t", 2): (1, 5, 0), ("u", 0): (1, 1, 1)}
+    assert [tuple(b) for b in rows[("t", 0)]["buckets"]] == [(0, 2), (5, 2)]  # in time order
 
 
 def test_distinct_keys_are_exact_for_tens_of_thousands_of_keys(spark: SparkSession) -> None:
@@ -76,46 +71,8 @@ def test_distinct_keys_are_exact_for_tens_of_thousands_of_keys(spark: SparkSessi
         F.lit("t").alias("topic"), F.lit(0).alias("partition"), F.lit(1).alias("bytes"),
         F.concat(F.lit("key-"), (F.col("id") % 30_000).cast("string")).cast("binary").alias("key"),
         (F.lit(T0_S * 1000) + F.col("id") % 3 * 1000).alias("ts_ms"))
-    (row,) = collect(partition_load.partition_totals(partition_load.bucket_aggregates(keys, 1)))
+    (row,) = collect(partition_load.partition_aggregates(partition_load.bucket_aggregates(keys, 1)))
     assert (row["records"], row["distinct_keys"]) == (60_000, 30_000)
-
-
-def test_fill_partitions_adds_empty_partitions_with_zeros(spark: SparkSession) -> None:
-    totals = totals_frame(spark, {"t": [0, 7, 0, 4]}).where("records > 0")
-    filled = by(collect(partition_load.fill_partitions(totals, {"t": 5, "empty": 2})), "topic", "partition")
-    assert {k: r["records"] for k, r in filled.items()} == {
-        ("t", 0): 0, ("t", 1): 7, ("t", 2): 0, ("t", 3): 4, ("t", 4): 0, ("empty", 0): 0, ("empty", 1): 0}
-    assert filled[("t", 4)]["bytes"] == 0 and filled[("t", 4)]["distinct_keys"] == 0
-
-
-def test_skew_figures_against_hand_computed_values(spark: SparkSession) -> None:
-    totals = totals_frame(spark, {"ramp": [20, 0, 40, 10, 30], "even": [5, 5, 5], "one": [0, 0, 12, 0],
-                                  "none": [0, 0]})
-    rows = by(collect(partition_load.skew(totals)), "topic")
-
-    ramp = rows["ramp"]  # loads 0..40 step 10
-    assert (ramp["partitions"], ramp["records"], ramp["hottest_partition"]) == (5, 100, 2)
-    assert ramp["gini"] == pytest.approx(0.4)  # sum |xi - xj| over all pairs = 400; 400 / (2 * 25 * 20)
-    assert ramp["hottest_share"] == pytest.approx(0.4)
-
-    even = rows["even"]
-    assert even["gini"] == pytest.approx(0.0)
-    assert (even["hottest_share"], even["hottest_partition"]) == (pytest.approx(1 / 3), 0)  # tie: lowest
-
-    one = rows["one"]  # everything on one of four partitions
-    assert (one["gini"], one["hottest_share"], one["hottest_partition"]) == (
-        pytest.approx(0.75), pytest.approx(1.0), 2)
-
-    none = rows["none"]
-    assert (none["records"], none["gini"], none["hottest_share"]) == (0, None, None)
-
-
-def test_hot_flag_is_strictly_above_threshold_times_topic_mean(spark: SparkSession) -> None:
-    totals = totals_frame(spark, {"ramp": [0, 10, 20, 30, 40], "other": [100, 1]})
-    strict = by(collect(partition_load.flag_hot(totals, 2.0)), "topic", "partition")
-    assert [k for k, r in strict.items() if r["hot"]] == []  # 40 is not > 2 x 20; 100 not > 2 x 50.5
-    lower = by(collect(partition_load.flag_hot(totals, 1.5)), "topic", "partition")
-    assert sorted(k for k, r in lower.items() if r["hot"]) == [("other", 0), ("ramp", 4)]
 
 
 def test_bucket_aggregates_per_partition_and_epoch_aligned_bucket(spark: SparkSession) -> None:
@@ -131,14 +88,21 @@ def test_analyse_collects_zero_filled_partitions_skew_and_hot_list(spark: SparkS
     rows = [("t", p, 100, f"k{i % 3}".encode(), T0_S * 1000 + i) for p, n in [(1, 6), (2, 1), (3, 1)]
             for i in range(n)]
     records = spark.createDataFrame(rows, "topic string, partition int, bytes int, key binary, ts_ms long")
-    result = partition_load.analyse(records, {"t": 4}, hot_threshold=2.0, bucket_seconds=1)
-    got = [(p["partition"], p["records"], p["bytes"], p["distinct_keys"], p["hot"])
+    result = partition_load.analyse(records, {"t": 4, "empty": 2}, hot_threshold=2.0, bucket_seconds=1)
+    got = [(p["topic"], p["partition"], p["records"], p["bytes"], p["distinct_keys"], p["hot"])
            for p in result.partitions]
-    assert got == [(0, 0, 0, 0, False), (1, 6, 600, 3, True), (2, 1, 100, 1, False), (3, 1, 100, 1, False)]
-    (topic,) = result.skew
+    assert got == [("empty", 0, 0, 0, 0, False), ("empty", 1, 0, 0, 0, False), ("t", 0, 0, 0, 0, False),
+                   ("t", 1, 6, 600, 3, True), ("t", 2, 1, 100, 1, False), ("t", 3, 1, 100, 1, False)]
+    empty, topic = result.skew
+    assert (empty["topic"], empty["records"], empty["partitions"], empty["hot_partitions"]) == (
+        "empty", 0, 2, [])
+    assert (empty["gini"], empty["hottest_partition"], empty["max_over_mean"]) == (None, None, None)
     assert (topic["records"], topic["partitions"], topic["hot_partitions"]) == (8, 4, [1])
     assert topic["max_over_mean"] == pytest.approx(3.0)  # 0, 6, 1, 1: mean 2, population variance 5.5
     assert topic["cv"] == pytest.approx(math.sqrt(5.5) / 2)
+    # |xi - xj| over the ordered pairs sums to 36; 36 / (2 * 4^2 * mean 2)
+    assert topic["gini"] == pytest.approx(36 / 64)
+    assert (topic["hottest_partition"], topic["hottest_share"]) == (1, pytest.approx(0.75))
     assert [(b["partition"], b["bucket_start"], b["records"]) for b in result.buckets] == [
         (1, T0_S, 6), (2, T0_S, 1), (3, T0_S, 1)]
 
