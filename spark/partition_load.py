@@ -176,12 +176,14 @@ def analyse(records: DataFrame, partitions: dict[str, int], *, hot_threshold: fl
     query: one Spark action, no record shuffled or kept. The skew figures come from the
     collected counts, with measure.figures like every other consumer of them, over every
     partition of `partitions` (those nobody wrote to count as empty). Distinct keys come from a
-    DataSketches HLL sketch per bucket (KEY_SKETCH_LG_K). Keeping the records instead
-    (hash-partitioned by key, persisted) and counting them exactly cost a 10M-record job 45 s
-    against 9-10 s for the bare read, measured here; collecting the totals, the skew and the
-    buckets in separate queries from a cached aggregation cost it 1.5 s more than this one. The
-    topic is an id (topic_ids) until the aggregates are named again, so the aggregation hashes
-    an int instead of the name.
+    DataSketches HLL sketch per bucket (KEY_SKETCH_LG_K). Measured here on 10M records: keeping
+    the records instead (hash-partitioned by key, persisted) and counting them exactly cost 45 s
+    against 11.5-18.9 s with the sketch at the time; collecting the totals, the skew and the
+    buckets in separate queries from a cached aggregation cost 1-1.5 s more than this one. On
+    2M records over 10 s and over an hour of 1 s buckets, one aggregation over grouping sets
+    (per bucket and per partition, the sketch only in the latter) was no faster: it feeds every
+    record through the aggregation twice. The topic is an id (topic_ids) until the aggregates
+    are named again, so the aggregation hashes an int instead of the name.
     """
     topics = list(partitions)
     buckets = bucket_aggregates(topic_ids(records.select(*RECORD_COLUMNS), topics), bucket_seconds)
