@@ -127,13 +127,18 @@ def bucket_aggregates(records: DataFrame, bucket_seconds: int) -> DataFrame:
 def partition_aggregates(buckets: DataFrame) -> DataFrame:
     """Records, bytes and distinct keys per topic and partition, from its buckets' aggregates
     (the key sketches merged, so a key seen in several buckets counts once), and its buckets'
-    (bucket_start, records) in time order."""
+    starts and records as two arrays in time order. Two arrays of numbers rather than one of
+    structs: 230,000 buckets (an hour of 1 s buckets over 64 partitions) reached Python in
+    4.3-5.2 s instead of 5.4-6.6 s, and became dicts in 0.05 s instead of 0.6-1.0 s."""
+    in_order = F.array_sort(F.collect_list(F.struct("bucket_start", "records")))
     return buckets.groupBy("topic", "partition").agg(
         F.sum("records").alias("records"),
         F.sum("bytes").alias("bytes"),
         F.hll_sketch_estimate(F.hll_union_agg("keys")).alias("distinct_keys"),
-        F.array_sort(F.collect_list(F.struct("bucket_start", "records"))).alias("buckets"),
-    )
+        in_order.alias("buckets"),
+    ).select("topic", "partition", "records", "bytes", "distinct_keys",
+             F.col("buckets.bucket_start").alias("bucket_starts"),
+             F.col("buckets.records").alias("bucket_records"))
 
 
 @dataclass
@@ -187,9 +192,9 @@ def analyse(records: DataFrame, partitions: dict[str, int], *, hot_threshold: fl
     """
     topics = list(partitions)
     buckets = bucket_aggregates(topic_ids(records.select(*RECORD_COLUMNS), topics), bucket_seconds)
-    read = {(row["topic"], row["partition"]): row.asDict(recursive=True)
+    read = {(row["topic"], row["partition"]): row.asDict()
             for row in topic_names(partition_aggregates(buckets), topics).collect()}
-    empty = {"records": 0, "bytes": 0, "distinct_keys": 0, "buckets": []}
+    empty = {"records": 0, "bytes": 0, "distinct_keys": 0, "bucket_starts": [], "bucket_records": []}
     per_partition: list[dict[str, Any]] = []
     per_topic: list[dict[str, Any]] = []
     per_bucket: list[dict[str, Any]] = []
@@ -201,7 +206,9 @@ def analyse(records: DataFrame, partitions: dict[str, int], *, hot_threshold: fl
             per_partition.append({"topic": topic, "partition": p,
                                   **{name: row[name] for name in ("records", "bytes", "distinct_keys")},
                                   "hot": p in hot})
-            per_bucket.extend({"topic": topic, "partition": p, **bucket} for bucket in row["buckets"])
+            starts_and_counts = zip(row["bucket_starts"], row["bucket_records"], strict=True)
+            per_bucket.extend({"topic": topic, "partition": p, "bucket_start": start, "records": count}
+                              for start, count in starts_and_counts)
         hottest_partition, hottest_share = figures.hottest(counts)
         max_over_mean, cv = figures.skew(counts)
         per_topic.append({"topic": topic, "partitions": len(counts), "records": sum(counts),
