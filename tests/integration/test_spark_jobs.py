@@ -96,9 +96,9 @@ def test_partition_load_through_spark_submit(stack: Stack, skewed_topic, tmp_pat
     assert {p: r["records"] for p, r in rows.items()} == expected
     record_bytes = RECORD_SIZE + 16  # value plus a 16-byte key
     assert {p: r["bytes"] for p, r in rows.items()} == {p: n * record_bytes for p, n in expected.items()}
-    # A random 16-byte key each. The sketch keeps a 26-bit coupon per key, and two of a partition's
-    # keys share one in about 1 % of runs (n^2 / 2^27 for the hot partition's n = 1,767): that
-    # partition's estimate is then one short.
+    # A random 16-byte key each. The sketch keys its coupons by a 26-bit slot, and two of a
+    # partition's keys share one in about 2 % of runs (n^2 / 2^27 = 2.3 % for the hot partition's
+    # n = 1,767): that partition's estimate is then one short.
     assert all(0 <= expected[p] - r["distinct_keys"] <= 1 for p, r in rows.items())
     assert [p for p, r in rows.items() if r["hot"]] == [3]
 
