@@ -6,11 +6,13 @@ import json
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psutil
 import psycopg2
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -148,6 +150,43 @@ def test_kafka_is_read_through_the_v2_source(stack: Stack, spark: SparkSession, 
     physical = plan.executedPlan().toString()
     assert "BatchScan" in physical and "KafkaRelation" not in physical, physical
 
+
+
+def broker_connections(pid: int, ports: set[int]) -> int:
+    """The process's established TCP connections to the brokers."""
+    return sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
+               if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port in ports)
+
+
+def test_a_scan_leaves_no_consumer_connected(stack: Stack, spark: SparkSession, skewed_topic) -> None:
+    """The connector pools each task's consumer for a later task of its group, which a batch query
+    never has (spark/session.py): the scan's consumers must close within seconds, not the
+    connector's default 5 minutes. A sampler running through the scan shows they were there."""
+    topic = skewed_topic[0]
+    pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+    ports = {int(address.rsplit(":", 1)[1]) for address in stack.connection.bootstrap.split(",")}
+    before = broker_connections(pid, ports)
+    peak, scanning = [before], threading.Event()
+
+    def sample() -> None:
+        while scanning.is_set():
+            peak.append(broker_connections(pid, ports))
+            time.sleep(0.01)
+
+    scanning.set()
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        partition_load.analyse(partition_load.read_records(spark, stack.connection, [topic]),
+                               {topic: PARTITIONS})
+    finally:
+        scanning.clear()
+        sampler.join()
+    assert max(peak) >= before + PARTITIONS, f"the scan's consumers never showed: {before} -> {max(peak)}"
+    deadline = time.monotonic() + 15
+    while broker_connections(pid, ports) > before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert broker_connections(pid, ports) <= before
 
 # --- pipeline analysis ------------------------------------------------------------------------
 
