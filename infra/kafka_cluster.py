@@ -98,10 +98,12 @@ def server_properties(layout: Layout, node_id: int, nodes: int, secured: Secured
         **GROUP_SETTINGS,
         "log.retention.hours": 24,
         "log.segment.bytes": 64 * 1024 * 1024,
-        # A deleted topic's files go a few seconds later, while its run is cleaning up. After the
+        # A deleted topic's files go a second later, while its run is cleaning up. After the
         # default minute, the files of one benchmark scenario's 320 partitions were deleted in
-        # the first second of the next scenario's burst (a minute is about a scenario's length).
-        "file.delete.delay.ms": 1000,
+        # the first seconds of the next scenario's burst (a minute is about a scenario's length).
+        # The broker's name for it: `file.delete.delay.ms` is the topic-level one, which a broker
+        # takes for an unknown setting and ignores.
+        "log.segment.delete.delay.ms": 1000,
     }
     if secured is not None:
         settings.update(_secured_settings(layout, node_id, secured))
