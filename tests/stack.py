@@ -86,6 +86,11 @@ class Stack:
         return DagTestRun(row[0] if row else "missing", proc.stdout + proc.stderr, logical_date)
 
 
+def java_properties(text: str) -> dict[str, str]:
+    """The settings of a properties file the stack wrote (infra.kafka_cluster.properties)."""
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
 def unique(prefix: str) -> str:
     """A name no earlier test run used."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"

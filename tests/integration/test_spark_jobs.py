@@ -151,7 +151,6 @@ def test_kafka_is_read_through_the_v2_source(stack: Stack, spark: SparkSession, 
     assert "BatchScan" in physical and "KafkaRelation" not in physical, physical
 
 
-
 def broker_connections(pid: int, ports: set[int]) -> int:
     """The process's established TCP connections to the brokers."""
     return sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
@@ -187,6 +186,7 @@ def test_a_scan_leaves_no_consumer_connected(stack: Stack, spark: SparkSession, 
     while broker_connections(pid, ports) > before and time.monotonic() < deadline:
         time.sleep(0.2)
     assert broker_connections(pid, ports) <= before
+
 
 # --- pipeline analysis ------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from infra import kafka_cluster, kafka_tools, layout, tls
 from infra.layout import PORT_OFFSETS, Layout
 from infra.stack import Credentials, environment, write_env
 from infra.stack import ports as stack_ports
+from tests.stack import java_properties
 
 REPO = Path(__file__).resolve().parents[2]
 SECURE = Layout("secure")
@@ -38,10 +39,6 @@ SECURED_ONLY = {"sasl.enabled.mechanisms", "sasl.mechanism.inter.broker.protocol
                 "authorizer.class.name", "super.users", "allow.everyone.if.no.acl.found"}
 
 
-def parse(properties: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in properties.splitlines())
-
-
 def secured(directory: Path, passwords: dict[str, str] = PASSWORDS) -> kafka_cluster.Secured:
     return kafka_cluster.Secured(passwords, tls.TlsFiles(directory))
 
@@ -53,7 +50,7 @@ def client_settings(user: str) -> dict[str, str]:
 
 
 def test_a_plaintext_node_has_only_plaintext_listeners() -> None:
-    props = parse(kafka_cluster.server_properties(SECURE, 2, 3))
+    props = java_properties(kafka_cluster.server_properties(SECURE, 2, 3))
     assert props["listeners"] == "PLAINTEXT://127.0.0.1:31093,CONTROLLER://127.0.0.1:31193"
     assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:31093"
     assert props["inter.broker.listener.name"] == "PLAINTEXT"
@@ -64,8 +61,8 @@ def test_a_plaintext_node_has_only_plaintext_listeners() -> None:
 
 
 def test_a_secured_node_serves_sasl_ssl_with_scram_and_enforces_acls(tmp_path: Path) -> None:
-    plain = parse(kafka_cluster.server_properties(SECURE, 2, 3))
-    props = parse(kafka_cluster.server_properties(SECURE, 2, 3, secured(tmp_path)))
+    plain = java_properties(kafka_cluster.server_properties(SECURE, 2, 3))
+    props = java_properties(kafka_cluster.server_properties(SECURE, 2, 3, secured(tmp_path)))
     assert props == {
         **plain,
         "listeners": "SASL_SSL://127.0.0.1:31093,CONTROLLER://127.0.0.1:31193",
@@ -211,7 +208,7 @@ def test_kafka_tools_connect_as_the_admin_through_an_owner_only_file() -> None:
         assert extra[:3] == ["--bootstrap-server", BOOTSTRAP, "--command-config"]
         path = Path(extra[3])
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        assert parse(path.read_text()) == {
+        assert java_properties(path.read_text()) == {
             "bootstrap.servers": BOOTSTRAP, "security.protocol": "SASL_SSL",
             "sasl.mechanism": "SCRAM-SHA-512",
             "sasl.jaas.config": 'org.apache.kafka.common.security.scram.ScramLoginModule required '
