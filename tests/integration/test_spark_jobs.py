@@ -157,6 +157,19 @@ def broker_connections(pid: int, ports: set[int]) -> int:
                if c.status == psutil.CONN_ESTABLISHED and c.raddr and c.raddr.port in ports)
 
 
+def settled_connections(pid: int, ports: set[int], quiet: float = 3.0, limit: float = 30.0) -> int:
+    """The broker connections once their count has held for `quiet` seconds: an earlier test's
+    pooled consumers are still being evicted when the next test starts, and a baseline taken
+    among them falls while the scan's consumers come."""
+    count, since, deadline = broker_connections(pid, ports), time.monotonic(), time.monotonic() + limit
+    while time.monotonic() - since < quiet and time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = broker_connections(pid, ports)
+        if now != count:
+            count, since = now, time.monotonic()
+    return count
+
+
 def test_a_scan_leaves_no_consumer_connected(stack: Stack, spark: SparkSession, skewed_topic) -> None:
     """The connector pools each task's consumer for a later task of its group, which a batch query
     never has (spark/session.py): the scan's consumers must close within seconds, not the
@@ -164,7 +177,7 @@ def test_a_scan_leaves_no_consumer_connected(stack: Stack, spark: SparkSession, 
     topic = skewed_topic[0]
     pid = spark._jvm.java.lang.ProcessHandle.current().pid()
     ports = {int(address.rsplit(":", 1)[1]) for address in stack.connection.bootstrap.split(",")}
-    before = broker_connections(pid, ports)
+    before = settled_connections(pid, ports)
     peak, scanning = [before], threading.Event()
 
     def sample() -> None:
