@@ -87,8 +87,9 @@ class Stack:
 
 
 def java_properties(text: str) -> dict[str, str]:
-    """The settings of a properties file the stack wrote (infra.kafka_cluster.properties)."""
-    return dict(line.split("=", 1) for line in text.splitlines())
+    """The settings of a properties file the stack wrote (infra.kafka_cluster.properties), its
+    escaped backslashes read back as one."""
+    return dict(line.replace("\\\\", "\\").split("=", 1) for line in text.splitlines())
 
 
 def unique(prefix: str) -> str:

@@ -49,6 +49,12 @@ def client_settings(user: str) -> dict[str, str]:
             "ssl.ca.location": CA}
 
 
+def test_a_backslash_is_written_escaped_and_read_back_as_one() -> None:
+    text = kafka_cluster.properties({"ssl.keystore.location": r"C:\ks", "sasl.mechanism": "PLAIN"})
+    assert text == "ssl.keystore.location=C:\\\\ks\nsasl.mechanism=PLAIN\n"
+    assert java_properties(text) == {"ssl.keystore.location": r"C:\ks", "sasl.mechanism": "PLAIN"}
+
+
 def test_a_plaintext_node_has_only_plaintext_listeners() -> None:
     props = java_properties(kafka_cluster.server_properties(SECURE, 2, 3))
     assert props["listeners"] == "PLAINTEXT://127.0.0.1:31093,CONTROLLER://127.0.0.1:31193"
