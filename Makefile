@@ -64,15 +64,13 @@ capacity: up
 	$(DEV_ENV) && $(PY) -m infra.capacity
 
 # The benchmark: every preset side by side, `durable` on a three-broker stack of its own
-# (ports +2000, stopped afterwards), plus Kafka-level and Spark figures (PIPELINE=<spec name> for
-# another pipeline than the reference one; BENCH_ARGS for more of bench.run's options).
+# (ports +2000, up for that scenario only), plus Kafka-level and Spark figures (PIPELINE=<spec
+# name> for another pipeline than the reference one; BENCH_ARGS for more of bench.run's options).
 bench: up
-	@STACK=durable SECURITY=plaintext SPARK=local $(PY) -m infra.stack up --brokers 3; rc=$$?; \
-	if [ $$rc -eq 0 ]; then $(DEV_ENV) && $(PY) -m bench.run $(if $(SCALE),--scale $(SCALE),) \
-	  $(if $(PIPELINE),--pipeline $(PIPELINE),) $(BENCH_ARGS); rc=$$?; fi; \
-	STACK=durable $(PY) -m infra.stack down; exit $$rc
+	$(DEV_ENV) && $(PY) -m bench.run $(if $(SCALE),--scale $(SCALE),) \
+	  $(if $(PIPELINE),--pipeline $(PIPELINE),) $(BENCH_ARGS)
 
-# The same, small: `durable` needs its three-broker stack here too.
+# The same, small.
 bench-smoke:
 	@$(MAKE) --no-print-directory bench BENCH_ARGS=--smoke
 

@@ -8,10 +8,11 @@ and the same load, plus Kafka-level throughput and the pause benchmark.
 Needs the stack (`make up`): Kafka, PostgreSQL and the AI service stand-in, whose time scale,
 latencies and concurrency limit the run sets through its config endpoint. The `durable`
 scenario is `flow` on three brokers with RF 3, min ISR 2 and acks=all: on the main stack when
-it has three brokers, else on the stack whose stack.env `--durable-env` names (`make bench`
-starts one). `flow-adaptive` meets a limit that halves and comes back during its burst
-(LIMIT_SCHEDULE); the scenarios named by `--steady` first take a steady load at STEADY_SHARE of
-the capacity, which measures the platform's own overhead apart from the burst's queueing.
+it has three brokers, else on a three-broker local stack of its own (`--durable-stack`), up for
+that scenario only (`durable`). `flow-adaptive` meets a limit that halves and comes back during
+its burst (LIMIT_SCHEDULE); the scenarios named by `--steady` first take a steady load at
+STEADY_SHARE of the capacity, which measures the platform's own overhead apart from the burst's
+queueing.
 Each stack takes an unmeasured half burst before its first scenario, so that no scenario meets
 brokers whose JVMs have not compiled their hot code yet.
 Figures are computed from the database and Kafka (bench/figures.py); results go to
@@ -24,7 +25,8 @@ import argparse
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
@@ -38,7 +40,9 @@ from consumers import pipeline_spec, presets
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline import Pipeline, new_run_id, remove_pipeline, running_pipeline
 from consumers.pipeline_config import Endpoints
-from infra.layout import Layout
+from infra import stack as local_stack
+from infra.layout import PLAINTEXT, Layout
+from infra.spark_cluster import LOCAL
 from spark.session import session
 
 console = Console()
@@ -104,9 +108,8 @@ def warm_up(p: presets.PresetParams, bench_id: str, stack: Stack) -> None:
     """Half a burst of `flow` through a stack before its first scenario, measured by no one.
 
     A broker's first minutes of traffic run on code the JVM has not compiled yet: the main
-    stack is warmed by the scenarios before `flow`, while `durable`'s three brokers, started
-    with the main stack and idle until their turn, met their burst cold (0.78 of the capacity
-    in two such runs, 0.94-0.99 once warm).
+    stack is warmed by the scenarios before `flow`, while `durable`'s three brokers met their
+    burst cold (0.78 of the capacity in two such runs, 0.94-0.99 once warm).
     """
     warm = replace(p, burst=max(10, p.burst // 2))
     configure_ai(stack.ai_url, warm.stand_in_settings())
@@ -202,7 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--steady", default="flow", help="scenarios that first take a steady load (comma list)")
     p.add_argument("--durable-stack", default="durable",
-                   help="the local stack (STACK name) that runs `durable` when the main one has one broker")
+                   help="the local stack (STACK name) started for `durable` when the main one has one broker")
     p.add_argument("--perf-records", type=int, default=1_000_000)
     p.add_argument("--pause-seconds", type=float, default=10.0)
     p.add_argument("--spark-records", type=int, default=10_000_000,
@@ -214,20 +217,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def stacks(args: argparse.Namespace, names: list[str]) -> dict[str, Stack]:
-    """The stack each scenario runs on."""
-    main = Stack.from_environment(os.environ)
-    if main is None:
-        raise SystemExit("the stack's addresses are not set: run `make up` and source "
-                         ".local/<stack>/stack.env")
-    durable = main
-    if "durable" in names and main.brokers < DURABLE_BROKERS:
-        durable = Stack.from_environment(Layout(args.durable_stack).saved_env())
-        if durable is None or durable.brokers < DURABLE_BROKERS:
-            raise SystemExit(f"`durable` needs {DURABLE_BROKERS} brokers: `STACK={args.durable_stack} "
-                             "python -m infra.stack up --brokers 3` starts them (or leave it out of "
-                             "--scenarios)")
-    return {name: durable if name == "durable" else main for name in names}
+@contextmanager
+def scenario_stack(name: str, main: Stack, durable_stack: str) -> Iterator[Stack]:
+    """The stack a scenario runs on: the main one, or for `durable` on a main stack of fewer than
+    three brokers, durable_stack's."""
+    if name == "durable" and main.brokers < DURABLE_BROKERS:
+        with durable(Layout(durable_stack)) as stack:
+            yield stack
+    else:
+        yield main
+
+
+@contextmanager
+def durable(layout: Layout) -> Iterator[Stack]:
+    """A three-broker local stack for `durable` alone: started here and stopped after it, unless
+    it was running already. Idle, its three brokers took 15 % of a core on this 2-core machine
+    (controller and replica fetches, heartbeats), and every other scenario, the Kafka-level
+    figures and the Spark measurement used to run beside them. On one 10 M-record topic, the best
+    of three ConsumerPerformance runs read 1.19 and 1.43 M records/s in two rounds with the idle
+    stack up, 1.60 and 1.64 M in two with it down; partition_load's best warm job took 11.5 and
+    14.1 s up, 10.7-12.6 s in four sessions down."""
+    was_running = local_stack.running(local_stack.load_state(layout))
+    local_stack.up(layout, DURABLE_BROKERS, PLAINTEXT, LOCAL)
+    try:
+        stack = Stack.from_environment(layout.saved_env())
+        if stack is None:
+            raise SystemExit(f"the {layout.name} stack started but wrote no addresses to {layout.env_file}")
+        yield stack
+    finally:
+        if not was_running:
+            local_stack.down(layout)
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -238,8 +257,10 @@ def main(argv: list[str] | None = None) -> Path:
         args.spark_records, args.spark_repeat = min(args.spark_records, 100_000), 1
         args.scale = min(args.scale, 0.05)
     names = args.scenarios.split(",")
-    where = stacks(args, names)
     main_stack = Stack.from_environment(os.environ)
+    if main_stack is None:
+        raise SystemExit("the stack's addresses are not set: run `make up` and source "
+                         ".local/<stack>/stack.env")
     params = presets.PresetParams(partitions=args.partitions, concurrency=args.concurrency,
                                   time_scale=args.scale, burst=args.burst or 20 * args.concurrency,
                                   flow_members=args.flow_members, pipeline=args.pipeline)
@@ -248,11 +269,12 @@ def main(argv: list[str] | None = None) -> Path:
     results: dict[str, dict[str, Any]] = {}
     warmed: set[str] = set()  # the stacks' bootstrap addresses
     for name in names:
-        p = replace(params, replication_factor=min(3, where[name].brokers))
-        if where[name].kafka.bootstrap not in warmed:
-            warm_up(p, bench_id, where[name])
-            warmed.add(where[name].kafka.bootstrap)
-        results[name] = run_scenario(name, p, bench_id, where[name], name in steady, args.keep_topics)
+        with scenario_stack(name, main_stack, args.durable_stack) as where:
+            p = replace(params, replication_factor=min(3, where.brokers))
+            if where.kafka.bootstrap not in warmed:
+                warm_up(p, bench_id, where)
+                warmed.add(where.kafka.bootstrap)
+            results[name] = run_scenario(name, p, bench_id, where, name in steady, args.keep_topics)
     rf = min(3, main_stack.brokers)
     console.rule("[bold]Kafka-level throughput")
     producer = kafka_throughput.compare(main_stack.kafka.default, args.perf_records, 512,
