@@ -1,0 +1,80 @@
+"""Which stack a benchmark scenario runs on: `durable`'s own three-broker stack is up for that
+scenario only, and one that was already running is left running."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench import run as bench_run
+from infra.layout import Layout
+
+
+class RecordedStacks:
+    """Stands in for infra.stack: records what the benchmark starts and stops."""
+
+    def __init__(self, running: bool) -> None:
+        self.was_running = running
+        self.calls: list[tuple[Any, ...]] = []
+
+    def load_state(self, layout: Layout) -> dict[str, Any]:
+        return {"name": layout.name}
+
+    def running(self, state: dict[str, Any]) -> bool:
+        return self.was_running
+
+    def up(self, layout: Layout, brokers: int, security: str, spark: str) -> None:
+        self.calls.append(("up", layout.name, brokers, security, spark))
+
+    def down(self, layout: Layout) -> None:
+        self.calls.append(("down", layout.name))
+
+
+def stack(brokers: int) -> bench_run.Stack:
+    return bench_run.Stack(kafka=None, database_url=f"db-{brokers}", ai_url=f"ai-{brokers}",  # type: ignore[arg-type]
+                           brokers=brokers)
+
+
+@pytest.fixture
+def durable_three() -> bench_run.Stack:
+    return stack(3)
+
+
+@pytest.fixture
+def stacks(monkeypatch: pytest.MonkeyPatch, durable_three: bench_run.Stack, request: pytest.FixtureRequest
+           ) -> RecordedStacks:
+    recorded = RecordedStacks(running=getattr(request, "param", False))
+    monkeypatch.setattr(bench_run, "local_stack", recorded)
+    monkeypatch.setattr(bench_run.Stack, "from_environment", classmethod(lambda cls, env: durable_three))
+    return recorded
+
+
+@pytest.mark.parametrize("name, brokers", [("flow", 1), ("durable", 3), ("flow", 3)])
+def test_the_main_stack_runs_what_needs_no_other(stacks: RecordedStacks, name: str, brokers: int) -> None:
+    main = stack(brokers)
+    with bench_run.scenario_stack(name, main, "durable") as where:
+        assert where is main
+    assert stacks.calls == []
+
+
+def test_durable_on_one_broker_starts_its_stack_and_stops_it_after(
+        stacks: RecordedStacks, durable_three: bench_run.Stack) -> None:
+    with bench_run.scenario_stack("durable", stack(1), "durable") as where:
+        assert where is durable_three
+        assert stacks.calls == [("up", "durable", 3, "plaintext", "local")]
+    assert stacks.calls == [("up", "durable", 3, "plaintext", "local"), ("down", "durable")]
+
+
+def test_a_failing_scenario_still_stops_the_stack(stacks: RecordedStacks) -> None:
+    with pytest.raises(RuntimeError, match="burst timed out"), \
+            bench_run.scenario_stack("durable", stack(1), "durable"):
+        raise RuntimeError("burst timed out")
+    assert stacks.calls[-1] == ("down", "durable")
+
+
+@pytest.mark.parametrize("stacks", [True], indirect=True)
+def test_a_stack_already_running_is_left_running(stacks: RecordedStacks) -> None:
+    with bench_run.scenario_stack("durable", stack(1), "durable"):
+        pass
+    assert stacks.calls == [("up", "durable", 3, "plaintext", "local")]
