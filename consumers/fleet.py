@@ -63,6 +63,7 @@ class FleetSettings:
     database_url: str
     pipeline: str = pipeline_spec.REFERENCE
     key_strategy: str = "uuid"  # keys of the events this stage sends downstream
+    producer_batch_records: int | None = None  # PipelineConfig.producer_batch_records
     ai_url: str | None = None  # the stage's AI endpoint, when its work calls one
     ai_timeout_s: float = 10.0
     ai_auth_header: str | None = None
@@ -95,7 +96,7 @@ class Fleet:
         concurrency = s.member.window * s.members if s.member.mode in WINDOW_MODES else s.members
         self.storage = storage.sized_pool(s.database_url, min(DB_CONNECTIONS, concurrency + 2))
         self.producer = KeyedProducer(s.member.kafka, profile=s.member.profile,
-                                      key_strategy=s.key_strategy)
+                                      key_strategy=s.key_strategy, batch_records=s.producer_batch_records)
         self.ctx = StageContext(
             stage=s.member.stage, topics=events.Topics(s.prefix, pipeline_spec.load(s.pipeline)),
             storage=self.storage, producer=self.producer, ai=self._client(s.ai_url, concurrency),
@@ -242,6 +243,7 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
     return FleetSettings(
         member=member, members=stage_cfg.members, prefix=topics.prefix, database_url=database_url,
         pipeline=config.pipeline, key_strategy=config.key_strategy,
+        producer_batch_records=config.producer_batch_records(stage),
         ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
         ai_timeout_s=config.ai_timeout(stage), ai_auth_header=endpoints.auth_header,
         ai_calls=stage_cfg.ai_calls, adaptive=stage_cfg.adaptive, retry=config.retry(stage),

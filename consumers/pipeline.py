@@ -42,7 +42,8 @@ class Pipeline:
              key_strategy: str | None = None, progress: bool = False) -> SourceReport:
         return send_in_process(self.kafka.of("source"), self.config.producer_profile or self.config.profile,
                                key_strategy or self.config.key_strategy, self.topics, self.run_id,
-                               count, rate=rate, reject_share=reject_share, progress=progress)
+                               count, rate=rate, reject_share=reject_share, progress=progress,
+                               batch_records=self.config.producer_batch_records(None))
 
     def status_counts(self) -> dict[str, int]:
         with psycopg2.connect(self.database_url) as conn, conn.cursor() as cur:

@@ -100,6 +100,16 @@ class PipelineConfig:
             raise ValueError(f"{self.pipeline} has no stage {name!r}; stages: {list(self.spec.stages)}")
         return StageConfig() if name in self.spec.ai_stages else StageConfig(mode="bounded", batch_size=50)
 
+    def producer_batch_records(self, writer: str | None) -> int | None:
+        """The records one producer batch may hold for what `writer` (a stage, or None for the
+        load source) writes: the smallest window of the share-mode stages it feeds, else no cap
+        (profiles.producer_config says why)."""
+        spec = self.spec
+        written = set(spec.producing_topics() if writer is None else spec.outputs_of(writer))
+        windows = [self.stage(name).window for name, stage in spec.stages.items()
+                   if stage.source in written and self.stage(name).mode == "share"]
+        return min(windows, default=None)
+
     def with_stages(self, **stages: StageConfig) -> PipelineConfig:
         return replace(self, stages={**self.stages, **stages})
 

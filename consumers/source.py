@@ -91,8 +91,8 @@ def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, c
 
 def _send_with_own_producer(kafka: KafkaConnection, profile: str, key_strategy: str, topics: events.Topics,
                             run_id: str, count: int, rate: float | None, reject_share: float,
-                            progress: bool) -> SourceReport:
-    producer = KeyedProducer(kafka, profile=profile, key_strategy=key_strategy)
+                            progress: bool, batch_records: int | None) -> SourceReport:
+    producer = KeyedProducer(kafka, profile=profile, key_strategy=key_strategy, batch_records=batch_records)
     try:
         producer.prepare(topics.producing())
         return send_requests(producer, topics, run_id, count, rate=rate, reject_share=reject_share,
@@ -103,9 +103,10 @@ def _send_with_own_producer(kafka: KafkaConnection, profile: str, key_strategy: 
 
 def send_in_process(kafka: KafkaConnection, profile: str, key_strategy: str, topics: events.Topics,
                     run_id: str, count: int, rate: float | None = None, reject_share: float = 0.0,
-                    progress: bool = False) -> SourceReport:
+                    progress: bool = False, batch_records: int | None = None) -> SourceReport:
     """`send_requests` from a process of its own (this module's command), as the backend it
-    stands for would send.
+    stands for would send; `batch_records` caps its producer's batches (PipelineConfig's
+    producer_batch_records).
 
     Sharing the interpreter with a fleet's consumer threads slows the send loop down, and the
     send rate decides how many sticky-partitioning windows a keyless burst spans. A plain
@@ -116,6 +117,7 @@ def send_in_process(kafka: KafkaConnection, profile: str, key_strategy: str, top
     cmd = [sys.executable, "-m", "consumers.source", "--pipeline", topics.spec.name,
            "--prefix", topics.prefix, "--run-id", run_id,
            *load, "--keys", key_strategy, "--profile", profile, "--reject-share", str(reject_share),
+           *(["--batch-records", str(batch_records)] if batch_records else []),
            "--json", *([] if progress else ["--quiet"])]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False,
                           env=kafka.child_environment())
@@ -137,6 +139,8 @@ def main() -> None:
     p.add_argument("--profile", default="durability")
     p.add_argument("--reject-share", type=float, default=0.0,
                    help="share of requests the pipeline's generator makes to be refused")
+    p.add_argument("--batch-records", type=int,
+                   help="most records a producer batch holds (the window of a share group it feeds)")
     kafka_connection.add_argument(p)
     p.add_argument("--json", action="store_true", help="print the report (request ids, partitions) as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -145,7 +149,8 @@ def main() -> None:
     kafka = kafka_connection.from_args(args, p).of("source")
     topics = events.Topics(args.prefix, pipeline_spec.load(args.pipeline))
     report = _send_with_own_producer(kafka, args.profile, args.keys, topics, args.run_id, count,
-                                     args.rate, args.reject_share, progress=not args.quiet)
+                                     args.rate, args.reject_share, progress=not args.quiet,
+                                     batch_records=args.batch_records)
     if args.json:
         print(json.dumps(asdict(report)))
         return

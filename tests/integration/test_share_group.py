@@ -1,18 +1,23 @@
 """The share mode against the real brokers, PostgreSQL and the AI stand-in: the share preset's AI
-stages run as share-group members (KIP-932) through a whole pipeline run, and a stage with more
-members than partitions has every member at work."""
+stages run as share-group members (KIP-932) through a whole pipeline run, a stage with more
+members than partitions has every member at work, and a producer's capped batches let a burst
+on one partition go to several members."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 import pytest
-from confluent_kafka.admin import ConfigResource
+from confluent_kafka import AcknowledgeType, Message, ShareConsumer
+from confluent_kafka.admin import ConfigResource, NewTopic
 
-from consumers import presets, profiles
+from consumers import presets, profiles, provisioning
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.producer import KeyedProducer
 from consumers.share_member import ShareMember
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.stack import Stack
@@ -113,3 +118,45 @@ def test_more_members_than_partitions_all_receive_records(stack: Stack, ai: AISe
         assert sorted(handled) == [f"{stage}-{i}" for i in range(4)], handled  # 4 members, 2 partitions
         assert sum(handled.values()) == 200
     assert all(run.ai_stats[endpoint]["duplicate_served"] == 0 for endpoint in AI_STAGES)
+
+
+def first_polls(stack: Stack, batch_records: int | None, window: int = 8, burst: int = 32) -> tuple[int, int]:
+    """A burst of `burst` records on a one-partition topic, sent at once (a 200 ms linger) by a
+    producer capped at `batch_records`; what the first poll of a share member asking for `window`
+    records returns, and then what a second member's first poll returns while the first still
+    holds its records."""
+    topic = f"share-batches-{uuid.uuid4().hex[:8]}"
+    admin = stack.connection.admin()
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = KeyedProducer(stack.connection, batch_records=batch_records, **{"linger.ms": 200})
+    try:
+        sent = [producer.send(topic, value=b"x" * 100) for _ in range(burst)]
+        assert [f.result(30) for f in sent] == [(0, offset) for offset in range(burst)]
+    finally:
+        producer.close()
+    group = f"{topic}-group"
+    provisioning.configure_share_group(admin, group, 1.0)
+    config = profiles.share_consumer_config("durability", stack.connection, group, window=window)
+    members = [ShareConsumer(config) for _ in range(2)]
+    try:
+        polled: list[list[Message]] = []
+        for member in members:
+            member.subscribe([topic])
+            deadline, batch = time.monotonic() + 20, []
+            while not batch and time.monotonic() < deadline:
+                batch = member.poll(0.5) or []
+            polled.append(batch)
+        for member, batch in zip(members, polled, strict=True):
+            for msg in batch:
+                member.acknowledge(msg, AcknowledgeType.ACCEPT)
+        return len(polled[0]), len(polled[1])
+    finally:
+        for member in members:
+            member.close()
+        admin.delete_topics([topic])
+
+
+def test_capped_producer_batches_spread_a_burst_over_the_members(stack: Stack) -> None:
+    # Guard: uncapped, the broker hands the first member the whole batch and the second nothing.
+    assert first_polls(stack, batch_records=None) == (32, 0)
+    assert first_polls(stack, batch_records=8) == (8, 8)
