@@ -106,9 +106,8 @@ class PipelineConfig:
         (profiles.producer_config says why)."""
         spec = self.spec
         written = set(spec.producing_topics() if writer is None else spec.outputs_of(writer))
-        windows = [self.stage(name).window for name, stage in spec.stages.items()
-                   if stage.source in written and self.stage(name).mode == "share"]
-        return min(windows, default=None)
+        fed = [self.stage(name) for name, stage in spec.stages.items() if stage.source in written]
+        return min((stage.window for stage in fed if stage.mode == "share"), default=None)
 
     def with_stages(self, **stages: StageConfig) -> PipelineConfig:
         return replace(self, stages={**self.stages, **stages})

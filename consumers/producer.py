@@ -75,11 +75,11 @@ class KeyedProducer:
     """
 
     def __init__(self, kafka: KafkaConnection, profile: str = "durability", key_strategy: str = "uuid",
-                 partitioner: str = "murmur2_random", batch_records: int | None = None,
-                 **overrides: Any) -> None:
+                 partitioner: str = "murmur2_random", **overrides: Any) -> None:
+        """`overrides` go to profiles.producer_config: its `batch_records`, or librdkafka settings."""
         self.key_strategy = check_key_strategy(key_strategy)
-        self._producer = Producer(profiles.producer_config(profile, kafka, partitioner=partitioner,
-                                                           batch_records=batch_records, **overrides))
+        self._producer = Producer(profiles.producer_config(profile, kafka,
+                                                           partitioner=partitioner, **overrides))
         self._closing = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name="producer-poll", daemon=True)
         self._poller.start()
