@@ -19,7 +19,8 @@ COLUMNS = ("brokers", "throughput_rps", "steady_throughput_rps", "capacity_rps",
            "duplicate_ai_calls", "rebalances", "skew_max_over_mean", "skew_cv", "p50_ms", "p95_ms",
            "p99_ms", "overhead_p99_ms", "refetch_amplification", "span_s", "physical_minimum_s",
            "span_over_minimum", "ai_429", "overload_share")
-STEADY_COLUMNS = ("rate_rps", "lost", "p50_ms", "p99_ms", "overhead_p50_ms", "overhead_p99_ms")
+STEADY_COLUMNS = ("rate_rps", "lost", "p50_ms", "p99_ms", "overhead_p50_ms", "overhead_p99_ms",
+                  "late_wakeups", "latest_wakeup_ms", "cpu_busy_pct", "cpu_steal_pct")
 
 
 def run_dir(run_id: str) -> Path:

@@ -12,7 +12,8 @@ it has three brokers, else on a three-broker local stack of its own (`--durable-
 that scenario only (`durable`). `flow-adaptive` meets a limit that halves and comes back during
 its burst (LIMIT_SCHEDULE); the scenarios named by `--steady` first take a steady load at
 STEADY_SHARE of the capacity, which measures the platform's own overhead apart from the burst's
-queueing.
+queueing, beside how much the machine delayed a process with no work of its own meanwhile
+(bench/machine_noise.py).
 Each stack takes an unmeasured half burst before its first scenario, so that no scenario meets
 brokers whose JVMs have not compiled their hot code yet.
 Figures are computed from the database and Kafka (bench/figures.py); results go to
@@ -35,7 +36,7 @@ from typing import Any
 import requests
 from rich.console import Console
 
-from bench import figures, kafka_throughput, pause_benchmark, report, spark_partition_load
+from bench import figures, kafka_throughput, machine_noise, pause_benchmark, report, spark_partition_load
 from consumers import pipeline_spec, presets
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline import Pipeline, new_run_id, remove_pipeline, running_pipeline
@@ -91,11 +92,13 @@ def steady_phase(pipeline: Pipeline, p: presets.PresetParams, timeout_s: float) 
     count = max(10, p.burst // 2)
     steady = replace(pipeline, run_id=f"{pipeline.run_id}-steady")
     console.print(f"steady phase: {count} requests at {STEADY_SHARE * p.ai_capacity_rps:.1f}/s")
-    sent = steady.send(count, rate=STEADY_SHARE * p.ai_capacity_rps, progress=True)
-    steady.wait_terminal(count, timeout_s, progress=True)
+    with machine_noise.measured() as noise:
+        sent = steady.send(count, rate=STEADY_SHARE * p.ai_capacity_rps, progress=True)
+        steady.wait_terminal(count, timeout_s, progress=True)
     return {"rate_rps": round(STEADY_SHARE * p.ai_capacity_rps, 3),
             **figures.phase_figures(pipeline.database_url, steady.run_id, pipeline.topics,
-                                    len(sent.request_ids), p.concurrency, sent.per_partition(p.partitions))}
+                                    len(sent.request_ids), p.concurrency, sent.per_partition(p.partitions)),
+            **noise.figures}
 
 
 def burst_timeout_s(p: presets.PresetParams) -> float:
