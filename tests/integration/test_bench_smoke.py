@@ -41,6 +41,16 @@ def test_summary_has_every_field(smoke: tuple[Path, dict]) -> None:
             "flow_fetch_amplification"} <= set(summary["pause_benchmark"])
 
 
+def test_the_steady_phase_says_how_busy_the_machine_was(smoke: tuple[Path, dict]) -> None:
+    _, summary = smoke
+    steady = summary["scenarios"]["flow"]["steady"]
+    assert steady["lost"] == 0 and steady["overhead_p99_ms"] > 0
+    # the probe slept 5 ms at a time for the whole phase, which lasts seconds even in a smoke run
+    assert steady["probe_wakeups"] >= 100, steady
+    assert 0 <= steady["late_wakeups"] <= steady["probe_wakeups"]
+    assert 0 < steady["cpu_busy_pct"] <= 100 and steady["cpu_steal_pct"] >= 0
+
+
 def test_counts_add_up(smoke: tuple[Path, dict]) -> None:
     _, summary = smoke
     burst = summary["params"]["burst"]
