@@ -81,12 +81,15 @@ def measured() -> Iterator[Noise]:
     before = _read_cpu()
     try:
         yield noise
-    finally:
-        after = _read_cpu()
-        out, _ = probe.communicate(input="", timeout=30)  # closing stdin ends the probe
-        noise.figures = {**lateness_figures(json.loads(out)),
-                         **(cpu_shares(before, after) if before and after
-                            else {"cpu_busy_pct": None, "cpu_steal_pct": None})}
+    except BaseException:
+        probe.kill()  # the phase failed: its error, not the probe's figures, is what matters
+        probe.wait()
+        raise
+    after = _read_cpu()
+    out, _ = probe.communicate(input="", timeout=30)  # closing stdin ends the probe
+    noise.figures = {**lateness_figures(json.loads(out)),
+                     **(cpu_shares(before, after) if before and after
+                        else {"cpu_busy_pct": None, "cpu_steal_pct": None})}
 
 
 def probe(interval_s: float = PROBE_INTERVAL_S) -> list[float]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from bench import machine_noise
 
 # /proc/stat's first lines, 100 jiffies a second: user nice system idle iowait irq softirq steal
@@ -50,3 +52,9 @@ def test_the_probe_process_wakes_for_as_long_as_the_block_runs() -> None:
     if machine_noise.PROC_STAT.exists():
         assert 0 <= figures["cpu_busy_pct"] <= 100
         assert 0 <= figures["cpu_steal_pct"] <= 100 - figures["cpu_busy_pct"]
+
+
+def test_a_failing_block_raises_its_own_error_without_figures() -> None:
+    with pytest.raises(RuntimeError, match="phase failed"), machine_noise.measured() as noise:
+        raise RuntimeError("phase failed")
+    assert noise.figures == {}
