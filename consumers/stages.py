@@ -10,12 +10,12 @@ Every stage of every pipeline runs the same steps:
 5. send the outcome to every route whose condition holds, and wait for the acknowledgements.
 
 At most one AI call per (pipeline, key, stage): before calling, the stage claims the triple in
-PostgreSQL (`Storage.claim`), so a second copy of the same request waits for the first one's
-result instead of calling too, and a member that died mid-call is taken over once its lease
-expires. Every try is written before it is sent and completed after, so an interrupted call is
-still counted. A stage whose result is already recorded does not call again but re-sends its
-routes' events, which is idempotent downstream: an event lost between the two writes is
-therefore never lost.
+PostgreSQL as it takes the request (`Storage.take` with a `CallClaim`), so a second copy of the
+same request waits for the first one's result instead of calling too, and a member that died
+mid-call is taken over once its lease expires. Every try is written before it is sent and
+completed after, so an interrupted call is still counted. A stage whose result is already
+recorded does not call again but re-sends its routes' events, which is idempotent downstream:
+an event lost between the two writes is therefore never lost.
 
 Failures raise; `consumers.failures` says which are the record's fault (dead-lettered) and
 which are a dependency's (retried). What one record's handling achieved is kept in its
@@ -36,7 +36,7 @@ from consumers.events import Topics
 from consumers.failures import AIBusy, ClaimHeld
 from consumers.pipeline_spec import HttpWork, PythonWork, Route, StageSpec
 from consumers.producer import KeyedProducer
-from consumers.storage import Ended, Key, Origin, Status, Storage
+from consumers.storage import CallClaim, Claim, Ended, Key, Origin, Status, Storage
 from consumers.window_pool import WindowPool
 
 DELIVERY_TIMEOUT_S = 30.0
@@ -99,12 +99,17 @@ class RecordState:
 def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
     """Run the stage's steps for one validated event."""
     spec, key = ctx.spec, ctx.key(event)
-    row = ctx.storage.take(key, event["produced_at"], {f: event[f] for f in spec.record if f in event},
-                           ctx.status(spec.status, route=False))
+    calls = isinstance(spec.work, HttpWork) and state.result is None and state.failure is None
+    if calls and ctx.ai is None:
+        raise RuntimeError(f"stage {ctx.stage} has no URL for endpoint {spec.work.endpoint}")
+    row, claim = ctx.storage.take(key, event["produced_at"], {f: event[f] for f in spec.record if f in event},
+                                  ctx.status(spec.status, route=False),
+                                  CallClaim(ctx.stage, state.owner, ctx.claim_lease_s, origin, spec.join)
+                                  if calls else None)
     if any(f not in row for f in spec.join):
         return  # the other half of the join records it
     outcome = {**event, **row} if spec.join else dict(event)
-    _work(ctx, spec, key, outcome, origin, state)
+    _work(ctx, spec, key, outcome, origin, state, claim)
     outcome.update(state.result or {})
     routes = [r for r in spec.routes if r.matches(outcome)]
     status = next((ctx.status(r.status, route=True) for r in routes if r.status), None)
@@ -127,28 +132,31 @@ def message(route: Route, key_field: str, key: Key, outcome: dict[str, Any]) -> 
 
 
 def _work(ctx: StageContext, spec: StageSpec, key: Key, outcome: dict[str, Any], origin: Origin,
-          state: RecordState) -> None:
+          state: RecordState, claim: Claim | None) -> None:
     """Put the work's kept fields in `state.result`, unless an earlier try of the record did
     (a stage without work keeps none)."""
     if isinstance(spec.work, PythonWork) and state.result is None:
         state.result = dict(pipeline_spec.resolve(spec.work.callable)(outcome))
     elif isinstance(spec.work, HttpWork):
-        _ai_result(ctx, spec.work, key, outcome, origin, state)
+        _ai_result(ctx, spec.work, key, outcome, origin, state, claim)
 
 
 @dataclass
 class _AttemptLog:
-    """Writes each try's row before it is sent (renewing the claim) and keeps its ending."""
+    """Writes each try's row before it is sent (renewing the claim) and keeps its ending. The
+    first try's row was written with the claim (`_ids` starts with it)."""
 
     ctx: StageContext
     key: Key
     origin: Origin
     state: RecordState
-    _ids: dict[int, int] = field(default_factory=dict)
+    _ids: dict[int, int]
 
     def started(self, attempt: int, at: float) -> None:
-        self._ids[attempt] = self.ctx.storage.start_attempt(
-            self.key, self.ctx.stage, self.origin, self.state.owner, self.ctx.claim_lease_s, attempt, at)
+        if attempt not in self._ids:
+            self._ids[attempt] = self.ctx.storage.start_attempt(
+                self.key, self.ctx.stage, self.origin, self.state.owner, self.ctx.claim_lease_s,
+                attempt, at)
 
     def ended(self, attempt: Try) -> None:
         self.state.tries.append(attempt)
@@ -157,24 +165,21 @@ class _AttemptLog:
 
 
 def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any], origin: Origin,
-               state: RecordState) -> None:
-    """The stage's kept AI answer: recorded already, received by an earlier try of the record
-    (kept even when writing its attempt rows failed), or called for now. The tries' attempt
-    rows are completed here when they end in a failure, else with the result that they got."""
-    if state.result is None and state.failure is None:
-        claim = ctx.storage.claim(key, ctx.stage, state.owner, ctx.claim_lease_s)
+               state: RecordState, claim: Claim | None) -> None:
+    """The stage's kept AI answer: recorded already (`claim.done`; the skip is on record),
+    received by an earlier try of the record (kept even when writing its attempt rows failed,
+    and then there is no `claim`), or called for now. The tries' attempt rows are completed here
+    when they end in a failure, else with the result that they got."""
+    if claim is not None:
         if claim.done is not None:
-            ctx.storage.record_skip(key, ctx.stage, origin)
             state.skipped_duplicate = True
             state.result = claim.done
             return
-        if not claim.ours:
+        if claim.first_attempt is None:
             raise ClaimHeld(f"{ctx.stage} of {key.request_id} is being called by another member")
-        if ctx.ai is None:
-            raise RuntimeError(f"stage {ctx.stage} has no URL for endpoint {work.endpoint}")
         try:
             body = ctx.ai.call({name: event.get(source) for name, source in work.request.items()},
-                               _AttemptLog(ctx, key, origin, state))
+                               _AttemptLog(ctx, key, origin, state, {1: claim.first_attempt}))
         except AIUnavailable as exc:
             own = sum(t.outcome in REQUEST_FAILURES for t in state.tries)
             if exc.final or own >= ctx.ai.policy.max_attempts:

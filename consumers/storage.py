@@ -64,10 +64,24 @@ class Status:
 
 @dataclass(frozen=True)
 class Claim:
-    """The answer to a claim: the stage's recorded result, or whether the call is ours to make."""
+    """The answer to a claim: the stage's recorded result, or the call is ours to make (then
+    `first_attempt` is the id of the first try's attempt row, written with the claim), or
+    neither: another member holds the claim."""
 
     done: dict[str, Any] | None = None
-    ours: bool = False
+    first_attempt: int | None = None
+
+
+@dataclass(frozen=True)
+class CallClaim:
+    """What a stage about to call its AI claims as it takes the request (`Storage.take`): the
+    (key, stage) for `owner`, for `lease_s`, once every field of `join` is on the row."""
+
+    stage: str
+    owner: str
+    lease_s: float
+    origin: Origin
+    join: Sequence[str] = ()
 
 
 class ClaimLost(Transient):
@@ -114,6 +128,43 @@ def _row_of(key: Key, stage: str, origin: Origin) -> dict[str, Any]:
     return {"p": key.pipeline, "r": key.request_id, "s": stage, "run": key.run_id,
             "member": origin.member, "topic": origin.topic, "partition": origin.partition,
             "offset": origin.offset}
+
+
+# Creates the request row or merges %(fields)s into it, moving its status forward.
+_TAKE = ("INSERT INTO requests (pipeline, request_id, run_id, status, status_rank, produced_at, fields) "
+         "VALUES (%(p)s, %(r)s, %(run)s, coalesce(%(status)s, 'received'), greatest(%(rank)s, 0), "
+         "%(at)s, %(fields)s) ON CONFLICT (pipeline, request_id) DO UPDATE "
+         "SET fields = requests.fields || EXCLUDED.fields, "
+         "produced_at = least(requests.produced_at, EXCLUDED.produced_at), "
+         f"{_FORWARD} RETURNING fields")
+
+# A try's attempt row (`_row_of`'s parameters, %(attempt)s, %(sent)s), one per row of {source}.
+_START_ATTEMPT = (
+    "INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
+    "kafka_partition, kafka_offset, started_at, ended_at, outcome) "
+    "SELECT %(p)s, %(run)s, %(r)s, %(s)s, {attempt}, %(member)s, %(topic)s, %(partition)s, "
+    "%(offset)s, %(sent)s, {ended}, '{outcome}' FROM {source} RETURNING id")
+
+# _TAKE, then the claim of (key, stage) unless its result is recorded (`done`: the skip is on
+# record then) or the fields of %(join)s are not all on the row yet. The claim is %(o)s's when
+# nobody holds it, when %(o)s holds it already, or when the holder's lease has expired (a member
+# that died mid-call): then it is taken over. A claim won writes the first try's attempt row.
+_TAKE_AND_CLAIM = (
+    f"WITH taken AS ({_TAKE}), "
+    "done AS (SELECT coalesce(result, '{}'::jsonb) AS result FROM stage_results "
+    "WHERE pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s), "
+    "skipped AS ("
+    + _START_ATTEMPT.format(attempt=0, ended="%(sent)s", outcome="skipped_done", source="done") + "), "
+    "claimed AS (INSERT INTO stage_claims (pipeline, request_id, stage, owner, lease_until) "
+    "SELECT %(p)s, %(r)s, %(s)s, %(o)s, now() + make_interval(secs => %(l)s) "
+    "WHERE NOT EXISTS (SELECT FROM done) AND (SELECT fields FROM taken) ?& %(join)s::text[] "
+    "ON CONFLICT (pipeline, request_id, stage) DO UPDATE SET owner = EXCLUDED.owner, "
+    "lease_until = EXCLUDED.lease_until, "
+    "takeovers = stage_claims.takeovers + (stage_claims.owner <> EXCLUDED.owner)::int "
+    "WHERE stage_claims.owner = EXCLUDED.owner OR stage_claims.lease_until < now() "
+    "RETURNING 1), "
+    "first AS (" + _START_ATTEMPT.format(attempt=1, ended="NULL", outcome="started", source="claimed") + ") "
+    "SELECT (SELECT fields FROM taken), (SELECT result FROM done), (SELECT id FROM first)")
 
 
 LEFT_FOR_OTHERS = 16  # connections a new pool leaves free: the platform's other processes need some
@@ -197,22 +248,29 @@ class Storage:
         with self._tx() as cur:
             cur.execute("UPDATE runs SET finished_at = now() WHERE run_id = %s", (run_id,))
 
-    def take(self, key: Key, produced_at: float, fields: dict[str, Any], status: Status | None) -> dict:
+    def take(self, key: Key, produced_at: float, fields: dict[str, Any], status: Status | None,
+             call: CallClaim | None = None) -> tuple[dict, Claim | None]:
         """A stage takes the request: create its row or merge `fields` into it (whichever event
-        arrives first), move its status forward; return every field the row holds now."""
+        arrives first), move its status forward; return every field the row holds now.
+
+        With `call`, the same statement claims the stage's AI call (see `_TAKE_AND_CLAIM`) and
+        the claim comes back too, None while the join waits: one round trip instead of the three
+        of taking, claiming and writing the first try's row.
+        """
         params = {"p": key.pipeline, "r": key.request_id, "run": key.run_id, "at": ts(produced_at),
                   "fields": json.dumps(fields), "status": status.name if status else None,
                   "rank": status.rank if status else -1, "settled": list(TERMINAL_STATUSES)}
         with self._tx(atomic=False) as cur:
-            cur.execute(
-                "INSERT INTO requests (pipeline, request_id, run_id, status, status_rank, produced_at, "
-                "fields) VALUES (%(p)s, %(r)s, %(run)s, coalesce(%(status)s, 'received'), "
-                "greatest(%(rank)s, 0), %(at)s, %(fields)s) ON CONFLICT (pipeline, request_id) DO UPDATE "
-                "SET fields = requests.fields || EXCLUDED.fields, "
-                "produced_at = least(requests.produced_at, EXCLUDED.produced_at), "
-                f"{_FORWARD} "
-                "RETURNING fields", params)
-            return cur.fetchone()[0]
+            if call is None:
+                cur.execute(_TAKE, params)
+                return cur.fetchone()[0], None
+            cur.execute(_TAKE_AND_CLAIM, {
+                **params, **_row_of(key, call.stage, call.origin), "o": call.owner, "l": call.lease_s,
+                "join": list(call.join), "sent": ts(time.time())})
+            row, done, first = cur.fetchone()
+        if any(name not in row for name in call.join):
+            return row, None
+        return row, Claim(done=done, first_attempt=first)
 
     def record_result(self, key: Key, stage: str, result: dict[str, Any] | None, origin: Origin,
                       status: Status | None, entry: bool, ended: Sequence[Ended] = ()) -> bool:
@@ -247,30 +305,6 @@ class Storage:
             cur.execute("UPDATE requests SET notified_at = coalesce(notified_at, now()) "
                         "WHERE pipeline = %s AND request_id = %s", (key.pipeline, key.request_id))
 
-    def claim(self, key: Key, stage: str, owner: str, lease_s: float) -> Claim:
-        """Claim (key, stage) before calling its AI, unless its result is already recorded.
-
-        The claim is `owner`'s when nobody holds it, when `owner` holds it already, or when the
-        holder's lease has expired (a member that died mid-call): then it is taken over. One
-        statement: the claim is only tried when no result is recorded.
-        """
-        with self._tx(atomic=False) as cur:
-            cur.execute(
-                "WITH done AS (SELECT coalesce(result, '{}'::jsonb) AS result FROM stage_results "
-                "WHERE pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s), "
-                "claimed AS (INSERT INTO stage_claims (pipeline, request_id, stage, owner, lease_until) "
-                "SELECT %(p)s, %(r)s, %(s)s, %(o)s, now() + make_interval(secs => %(l)s) "
-                "WHERE NOT EXISTS (SELECT FROM done) "
-                "ON CONFLICT (pipeline, request_id, stage) DO UPDATE SET owner = EXCLUDED.owner, "
-                "lease_until = EXCLUDED.lease_until, "
-                "takeovers = stage_claims.takeovers + (stage_claims.owner <> EXCLUDED.owner)::int "
-                "WHERE stage_claims.owner = EXCLUDED.owner OR stage_claims.lease_until < now() "
-                "RETURNING 1) "
-                "SELECT (SELECT result FROM done), EXISTS (SELECT FROM claimed)",
-                {"p": key.pipeline, "r": key.request_id, "s": stage, "o": owner, "l": lease_s})
-            done, ours = cur.fetchone()
-            return Claim(done=done) if done is not None else Claim(ours=ours)
-
     def start_attempt(self, key: Key, stage: str, origin: Origin, owner: str, lease_s: float,
                       attempt: int, started: float) -> int:
         """Renew the claim and write the attempt row before the try is sent; the row's id.
@@ -283,12 +317,10 @@ class Storage:
                 "WITH renewed AS (UPDATE stage_claims SET lease_until = now() + make_interval(secs => %(l)s) "
                 "WHERE pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s AND owner = %(o)s "
                 "RETURNING 1) "
-                "INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
-                "kafka_partition, kafka_offset, started_at, outcome) "
-                "SELECT %(p)s, %(run)s, %(r)s, %(s)s, %(attempt)s, %(member)s, %(topic)s, %(partition)s, "
-                "%(offset)s, %(at)s, 'started' FROM renewed RETURNING id",
+                + _START_ATTEMPT.format(attempt="%(attempt)s", ended="NULL", outcome="started",
+                                        source="renewed"),
                 {**_row_of(key, stage, origin), "l": lease_s, "o": owner, "attempt": attempt,
-                 "at": ts(started)})
+                 "sent": ts(started)})
             row = cur.fetchone()
             if row is None:
                 raise ClaimLost(f"{stage} claim of {key.request_id} taken over by another member")
@@ -300,17 +332,6 @@ class Storage:
         if ended:
             with self._tx(atomic=False) as cur:
                 cur.execute(_END_ATTEMPTS, _ended(ended))
-
-    def record_skip(self, key: Key, stage: str, origin: Origin) -> None:
-        """A re-consumed event whose result already exists: on record, and no AI call made."""
-        now = ts(time.time())
-        with self._tx(atomic=False) as cur:
-            cur.execute(
-                "INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
-                "kafka_partition, kafka_offset, started_at, ended_at, outcome) "
-                "VALUES (%s, %s, %s, %s, 0, %s, %s, %s, %s, %s, %s, 'skipped_done')",
-                (key.pipeline, key.run_id, key.request_id, stage, origin.member, origin.topic,
-                 origin.partition, origin.offset, now, now))
 
     def record_dead_letter(self, pipeline: str, run_id: str, key: Key | None, stage: str, reason: str,
                            origin: Origin, payload: bytes | None, entry: bool = False) -> None:

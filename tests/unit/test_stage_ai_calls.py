@@ -17,7 +17,7 @@ import pytest
 from consumers import events, pipeline_spec, stages
 from consumers.ai_client import AIClient, AIUnavailable, Endpoint, RetryPolicy
 from consumers.failures import POISON, TRANSIENT, AIBusy, ClaimHeld, classify
-from consumers.storage import Claim, Ended, Key, Origin, Status
+from consumers.storage import CallClaim, Claim, Ended, Key, Origin, Status
 from tests import bad_input
 
 AI_STAGES = [(spec, stage) for spec, stage in bad_input.cases() if stage in spec.ai_stages]
@@ -58,19 +58,21 @@ class ScriptedClient(AIClient):
 class FakeStorage:
     def __init__(self, claim: Claim | None = None, fail_result_writes: int = 0,
                  fail_attempt_writes: int = 0) -> None:
-        self.claim_answer = claim or Claim(ours=True)
+        self.claim_answer = claim  # None: the claim is won
         self.fail_result_writes = fail_result_writes
         self.fail_attempt_writes = fail_attempt_writes
         self.attempts: dict[int, list[Any]] = {}
         self.results: list[dict | None] = []
         self.statuses: list[str | None] = []
-        self.skips = 0
+        self.claims = 0
 
-    def take(self, key: Key, produced_at: float, fields: dict, status: Status | None) -> dict:
-        return fields
-
-    def claim(self, key: Key, stage: str, owner: str, lease_s: float) -> Claim:
-        return self.claim_answer
+    def take(self, key: Key, produced_at: float, fields: dict, status: Status | None,
+             call: CallClaim | None = None) -> tuple[dict, Claim | None]:
+        """A won claim writes the first try's row, as the real statement does."""
+        if call is None:
+            return fields, None
+        self.claims += 1
+        return fields, self.claim_answer or Claim(first_attempt=self.start_attempt())
 
     def start_attempt(self, *args: Any) -> int:
         row_id = len(self.attempts) + 1
@@ -94,9 +96,6 @@ class FakeStorage:
         self.results.append(result)
         self.statuses.append(status.name if status else None)
         return True
-
-    def record_skip(self, *args: Any) -> None:
-        self.skips += 1
 
     def mark_notified(self, key: Key) -> None:
         pass
@@ -212,13 +211,13 @@ def test_an_answer_received_before_a_database_outage_is_stored_without_calling_a
         failure = handle(ctx, state)
         assert classify(failure).kind == TRANSIENT  # type: ignore[arg-type]
     assert handle(ctx, state) is None
-    assert client.sent == 1
+    assert client.sent == 1 and storage.claims == 1  # the retries neither claim nor call again
     assert len(storage.results) == 1
     assert [topic for topic, _ in ctx.send.events] == ROUTED[spec.name, stage]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("claim", "expected"),
-                         [(Claim(ours=False), ClaimHeld), (Claim(done={"recorded": "before"}), None)])
+                         [(Claim(), ClaimHeld), (Claim(done={"recorded": "before"}), None)])
 def test_a_claimed_or_finished_request_is_not_called(ai_stage: tuple, claim: Claim,
                                                      expected: type | None) -> None:
     spec, stage = ai_stage
@@ -227,7 +226,7 @@ def test_a_claimed_or_finished_request_is_not_called(ai_stage: tuple, claim: Cla
     failure = handle(ctx, stages.RecordState())
     assert client.sent == 0
     if expected is None:
-        assert failure is None and storage.skips == 1
+        assert failure is None and storage.claims == 1
         assert storage.results == [{"recorded": "before"}]
         assert [topic for topic, _ in ctx.send.events] == ROUTED[spec.name, stage]  # re-sent downstream
     else:
