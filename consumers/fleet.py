@@ -11,7 +11,6 @@ librdkafka and HTTP calls, which release the GIL, so threads are enough for doze
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import ConsumerGroupState, KafkaException
 
-from consumers import events, kafka_connection, metrics, pipeline_spec, profiles, storage
+from consumers import events, kafka_connection, metrics, pipeline_spec, profiles, start_up_heap, storage
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
 from consumers.concurrency_limit import AdaptiveLimit
 from consumers.consumer import Member, MemberSettings, StageMember
@@ -38,18 +37,6 @@ from consumers.stages import StageContext
 from consumers.window_pool import WindowPool
 
 log = logging.getLogger(__name__)
-
-
-def freeze_start_up_heap() -> None:
-    """Put every object alive now (modules, settings, clients) out of the collector's reach.
-
-    For a process that is a fleet and nothing else, after the fleet is built. The collector's
-    oldest generation otherwise walks the whole start-up heap, and a spawned fleet child holds
-    its parent's imports too: in a benchmark run its collections took 50-315 ms, while no
-    member thread could run. What the members allocate afterwards is collected as before.
-    """
-    gc.collect()
-    gc.freeze()
 
 CLAIM_MARGIN_S = 2.0  # clock and database round trips between a lease's renewal and its try
 LIMIT_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's changes are written
@@ -327,7 +314,7 @@ def main() -> None:
                             events.Topics(args.prefix or args.run_id, config.spec),
                             kafka, args.database_url, endpoints)
     fleet = Fleet(replace(settings, instance=args.instance))
-    freeze_start_up_heap()
+    start_up_heap.freeze()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

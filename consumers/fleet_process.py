@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.synchronize import Event
 
-from consumers.fleet import Fleet, FleetSettings, freeze_start_up_heap
+from consumers import start_up_heap
+from consumers.fleet import Fleet, FleetSettings
 
 
 def _serve(settings: FleetSettings, ready: Event, stop: Event, parent: int) -> None:
@@ -27,7 +28,7 @@ def _serve(settings: FleetSettings, ready: Event, stop: Event, parent: int) -> N
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     fleet = Fleet(settings)
-    freeze_start_up_heap()
+    start_up_heap.freeze()
     with fleet.running():
         fleet.wait_assigned()
         ready.set()

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from rich.console import Console
 from rich.progress import Progress
 
-from consumers import events, kafka_connection, pipeline_spec
+from consumers import events, kafka_connection, pipeline_spec, start_up_heap
 from consumers.kafka_connection import KafkaConnection
 from consumers.producer import KeyedProducer
 
@@ -148,6 +148,7 @@ def main() -> None:
     count = args.burst if args.burst else round(args.rate * args.duration)
     kafka = kafka_connection.from_args(args, p).of("source")
     topics = events.Topics(args.prefix, pipeline_spec.load(args.pipeline))
+    start_up_heap.freeze()
     report = _send_with_own_producer(kafka, args.profile, args.keys, topics, args.run_id, count,
                                      args.rate, args.reject_share, progress=not args.quiet,
                                      batch_records=args.batch_records)
