@@ -52,8 +52,7 @@ def project_producer(kafka: KafkaConnection, topic: str, records: int, size: int
     tally = producer.send_many(topic, (value for _ in range(records)), (None for _ in range(records)))
     producer.close(120)
     elapsed = time.perf_counter() - started
-    if tally.failed or tally.acked != records:
-        raise RuntimeError(f"project producer: {tally.acked}/{records} acknowledged, {tally.first_errors}")
+    tally.check(records, "project producer")
     return ProduceFigure(records / elapsed, records * size / elapsed / 1e6)
 
 

@@ -15,6 +15,7 @@ fetched (all records have the same size, so it is the byte ratio too).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
@@ -26,7 +27,7 @@ from confluent_kafka import Consumer, TopicPartition
 from consumers import profiles
 from consumers.fetch_buffer import FetchBuffer
 from consumers.kafka_connection import KafkaConnection
-from consumers.producer import KeyedProducer
+from consumers.producer import DeliveryTally, KeyedProducer
 from consumers.provisioning import delete, provision
 
 PARTITIONS = 10
@@ -70,11 +71,12 @@ def fill_topic(kafka: KafkaConnection, records_per_partition: int, size: int) ->
     topic = f"bench-pause-{uuid.uuid4().hex[:8]}"
     provision(kafka, [topic], PARTITIONS, "throughput", 1)
     producer = KeyedProducer(kafka, profile="throughput", key_strategy="none")
-    value = b"x" * size
+    tally = DeliveryTally()
     for partition in range(PARTITIONS):
-        for _ in range(records_per_partition):
-            producer.send(topic, value=value, partition=partition)
+        producer.send_many(topic, itertools.repeat(b"x" * size, records_per_partition),
+                           itertools.repeat(None, records_per_partition), partition, tally)
     producer.close(120)
+    tally.check(PARTITIONS * records_per_partition, f"filling {topic}")
     return topic
 
 
