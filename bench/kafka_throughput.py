@@ -52,7 +52,8 @@ def project_producer(kafka: KafkaConnection, topic: str, records: int, size: int
     tally = producer.send_many(topic, (value for _ in range(records)), (None for _ in range(records)))
     producer.close(120)
     elapsed = time.perf_counter() - started
-    tally.check(records, "project producer")
+    if tally.failed or tally.acked != records:
+        raise RuntimeError(f"project producer: {tally.acked}/{records} acknowledged, {tally.first_errors}")
     return ProduceFigure(records / elapsed, records * size / elapsed / 1e6)
 
 

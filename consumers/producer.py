@@ -67,12 +67,6 @@ class DeliveryTally:
         if len(self.first_errors) < 10:
             self.first_errors.append(str(err))
 
-    def check(self, expected: int, what: str) -> None:
-        """Raise unless all `expected` records were acknowledged: figures over a topic that is
-        missing records would be wrong without saying so."""
-        if self.failed or self.acked != expected:
-            raise DeliveryError(f"{what}: {self.acked}/{expected} acknowledged, {self.first_errors}")
-
 
 class KeyedProducer:
     """A thread-safe producer whose sends resolve to (partition, offset) or DeliveryError.
@@ -134,23 +128,18 @@ class KeyedProducer:
         for topic in topics:
             self._producer.list_topics(topic, timeout=timeout_s)
 
-    def send_many(self, topic: str, values: Iterable[bytes], keys: Iterable[bytes | None],
-                  partition: int | None = None, tally: DeliveryTally | None = None) -> DeliveryTally:
-        """Send raw records as fast as the client allows, counting acknowledgements in bulk, to
-        `partition` or where the partitioner puts them; into `tally` when several sends share one.
+    def send_many(self, topic: str, values: Iterable[bytes], keys: Iterable[bytes | None]) -> DeliveryTally:
+        """Send raw records as fast as the client allows, counting acknowledgements in bulk.
 
         One shared callback instead of a Future per record: the path for bulk loads and the
-        producer benchmark. A Future per record cost a 500,000-record fill 13-16 s of CPU, and
-        its live Futures made the process's full collections take up to 270 ms. Call `flush()`
-        before reading the tally.
+        producer benchmark. Call `flush()` before reading the tally.
         """
-        tally = tally or DeliveryTally()
+        tally = DeliveryTally()
         produce = self._producer.produce
-        target = {} if partition is None else {"partition": partition}
         for key, value in zip(keys, values, strict=True):
             while True:
                 try:
-                    produce(topic, value=value, key=key, on_delivery=tally.on_delivery, **target)
+                    produce(topic, value=value, key=key, on_delivery=tally.on_delivery)
                     break
                 except BufferError:
                     self._producer.poll(0.05)

@@ -16,8 +16,7 @@ from consumers import metrics
 from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
-from consumers.producer import DeliveryError, DeliveryTally, KeyedProducer
-from consumers.provisioning import delete, provision
+from consumers.producer import KeyedProducer
 from infra import postgres_server
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.stack import Stack
@@ -111,27 +110,3 @@ def test_a_database_outage_is_waited_out_and_nothing_is_dead_lettered(stack: Sta
                         "FROM ai_attempts WHERE run_id = %s AND outcome IN ('ok', 'started')",
                         pipeline.run_id)
     assert duplicates == 0
-
-
-def test_a_bulk_send_to_a_partition_lands_there_and_is_counted(stack: Stack) -> None:
-    """The bulk path the benchmarks fill topics with: records sent to a partition end up in
-    that partition only, and one tally counts several sends."""
-    topic = f"bulk-{uuid.uuid4().hex[:8]}"
-    provision(stack.connection, [topic], 3, "throughput", 1)
-    try:
-        producer = KeyedProducer(stack.connection, profile="throughput", key_strategy="none")
-        tally = DeliveryTally()
-        producer.send_many(topic, [b"a"] * 7, [None] * 7, 2, tally)
-        producer.send_many(topic, [b"b"] * 5, [b"k"] * 5, 0, tally)
-        producer.close(30)
-        tally.check(12, topic)
-        with pytest.raises(DeliveryError, match="12/13 acknowledged"):
-            tally.check(13, topic)
-        probe = Consumer(stack.connection.client(**{"group.id": f"probe-{uuid.uuid4().hex}"}))
-        try:
-            ends = [probe.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(3)]
-        finally:
-            probe.close()
-        assert ends == [5, 0, 7]
-    finally:
-        delete(stack.connection, [topic])
