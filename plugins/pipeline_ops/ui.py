@@ -11,6 +11,10 @@ needs an Airflow login with read access to the runs of `pipeline_tuning` (the UI
 cookie or a bearer token), because the page sits on the same server as the REST API. Its *Roll
 back* form triggers `pipeline_rollback` through that REST API from the browser, with the user's
 own login: Airflow checks the user may trigger it.
+
+Failures as an operator meets them are on the same page: dead letters counted by pipeline, stage
+and reason (of a run or run-id prefix with `?run=`), a *Redrive* form that triggers
+`pipeline_redrive` the same way as *Roll back*, and each AI endpoint's circuit.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import os
 import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.core_api.security import requires_access_dag
@@ -28,11 +32,13 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from consumers import pipeline_spec
 from pipeline_ops.registry import ConfigRegistry
 
 CONN_ID = "postgres_default"
 DAG_ID = "pipeline_tuning"
 ROLLBACK_DAG_ID = "pipeline_rollback"
+REDRIVE_DAG_ID = "pipeline_redrive"
 MOUNT = "/pipeline-gate"  # where gate_ui_plugin mounts this app
 PLOTS = ("completions.png", "requests_per_partition.png")
 # Run ids are made by the resolve task (e.g. tuning-20261122t084146-v1); anything else is refused
@@ -67,6 +73,75 @@ def decisions(hook: PostgresHook, limit: int = 20, run_id: str | None = None,
     keys = ("id", "run_id", "version", "name", "pipeline", "active_before", "passed", "reasons", "figures",
             "thresholds", "decided_at")
     return [_utc(dict(zip(keys, row, strict=True))) for row in rows]
+
+
+def dead_letter_groups(hook: PostgresHook, pipeline: str | None = None, run: str | None = None,
+                       by: Literal["latest", "count"] = "latest", limit: int = 50) -> list[dict[str, Any]]:
+    """Dead letters counted by pipeline, stage and reason code (a reason reads `<code>: <detail>`;
+    the code is what a redrive selects on), with the runs they came from and the latest one's
+    time; the most recent group first, or the largest. `run` is a run id or a prefix of run ids,
+    as the redrive DAG takes it."""
+    rows = hook.get_records(
+        "SELECT pipeline, stage, split_part(reason, ': ', 1), count(*), count(DISTINCT run_id), max(at) "
+        "FROM dead_letters WHERE (%(pipeline)s::text IS NULL OR pipeline = %(pipeline)s) "
+        "AND (%(run)s::text IS NULL OR starts_with(run_id, %(run)s)) GROUP BY 1, 2, 3 "
+        "ORDER BY CASE WHEN %(by)s = 'count' THEN count(*) END DESC NULLS LAST, max(at) DESC, 1, 2, 3 "
+        "LIMIT %(limit)s",
+        parameters={"pipeline": pipeline, "run": run, "by": by, "limit": limit})
+    keys = ("pipeline", "stage", "reason", "letters", "runs", "latest")
+    return [_utc(dict(zip(keys, row, strict=True))) for row in rows]
+
+
+def circuit_transitions(hook: PostgresHook, run: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """Per run, stage and endpoint with a recorded transition: the latest one (the circuit's
+    state since then) and how many times the circuit opened; the most recent first."""
+    rows = hook.get_records(
+        "SELECT run_id, stage, endpoint, state, detail, at, openings FROM ("
+        "SELECT run_id, stage, endpoint, state, detail, at, "
+        "count(*) FILTER (WHERE state = 'open') OVER w AS openings, "
+        "row_number() OVER (w ORDER BY at DESC, id DESC) AS recency "
+        "FROM endpoint_circuits WHERE %(run)s::text IS NULL OR starts_with(run_id, %(run)s) "
+        "WINDOW w AS (PARTITION BY run_id, stage, endpoint)) c "
+        "WHERE recency = 1 ORDER BY at DESC, run_id, stage LIMIT %(limit)s",
+        parameters={"run": run, "limit": limit})
+    keys = ("run_id", "stage", "endpoint", "state", "detail", "at", "openings")
+    return [_utc(dict(zip(keys, row, strict=True))) for row in rows]
+
+
+def deployed_endpoints(hook: PostgresHook, run: str | None = None) -> list[dict[str, Any]]:
+    """The AI endpoint of each running fleet's stage, with when the fleet started: an endpoint
+    whose circuit never moved is closed since then. A fleet whose pipeline spec cannot be read
+    has no endpoint the page can name, and is left out."""
+    rows = hook.get_records(
+        "SELECT d.run_id, d.stage, c.pipeline, d.started_at FROM deployments d "
+        "JOIN configurations c USING (version) WHERE d.state = 'running' "
+        "AND (%(run)s::text IS NULL OR starts_with(d.run_id, %(run)s))", parameters={"run": run})
+    named = [(run_id, stage, _endpoint(pipeline, stage), at) for run_id, stage, pipeline, at in rows]
+    return [_utc({"run_id": run_id, "stage": stage, "endpoint": endpoint, "started_at": at})
+            for run_id, stage, endpoint, at in named if endpoint is not None]
+
+
+def _endpoint(pipeline: str, stage: str) -> str | None:
+    """The endpoint a stage of a pipeline calls (None: no AI work, or no readable spec)."""
+    try:
+        spec = pipeline_spec.load(pipeline)
+    except pipeline_spec.SpecError:
+        return None
+    work = spec.stages[stage].work if stage in spec.stages else None
+    return work.endpoint if isinstance(work, pipeline_spec.HttpWork) else None
+
+
+def circuit_states(transitions: list[dict[str, Any]], deployed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each endpoint's circuit: its latest transition, or closed since its fleet started when it
+    has none (no row, no opening; a stage calls one endpoint). Circuits that are not closed come
+    first, then the most recent change."""
+    moved = {(t["run_id"], t["stage"]) for t in transitions}
+    quiet = {(d["run_id"], d["stage"]): {
+        "run_id": d["run_id"], "stage": d["stage"], "endpoint": d["endpoint"], "state": "closed",
+        "detail": "no transition since the fleet started", "at": d["started_at"], "openings": 0}
+        for d in deployed if (d["run_id"], d["stage"]) not in moved}
+    return sorted([*transitions, *quiet.values()],
+                  key=lambda c: (c["state"] == "closed", -c["at"].timestamp(), c["run_id"], c["stage"]))
 
 
 def plot_path(run_id: str, name: str) -> Path | None:
@@ -107,11 +182,14 @@ def plot(run_id: str, name: str) -> FileResponse:
 
 @app.get("/", response_class=HTMLResponse)
 def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20,
-         pipeline: str | None = None) -> HTMLResponse:
-    """The server-rendered page the navigation link opens; `pipeline` shows only its decisions."""
+         pipeline: str | None = None, run: str | None = None,
+         letters_by: Literal["latest", "count"] = "latest") -> HTMLResponse:
+    """The server-rendered page the navigation link opens; `pipeline` shows only its decisions and
+    dead letters, `run` (a run id or prefix) only the dead letters and circuits of those runs."""
     hook = PostgresHook(postgres_conn_id=CONN_ID)
+    pipeline, run = pipeline or None, run or None
     registry = ConfigRegistry(CONN_ID)
-    rows = decisions(hook, limit, pipeline=pipeline or None)
+    rows = decisions(hook, limit, pipeline=pipeline)
     latest = rows[0]["run_id"] if rows else None
     plots = [{"name": name, "url": request.url_for("plot", run_id=latest, name=name).path}
              for name in PLOTS if latest and plot_path(latest, name)]
@@ -121,7 +199,9 @@ def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20,
         alarms=[_utc(a) for a in registry.alarms()], versions=registry.versions(),
         capacity=[_utc(c) for c in registry.capacity_searches()], latest=latest,
         plots=plots, results_dir=results_dir(), api_base=api_base(request),
-        rollback_dag=ROLLBACK_DAG_ID)
+        rollback_dag=ROLLBACK_DAG_ID, redrive_dag=REDRIVE_DAG_ID, run=run, letters_by=letters_by,
+        dead_letters=dead_letter_groups(hook, pipeline, run, letters_by),
+        circuits=circuit_states(circuit_transitions(hook, run), deployed_endpoints(hook, run)))
     return HTMLResponse(html)
 
 
