@@ -9,7 +9,9 @@ be non-empty strings and the answers, the first rule whose patterns match supply
 global time-scale factor shrinks every duration so a test can run a scenario at 0.1x or 0.02x.
 
 Faults are injected per endpoint (`error_rate`: 500 after the latency; `hang_rate`: sleep
-`hang_s`, past any sane client timeout, then 504) and can be switched at run time through
+`hang_s`, past any sane client timeout, then 504; `fail_when`: 500 after the latency to every
+request whose fields match all of its `{field: regex}` patterns, while the rest are served, as
+an endpoint does that keeps failing some requests) and can be switched at run time through
 `PUT /v1/config`, so a test can start an error burst and clear it. A request-rate limit
 (`rate_limit_rps`, a token bucket of `rate_burst` requests, as real APIs meter requests per
 minute) answers 429 with the time until the next token as `Retry-After`; switching it on for
@@ -110,19 +112,17 @@ class EndpointConfig:
     rate_limit_rps: float | None = None  # requests per real-scale second; None: no rate limit
     rate_burst: int = 1  # token bucket size: requests admitted back to back at the full rate
     limit_schedule: tuple[tuple[float, int], ...] = ()  # (at_s, limit): `limit` from at_s on
+    fail_when: Mapping[str, str] = field(default_factory=dict)  # {field: regex}: 500 when all match
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "limit_schedule", _schedule(self.limit_schedule))
+        object.__setattr__(self, "fail_when", _patterns("fail_when", self.fail_when))
         if not isinstance(self.path, str) or not self.path.startswith("/"):
             raise ConfigError(f"path must start with '/', got {self.path!r}")
         if not self.answers:
             raise ConfigError(f"{self.path}: at least one answer rule is needed")
         for rule in self.answers:
-            for name, pattern in rule["when"].items():
-                try:
-                    re.compile(pattern)
-                except re.error as exc:
-                    raise ConfigError(f"{self.path}: when.{name} is not a regex: {exc}") from None
+            _patterns(f"{self.path}: when", rule["when"])
             templates = [v for v in rule["body"].values() if isinstance(v, str)]
             unknown = sorted(set().union(*map(_placeholders, templates)) - set(self.required))
             if unknown:
@@ -171,6 +171,27 @@ class EndpointConfig:
             if elapsed_s >= at_s:
                 in_force = limit
         return in_force
+
+
+def _patterns(name: str, value: Any) -> dict[str, str]:
+    """`{field: regex}` patterns (a copy), each checked to compile."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{name} must be an object of field: regex, got {value!r}")
+    for key, pattern in value.items():
+        if not isinstance(pattern, str):
+            raise ConfigError(f"{name}.{key} must be a regex string, got {pattern!r}")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"{name}.{key} is not a regex: {exc}") from None
+    return dict(value)
+
+
+def matches(patterns: Mapping[str, str], payload: Mapping[str, Any]) -> bool:
+    """Every pattern finds a match in its request field, a string (a missing field counts as
+    empty, any other value as no match)."""
+    return all(isinstance(value := payload.get(name, ""), str) and re.search(pattern, value) is not None
+               for name, pattern in patterns.items())
 
 
 def _schedule(value: Any) -> tuple[tuple[float, int], ...]:
@@ -348,14 +369,16 @@ class Endpoint:
         with self._lock:
             self._in_flight -= 1
 
-    def plan(self, config: EndpointConfig) -> tuple[str, float]:
-        """Draw the outcome (ok | error | hang) and the real-scale latency of one request."""
+    def plan(self, config: EndpointConfig, payload: Mapping[str, Any]) -> tuple[str, float]:
+        """Draw the outcome (ok | error | hang) and the real-scale latency of one request; a
+        request `fail_when` matches is an error (unless drawn to hang)."""
         with self._lock:
             draw = self._rng.random()
             latency = sample_latency(config, self._rng)
         if draw < config.hang_rate:
             return "hang", config.hang_s
-        if draw < config.hang_rate + config.error_rate:
+        chosen = bool(config.fail_when) and matches(config.fail_when, payload)
+        if draw < config.hang_rate + config.error_rate or chosen:
             return "error", latency
         return "ok", latency
 
@@ -407,7 +430,7 @@ def answer(config: EndpointConfig, payload: dict[str, Any]) -> dict[str, Any]:
     """The body of the first answer rule whose patterns all match the request, formatted with the
     request's fields; a request no rule matches is refused, so a spec's gap shows as bad_requests."""
     for rule in config.answers:
-        if all(re.search(pattern, payload.get(name, "")) for name, pattern in rule["when"].items()):
+        if matches(rule["when"], payload):
             body = {k: v.format_map(payload) if isinstance(v, str) else v for k, v in rule["body"].items()}
             return {**_echo(payload), **body}
     raise BadRequest("no answer rule of the endpoint matches the request")
@@ -468,7 +491,7 @@ class StandIn:
 
     def _serve(self, endpoint: Endpoint, config: EndpointConfig, scale: float,
                payload: dict[str, Any], result: dict[str, Any]) -> Reply:
-        outcome, duration = endpoint.plan(config)
+        outcome, duration = endpoint.plan(config, payload)
         if outcome == "hang":
             endpoint.count("hangs")
         if self.stopping.wait(duration * scale):

@@ -345,6 +345,35 @@ def test_put_config_injects_and_clears_an_error_burst(start: Start, name: str) -
     assert {stats(base)[n]["config"]["limit"] for n in NAMES} == {7}
 
 
+def test_fail_when_answers_500_to_the_chosen_requests_and_serves_the_rest(start: Start) -> None:
+    base = start(generate={"latency_s": 0.01})
+    config = f"{base}/v1/config"
+    rule = {"endpoint": "generate", "fail_when": {"request_id": "^(a|b)-", "style": "playful"}}
+    requests.put(config, json=rule, timeout=5).raise_for_status()
+    sent = {"a-1": "playful", "b-1": "playful", "a-2": "minimal", "c-1": "playful"}
+    codes = {rid: timed_post(f"{base}/v1/generate", {**GENERATE, "request_id": rid, "style": style})[0]
+             .status_code for rid, style in sent.items()}
+    # Both patterns must match: a-2 has another style, c-1 another id.
+    assert codes == {"a-1": 500, "b-1": 500, "a-2": 200, "c-1": 200}
+    assert timed_post(f"{base}/v1/check", {**CHECK, "request_id": "a-1"})[0].status_code == 200
+    current = stats(base)
+    assert (current["generate"]["errors_5xx"], current["generate"]["served"]) == (2, 2)
+    assert current["generate"]["config"]["fail_when"] == rule["fail_when"]
+    assert current["check"]["config"]["fail_when"] == {}
+
+    requests.put(config, json={"endpoint": "generate", "fail_when": {}}, timeout=5).raise_for_status()
+    assert timed_post(f"{base}/v1/generate", {**GENERATE, "request_id": "a-1"})[0].status_code == 200
+    assert stats(base)["generate"]["duplicate_served"] == 0  # a-1 was never served before
+
+
+@pytest.mark.parametrize("bad", [{"request_id": "("}, {"request_id": 3}, ["request_id"], "x"])
+def test_a_malformed_fail_when_is_refused(start: Start, bad: object) -> None:
+    base = start()
+    response = requests.put(f"{base}/v1/config", json={"fail_when": bad}, timeout=5)
+    assert response.status_code == 400 and "fail_when" in response.json()["detail"]
+    assert stats(base)["generate"]["config"]["fail_when"] == {}
+
+
 def test_duplicate_served_counts_repeats_per_request_id_and_endpoint(start: Start) -> None:
     base = start(check={"latency_s": 0.01}, generate={"latency_s": 0.01})
     for request_id in ("a", "a", "a", "b"):

@@ -17,7 +17,7 @@ from consumers import pipeline_spec
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE_DAGS = ("kafka_provision_topics", "pipeline_capacity", "pipeline_deploy", "pipeline_load_test",
-                 "pipeline_skew_analysis", "pipeline_tuning")
+                 "pipeline_redrive", "pipeline_skew_analysis", "pipeline_tuning")
 
 PARSE = """
 import json, sys, time
