@@ -1,7 +1,8 @@
 """The Airflow UI end to end, as a person uses it: log in, trigger `pipeline_tuning` from its form
 with non-default values and a pipeline picked in its dropdown, watch the run finish, read the
 gate's decision (capacity, throughput, utilization with its interval, every check) on the gate
-page under its pipeline's name, filter the page down to that pipeline, and roll back from it.
+page under its pipeline's name, filter the page down to that pipeline, and roll back from it;
+read a run's dead letters and endpoint circuits on the gate page and redrive from it.
 
 Airflow (standalone) runs on the test stack for this module only; Chromium is Debian's
 (`make browser`), driven headless by Playwright. Screenshots go to results/ui/.
@@ -9,12 +10,15 @@ Airflow (standalone) runs on the test stack for this module only; Chromium is De
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg2
 import pytest
 import requests
 
@@ -33,6 +37,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 SHOTS = REPO / "results" / "ui"
 DAG_ID = "pipeline_tuning"
 ROLLBACK_DAG_ID = "pipeline_rollback"
+REDRIVE_DAG_ID = "pipeline_redrive"
 PIPELINE = "text_moderation"  # not the form's default
 BURST = 200  # the form's default is 320: seeing 200 in the run's conf proves the form was used
 # The gate tests' passable thresholds, at the time scale that text_moderation's trials need.
@@ -83,13 +88,21 @@ def api(airflow: str, password: str) -> Api:
     return Api(airflow, "admin", password)
 
 
+@contextlib.contextmanager
+def paused_again(api: Api, dag_id: str) -> Iterator[None]:
+    """Forms unpause a DAG on trigger: paused again afterwards when it was."""
+    was_paused = api.get(f"/api/v2/dags/{dag_id}")["is_paused"]
+    try:
+        yield
+    finally:
+        if was_paused:
+            api.patch(f"/api/v2/dags/{dag_id}", {"is_paused": True})
+
+
 @pytest.fixture
 def pause_kept(api: Api) -> Iterator[None]:
-    """The form unpauses the DAG on trigger: paused again after the test when it was."""
-    was_paused = api.get(f"/api/v2/dags/{DAG_ID}")["is_paused"]
-    yield
-    if was_paused:
-        api.patch(f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
+    with paused_again(api, DAG_ID):
+        yield
 
 
 @pytest.fixture
@@ -312,3 +325,142 @@ def rollback(gate: Any, version: int, reason: str, pipeline: str) -> None:
     gate.locator('#rollback-form select[name="target"]').select_option(f"{pipeline}:{version}")
     gate.locator('#rollback-form input[name="reason"]').fill(reason)
     gate.locator("#rollback-button").click()
+
+
+# --- failures on the gate page ----------------------------------------------------------------
+
+FAILING = "text_moderation"
+# (run suffix, stage, reason, seconds after the base time) of the dead letters written; counted by
+# pipeline, stage and reason code: moderate/ai_unavailable 4 letters in 2 runs (latest at +6),
+# summarize/work_failed 2 (latest at +7), moderate/ai_bad_answer 1 (at +5).
+LETTERS = [("", "moderate", "ai_unavailable: http_5xx after 6 attempt(s)", 1),
+           ("", "moderate", "ai_unavailable: timeout after 6 attempt(s)", 2),
+           ("", "moderate", "ai_unavailable: http_5xx after 6 attempt(s)", 3),
+           ("", "summarize", "work_failed: ValueError: no summary for an empty text", 4),
+           ("", "moderate", "ai_bad_answer: 2xx answer is not JSON", 5),
+           ("-2", "moderate", "ai_unavailable: connection refused after 6 attempt(s)", 6),
+           ("", "summarize", "work_failed: ValueError: no summary for an empty text", 7)]
+# (stage, state, detail, seconds after the base time) of the circuit transitions written:
+# moderate's circuit opened twice and is open since +3, summarize's opened once and is closed since +4.
+TRANSITIONS = [("moderate", "open", "http_5xx from 5 requests in 10 s", 1),
+               ("moderate", "half_open", "probe", 2),
+               ("moderate", "open", "probe failed: http_5xx", 3),
+               ("summarize", "open", "timeouts from 4 requests in 10 s", 1),
+               ("summarize", "half_open", "probe", 2),
+               ("summarize", "closed", "probe answered", 4)]
+
+
+def failures_of(stack: Stack, run: str, base: datetime) -> None:
+    """Dead letters and circuit transitions of `run` (and of `run`-2), as the runtime writes them."""
+    with contextlib.closing(psycopg2.connect(stack.database_url)) as conn, conn, conn.cursor() as cur:
+        for offset, (suffix, stage, reason, second) in enumerate(LETTERS):
+            cur.execute("INSERT INTO dead_letters (pipeline, run_id, request_id, stage, reason, "
+                        "source_topic, kafka_partition, kafka_offset, at) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, 0, %s, %s)",
+                        (FAILING, run + suffix, f"request-{offset}", stage, reason, f"{run}{suffix}.{stage}",
+                         offset, base + timedelta(seconds=second)))
+        for stage, state, detail, second in TRANSITIONS:
+            cur.execute("INSERT INTO endpoint_circuits (run_id, stage, endpoint, state, detail, at) "
+                        "VALUES (%s, %s, %s, %s, %s, %s)",
+                        (run, stage, stage, state, detail, base + timedelta(seconds=second)))
+
+
+def wait_for_dag(api: Api, dag_id: str, timeout_s: float) -> None:
+    """Until the DAG processor has parsed the DAG and the API knows it."""
+    deadline = time.monotonic() + timeout_s
+    while api.session.get(f"{api.base_url}/api/v2/dags/{dag_id}", timeout=30).status_code == 404:
+        if time.monotonic() > deadline:
+            pytest.fail(f"Airflow does not know {dag_id} after {timeout_s:.0f}s (dags/{dag_id}.py missing?)")
+        time.sleep(2)
+
+
+def shown(when: datetime) -> str:
+    """A time as the gate page shows it (UTC)."""
+    return when.strftime("%Y-%m-%d %H:%M:%S")
+
+
+@pytest.mark.timeout(600)
+def test_dead_letters_and_circuits_on_the_gate_page_and_a_redrive_from_it(stack: Stack, airflow: str,
+                                                                          password: str, api: Api,
+                                                                          page: Any) -> None:
+    """A run's dead letters and circuit transitions (written here as the runtime writes them): the
+    gate page counts the letters by pipeline, stage and reason, largest or latest first, shows
+    each endpoint's circuit, and its Redrive form, filled from a row, triggers `pipeline_redrive`
+    with the user's login and the conf chosen in it."""
+    expect = playwright_api.expect
+    run = unique("ui-failures")
+    base = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
+    failures_of(stack, run, base)
+    wait_for_dag(api, REDRIVE_DAG_ID, 180)
+    try:
+        log_in(page, airflow, password)
+        gate = gate_frame(page, airflow)
+
+        # The run's dead letters (the run id is a prefix of the second run's), largest group first.
+        chosen = gate.locator("#dead-letter-filter")
+        chosen.locator('input[name="run"]').fill(run)
+        chosen.locator('select[name="letters_by"]').select_option("count")
+        chosen.get_by_role("button", name="Show").click()
+        rows = gate.locator("#dead-letters-table tbody tr")
+        groups = [("moderate", "ai_unavailable", 4, 2, 6), ("summarize", "work_failed", 2, 1, 7),
+                  ("moderate", "ai_bad_answer", 1, 1, 5)]
+        expect(rows).to_have_count(len(groups))
+        for row, (stage, reason, letters, runs, latest) in zip(rows.all(), groups, strict=True):
+            expect(row).to_have_attribute("data-pipeline", FAILING)
+            expect(row).to_have_attribute("data-stage", stage)
+            expect(row).to_have_attribute("data-reason", reason)
+            expect(row.locator("td.letters")).to_have_text(str(letters))
+            expect(row.locator("td.runs")).to_have_text(str(runs))
+            expect(row.locator("td.latest")).to_have_text(shown(base + timedelta(seconds=latest)))
+        page.set_viewport_size({"width": 1400, "height": 1500})
+        page.screenshot(path=SHOTS / "gate_dead_letters.png")
+        # Latest first.
+        chosen.locator('select[name="letters_by"]').select_option("latest")
+        chosen.get_by_role("button", name="Show").click()
+        expect(rows.first).to_have_attribute("data-reason", "work_failed")
+        assert [r.get_attribute("data-reason") for r in rows.all()] == [
+            "work_failed", "ai_unavailable", "ai_bad_answer"]
+
+        # Each endpoint's circuit: the open one first, since its latest transition.
+        circuits = gate.locator("#circuits-table tbody tr")
+        expect(circuits).to_have_count(2)
+        for circuit, (stage, state, since, openings, detail) in zip(circuits.all(), [
+                ("moderate", "open", 3, 2, "probe failed: http_5xx"),
+                ("summarize", "closed", 4, 1, "probe answered")], strict=True):
+            expect(circuit).to_have_attribute("data-run-id", run)
+            expect(circuit).to_have_attribute("data-stage", stage)
+            expect(circuit.locator("td.state")).to_have_text(state)
+            expect(circuit.locator("td.since")).to_have_text(shown(base + timedelta(seconds=since)))
+            expect(circuit.locator("td.openings")).to_have_text(str(openings))
+            expect(circuit.locator("td.detail")).to_have_text(detail)
+
+        # Redrive the endpoint's letters: the row fills the form, the DAG's params its defaults.
+        form = gate.locator("#redrive-form")
+        gate.locator('#dead-letters-table tr[data-reason="ai_unavailable"] button.redrive-select').click()
+        for name, value in (("pipeline", FAILING), ("run", run), ("stages", "moderate"),
+                            ("reasons", "ai_unavailable"), ("since", ""), ("until", "")):
+            expect(form.locator(f'input[name="{name}"]')).to_have_value(value)
+        expect(gate.locator("#redrive-button")).to_be_enabled()
+        params = api.get(f"/api/v2/dags/{REDRIVE_DAG_ID}/details")["params"]
+        for name in ("limit", "rate", "max_redrives"):
+            assert float(form.locator(f'input[name="{name}"]').input_value()) == params[name]["value"]
+        since = base.isoformat().replace("+00:00", "Z")
+        chosen_conf = {"pipeline": FAILING, "run": run, "stages": ["moderate"], "reasons": ["ai_unavailable"],
+                       "since": since, "until": "", "limit": 3, "rate": 50, "max_redrives": 2}
+        for name in ("since", "limit", "rate", "max_redrives"):
+            form.locator(f'input[name="{name}"]').fill(str(chosen_conf[name]))
+        page.screenshot(path=SHOTS / "gate_redrive_form.png")
+        with paused_again(api, REDRIVE_DAG_ID):
+            with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith(
+                    f"/api/v2/dags/{REDRIVE_DAG_ID}/dagRuns")) as posted:
+                gate.locator("#redrive-button").click()
+            assert posted.value.ok, posted.value.text()
+            expect(gate.locator("#redrive-status")).to_contain_text("Redrive triggered")
+            redrive = api.get(f"/api/v2/dags/{REDRIVE_DAG_ID}/dagRuns/{posted.value.json()['dag_run_id']}")
+            assert redrive["conf"] == chosen_conf
+            assert (redrive["run_type"], redrive["triggering_user_name"]) == ("manual", "admin")
+            wait_for_run(api, redrive["dag_run_id"], 300, REDRIVE_DAG_ID)
+        page.screenshot(path=SHOTS / "gate_redrive_triggered.png")
+    except BaseException:
+        page.screenshot(path=SHOTS / "failure.png")
+        raise
