@@ -3,8 +3,16 @@
 A call is retried on 429 (waiting at least the server's `Retry-After`), on 5xx, on timeouts
 and on connection errors, with exponential backoff and full jitter; any other 4xx is final.
 Every try is reported to an observer before it is sent and after it ends (the consumer
-writes one attempt row ahead of the call and completes it after), and when the last try fails
-`AIUnavailable` carries the reason so the request can be dead-lettered. With a
+writes one attempt row ahead of the call and completes it after).
+
+Whose fault a failed try is decides how far a call goes. With a `consumers.circuit.Circuit`,
+a try goes out only while the endpoint's circuit admits it, and a failure counts against the
+request only when the circuit says it was the request's own (see there); without one, every 5xx
+and timeout does. A call stops when the request's own failures reach its `budget` (what the
+stage's `max_attempts` leaves of it across handlings): `AIUnavailable` when the endpoint serves
+others meanwhile, so the request can be dead-lettered, else `AIWaiting`, as for any failing
+dependency. A call that spent `max_attempts` tries without that (429s, refused connections, the
+circuit open) raises `AIWaiting` too. A 2xx that is not JSON raises `AIBadAnswer`. With a
 `consumers.concurrency_limit.AdaptiveLimit`, each try first takes a permit from it and tells it
 how the try ended, so the calls in flight follow the limit the service shows.
 """
@@ -19,6 +27,7 @@ from typing import Any, Protocol
 
 import urllib3
 
+from consumers.circuit import Circuit
 from consumers.concurrency_limit import NOT_SENT, AdaptiveLimit
 
 
@@ -50,22 +59,42 @@ class Try:
     attempt: int
     started: float
     ended: float
-    outcome: str  # ok | http_429 | http_5xx | http_4xx | timeout | connection_error
+    outcome: str  # ok | http_429 | http_5xx | http_4xx | timeout | connection_error | bad_answer | not_sent
     http_status: int | None
+    own: bool = False  # a failure of the request's own (see consumers.circuit)
 
 
-# Outcomes that say something about the request itself. A 429 (the service is full for
+# Outcomes that may say something about the request itself. A 429 (the service is full for
 # everyone) or a refused connection (no service at all) does not.
 REQUEST_FAILURES = ("http_5xx", "timeout")
+BAD_ANSWER = "bad_answer"
 
 
 class AIUnavailable(RuntimeError):
-    """The call failed after the last attempt, or with a final (non-retryable) error (`final`)."""
+    """The request had its own tries while the endpoint served others, or an answer refused it
+    for good (`final`): the request's fault."""
 
     def __init__(self, reason: str, final: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.final = final
+
+
+class AIBadAnswer(RuntimeError):
+    """A 2xx answer the stage cannot use (not JSON, or without the fields it keeps)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class AIWaiting(RuntimeError):
+    """The call could not be made or finished for reasons that are not the request's: the
+    record waits and is tried again."""
+
+
+class EndpointDown(AIWaiting):
+    """The endpoint's circuit holds the try back: the record waits for it to admit calls."""
 
 
 class CallObserver(Protocol):
@@ -88,29 +117,60 @@ class AIClient:
     CPU that the stage's other work and the broker beside it share on a small machine."""
 
     def __init__(self, endpoint: Endpoint, policy: RetryPolicy | None = None,
-                 pool_size: int = 64, seed: int | None = None, limiter: AdaptiveLimit | None = None) -> None:
+                 pool_size: int = 64, seed: int | None = None, limiter: AdaptiveLimit | None = None,
+                 circuit: Circuit | None = None) -> None:
         self.endpoint = endpoint
         self.policy = policy or RetryPolicy()
         self.limiter = limiter
+        self.circuit = circuit
         self._pool = urllib3.PoolManager(num_pools=1, maxsize=pool_size, retries=False)
         self._headers = {"Content-Type": "application/json",
                          **({"Authorization": endpoint.auth_header} if endpoint.auth_header else {})}
         self._rng = random.Random(seed)
 
-    def call(self, payload: dict[str, Any], observer: CallObserver | None = None) -> dict[str, Any]:
-        """POST the payload; return the JSON answer or raise AIUnavailable."""
-        reason, outcome = "no attempt made", ""
-        for attempt in range(1, self.policy.max_attempts + 1):
+    def call(self, payload: dict[str, Any], observer: CallObserver | None = None, request: str = "",
+             budget: int | None = None) -> dict[str, Any]:
+        """POST the payload for `request`; return the JSON answer, or raise (module docstring).
+        `budget`: the request's own failures this call may still have (all of them: None)."""
+        budget = self.policy.max_attempts if budget is None else budget
+        own, tries, reason = 0, 0, "no attempt made"
+        while tries < self.policy.max_attempts and own < budget:
+            attempt = tries + 1
+            if self.circuit is not None and not self.circuit.admit(request):
+                self._not_sent(attempt, observer)
+                raise EndpointDown(f"{self.endpoint.url} is down for every caller (circuit "
+                                   f"{self.circuit.state}); {reason}")
             status, body, outcome, retry_after, started = self._try(payload, attempt, observer)
+            tries, ended = attempt, time.time()
+            counted = (self.circuit.ended(request, outcome, ended - started) if self.circuit is not None
+                       else outcome in REQUEST_FAILURES)
             if observer is not None:
-                observer.ended(Try(attempt, started, time.time(), outcome, status))
+                observer.ended(Try(attempt, started, ended, outcome, status, own=counted))
             if outcome == "ok":
                 return body
-            reason = f"{outcome} from {self.endpoint.url} after {attempt} attempt(s)"
-            if outcome == "http_4xx" or attempt == self.policy.max_attempts:
-                break
-            time.sleep(self.policy.backoff(attempt, retry_after, self._rng))
-        raise AIUnavailable(reason, final=outcome == "http_4xx")
+            reason = f"{outcome} from {self.endpoint.url} (try {attempt})"
+            if outcome == BAD_ANSWER:
+                raise AIBadAnswer(f"2xx from {self.endpoint.url} whose body is not JSON")
+            if outcome == "http_4xx":
+                raise AIUnavailable(reason, final=True)
+            own += counted
+            if tries < self.policy.max_attempts and own < budget:
+                time.sleep(self.policy.backoff(attempt, retry_after, self._rng))
+        if own < budget:
+            raise AIWaiting(f"{reason}: {tries} tries, not all of them failures of the request's own")
+        if tries == 0:
+            self._not_sent(1, observer)
+        if self.circuit is None or self.circuit.serving():
+            raise AIUnavailable(f"{reason}; the request's own failures reached max_attempts")
+        raise AIWaiting(f"{reason}; the request had its tries, but the endpoint serves no one "
+                        "else either: it waits for the endpoint")
+
+    @staticmethod
+    def _not_sent(attempt: int, observer: CallObserver | None) -> None:
+        """End the first try's row, written before the call, when no try went out."""
+        if attempt == 1 and observer is not None:
+            now = time.time()
+            observer.ended(Try(1, now, now, NOT_SENT, None))
 
     def _try(self, payload: dict[str, Any], attempt: int, observer: CallObserver | None,
              ) -> tuple[int | None, dict, str, float | None, float]:
@@ -140,7 +200,11 @@ class AIClient:
             return None, {}, "connection_error", None
         status = response.status
         if status < 300:
-            return status, json.loads(response.data), "ok", None
+            try:
+                body = json.loads(response.data)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                return status, {}, BAD_ANSWER, None
+            return status, body, "ok", None
         if status == 429:
             return status, {}, "http_429", _retry_after(response.headers.get("Retry-After"))
         return status, {}, ("http_5xx" if status >= 500 else "http_4xx"), None

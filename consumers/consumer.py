@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from consumers import dead_letter, events, failures, metrics, profiles, stages
-from consumers.ai_client import AIUnavailable
+from consumers.ai_client import AIBadAnswer, AIUnavailable, EndpointDown
 from consumers.fetch_buffer import FetchBuffer
 from consumers.kafka_connection import KafkaConnection
 from consumers.offsets import OffsetTracker
@@ -59,6 +59,9 @@ STATS_RECORD_INTERVAL_S = 10.0
 # seconds (an outage lasts as long as it lasts, whatever the experiment's time scale).
 TRANSIENT_BACKOFF_S = 0.1
 TRANSIENT_BACKOFF_MAX_S = 5.0
+
+# Dead-letter reasons that mean the request failed for good: the spec's failure notice tells its user.
+FAILED_FOR_GOOD = ("ai_unavailable", "ai_bad_answer", "work_failed")
 
 T = TypeVar("T")
 
@@ -223,7 +226,8 @@ class StageMember:
             if verdict.kind != failures.POISON:
                 raise
             detail = (exc.detail if isinstance(exc, events.InvalidEvent)
-                      else exc.reason if isinstance(exc, AIUnavailable) else repr(exc))
+                      else exc.reason if isinstance(exc, AIUnavailable | AIBadAnswer | failures.WorkFailed)
+                      else repr(exc))
             self._dead_letter(msg, origin, event, verdict.reason, detail, state)
             return False
         metrics.COMPLETED.labels(**self.labels).inc()
@@ -235,7 +239,8 @@ class StageMember:
         return True
 
     def _origin(self, msg: Message) -> Origin:
-        return Origin(self.name, msg.topic(), msg.partition(), msg.offset())
+        return Origin(self.name, msg.topic(), msg.partition(), msg.offset(),
+                      dead_letter.redrive_round(msg.headers()))
 
     def _event(self, msg: Message) -> dict[str, Any]:
         """The record's event, validated against the stage's schema (raises InvalidEvent)."""
@@ -257,9 +262,10 @@ class StageMember:
         spec = self.ctx.topics.spec
         self.ctx.storage.record_dead_letter(spec.name, self.settings.run_id, key, self.settings.stage,
                                            f"{reason}: {detail}"[:1000], origin,
-                                           dead_letter.stored_payload(msg.value()), self.ctx.entry)
+                                           dead_letter.stored_payload(msg.value()), self.ctx.entry,
+                                           kafka_key=msg.key())
         notice = spec.failure_notice
-        if key is not None and notice is not None and reason == "ai_unavailable":
+        if key is not None and notice is not None and reason in FAILED_FOR_GOOD:
             route = Route(to=notice.to, fields={**notice.fields, "reason": reason})
             self.ctx.send((notice.to, stages.message(route, spec.key, key, event or {})))
         metrics.ERRORS.labels(**self.labels, reason=reason).inc()
@@ -287,7 +293,9 @@ class StageMember:
                     time.sleep(min(0.05, backoff))
                 if not keep_going():
                     return None
-                backoff = min(2 * backoff, self.settings.transient_backoff_max_s)
+                # an endpoint's circuit is asked again at once: no database or call until it admits
+                backoff = (TRANSIENT_BACKOFF_S if isinstance(exc, EndpointDown)
+                           else min(2 * backoff, self.settings.transient_backoff_max_s))
 
     def _accept(self, msgs: list[Message], on_record: Callable[[Message], None]) -> None:
         """Route fetched records, handling the client errors that arrive as messages."""

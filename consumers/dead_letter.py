@@ -28,6 +28,11 @@ STORED_PAYLOAD_BYTES = 64 * 1024  # dead_letters.payload
 # A copied header of the original record is renamed so it cannot be mistaken for one of ours.
 SOURCE_HEADER_PREFIX = "source_header."
 
+# A redriven record's headers (`consumers.redrive`): how many times it has been sent back, and
+# the dead letter it came from. The round restarts the record's try budget (`consumers.stages`).
+REDRIVE_COUNT_HEADER = "redrive_count"
+DEAD_LETTER_ID_HEADER = "dead_letter_id"
+
 Header = tuple[str, bytes | None]
 
 
@@ -107,6 +112,18 @@ def build(value: bytes | None, key: bytes | None, headers: list[Header] | None, 
     ]
     prefix = value[:VALUE_PREFIX_BYTES] if value is not None else None
     return DeadLetterRecord(prefix, None, reference, by_reference=True)
+
+
+def redrive_round(headers: list[Header] | None) -> int:
+    """The record's redrive round: its `redrive_count` header, 0 when it has none (or a bad one:
+    a header someone else wrote is no reason to refuse the record)."""
+    for name, value in headers or ():
+        if name == REDRIVE_COUNT_HEADER:
+            try:
+                return max(0, int(value or b""))
+            except ValueError:
+                return 0
+    return 0
 
 
 def stored_payload(value: bytes | None) -> bytes | None:

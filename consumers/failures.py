@@ -1,13 +1,15 @@
 """Poison or transient: whose fault is a failure to handle one record.
 
 Only a failure that is the record's own fault is dead-lettered: an invalid event, a data
-error the database refuses, an AI request the service answers with a final error or keeps
-failing after the configured tries, a downstream event too large to send. A failure of a
-dependency (PostgreSQL unreachable, a Kafka delivery that timed out, the AI service refusing
-everyone with 429 or not answering connections before the request had its configured tries,
-another member holding the record's claim)
-says nothing about the record: it is retried with backoff while the partition waits, and the
-offset is never committed past it. A fatal client error (librdkafka's idempotent producer after,
+error the database refuses, an AI request the service answers with a final error, or keeps
+failing after the configured tries while the endpoint serves others (`ai_unavailable`), a 2xx
+answer the stage cannot use (`ai_bad_answer`), an exception the team's own work raised on it
+after the stage's tries (`work_failed`), a downstream event too large to send. A failure of a
+dependency (PostgreSQL unreachable, a Kafka delivery that timed out, an AI endpoint refusing
+everyone with 429, not answering connections or down for every caller, an exception the work
+declares as a dependency's, another member holding the record's claim) says nothing about the
+record: it is retried with backoff while the partition waits, and the offset is never committed
+past it. A fatal client error (librdkafka's idempotent producer after,
 say, a refused producer id) leaves the member's producer unusable: no retry can succeed in this
 process. That, and anything else the member cannot judge, is neither dead-lettered nor
 committed, and the member goes down loudly so its supervisor restarts it.
@@ -22,7 +24,7 @@ import psycopg2
 import psycopg2.pool
 from confluent_kafka import KafkaError, KafkaException
 
-from consumers.ai_client import AIUnavailable
+from consumers.ai_client import AIBadAnswer, AIUnavailable, AIWaiting
 from consumers.events import InvalidEvent
 from consumers.producer import DeliveryError
 
@@ -45,8 +47,12 @@ class ClaimHeld(Transient):
     """Another member holds the (request, stage) claim: wait for its result or its lease."""
 
 
-class AIBusy(Transient):
-    """The AI service refused or could not be reached before the request had its tries."""
+class WorkFailed(RuntimeError):
+    """The team's own work raised on this record, after the stage's tries."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
+        self.reason = str(self)
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,12 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(POISON, exc.reason)
     if isinstance(exc, AIUnavailable):
         return Verdict(POISON, "ai_unavailable")
+    if isinstance(exc, AIBadAnswer):
+        return Verdict(POISON, "ai_bad_answer")
+    if isinstance(exc, WorkFailed):
+        return Verdict(POISON, "work_failed")
+    if isinstance(exc, AIWaiting):
+        return Verdict(TRANSIENT, type(exc).__name__)
     if isinstance(exc, Transient):
         return Verdict(TRANSIENT, type(exc).__name__)
     if isinstance(exc, psycopg2.DataError | psycopg2.IntegrityError):

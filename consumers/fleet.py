@@ -26,6 +26,7 @@ from confluent_kafka import ConsumerGroupState, KafkaException
 
 from consumers import events, kafka_connection, metrics, pipeline_spec, profiles, start_up_heap, storage
 from consumers.ai_client import AIClient, Endpoint, RetryPolicy
+from consumers.circuit import Circuit
 from consumers.concurrency_limit import AdaptiveLimit
 from consumers.consumer import Member, MemberSettings, StageMember
 from consumers.kafka_connection import KafkaAccess
@@ -38,8 +39,10 @@ from consumers.window_pool import WindowPool
 
 log = logging.getLogger(__name__)
 
+CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}  # the gauge's values
+
 CLAIM_MARGIN_S = 2.0  # clock and database round trips between a lease's renewal and its try
-LIMIT_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's changes are written
+CHANGES_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's and a circuit's changes are written
 # A record's transactions take a millisecond on an idle machine, but tens of them when the
 # machine is saturated, and an AI stage's workers come back from their calls in waves: with 16
 # connections the generate workers spent most of a burst waiting for one (sampled profile), and
@@ -65,6 +68,7 @@ class FleetSettings:
     key_strategy: str = "uuid"  # keys of the events this stage sends downstream
     producer_batch_records: int | None = None  # PipelineConfig.producer_batch_records
     ai_url: str | None = None  # the stage's AI endpoint, when its work calls one
+    ai_endpoint: str = ""  # its name in the pipeline spec
     ai_timeout_s: float = 10.0
     ai_auth_header: str | None = None
     ai_calls: int | None = None  # AI calls in flight across the fleet, apart from records held
@@ -117,32 +121,42 @@ class Fleet:
         limiter = (AdaptiveLimit(maximum=pool) if s.adaptive
                    else AdaptiveLimit.fixed(s.ai_calls) if s.ai_calls else None)
         return AIClient(Endpoint(url, s.ai_timeout_s, s.ai_auth_header), s.retry, pool_size=pool,
-                        limiter=limiter)
+                        limiter=limiter, circuit=Circuit())
 
     def start(self) -> Fleet:
         for member in self.members:
             thread = threading.Thread(target=member.run, args=(self._stop,), name=member.name)
             thread.start()
             self._threads.append(thread)
-        if self.settings.adaptive and self.ctx.ai is not None and self.ctx.ai.limiter is not None:
-            self._recorder = threading.Thread(target=self._record_limits, args=(self.ctx.ai.limiter,),
-                                              name=f"{self.settings.member.stage}-limits", daemon=True)
+        if self.ctx.ai is not None:
+            self._recorder = threading.Thread(target=self._record_changes, args=(self.ctx.ai,),
+                                              name=f"{self.settings.member.stage}-changes", daemon=True)
             self._recorder.start()
         return self
 
-    def _record_limits(self, limiter: AdaptiveLimit) -> None:
-        """Write the limit's changes every second until the fleet stops, then the last ones."""
+    def _record_changes(self, ai: AIClient) -> None:
+        """Write the circuit's changes (and an adaptive limit's) every second until the fleet
+        stops, then the last ones; show the circuit's state as a metric."""
+        s = self.settings
+        stage, endpoint = s.member.stage, s.ai_endpoint
+        writes = [(ai.circuit.changes, lambda changes: self.storage.record_circuit(
+            s.member.run_id, stage, endpoint, changes))]
+        if s.adaptive and ai.limiter is not None:
+            writes.append((ai.limiter.changes, lambda changes: self.storage.record_limits(
+                s.member.run_id, stage, changes)))
         stopping = False
         while not stopping:
-            stopping = self._stop.wait(LIMIT_RECORD_INTERVAL_S)
-            changes = [limiter.changes.popleft() for _ in range(len(limiter.changes))]
-            if changes:
+            stopping = self._stop.wait(CHANGES_RECORD_INTERVAL_S)
+            metrics.CIRCUIT.labels(stage=stage, endpoint=endpoint).set(CIRCUIT_STATES[ai.circuit.state])
+            for pending, write in writes:
+                changes = [pending.popleft() for _ in range(len(pending))]
+                if not changes:
+                    continue
                 try:
-                    self.storage.record_limits(self.settings.member.run_id, self.settings.member.stage,
-                                               changes)
-                except Exception as exc:  # noqa: BLE001 - a measurement, never a reason to stop
-                    log.warning("limit changes not recorded: %s", exc)
-                    limiter.changes.extendleft(reversed(changes))
+                    write(changes)
+                except Exception as exc:  # noqa: BLE001 - a record of what happened, never a reason to stop
+                    log.warning("changes not recorded: %s", exc)
+                    pending.extendleft(reversed(changes))
 
     def wait_assigned(self, timeout_s: float | None = None) -> None:
         """Block until every member that can get partitions has them and the group is settled."""
@@ -245,6 +259,7 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
         pipeline=config.pipeline, key_strategy=config.key_strategy,
         producer_batch_records=config.producer_batch_records(stage),
         ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
+        ai_endpoint=work.endpoint if isinstance(work, HttpWork) else "",
         ai_timeout_s=config.ai_timeout(stage), ai_auth_header=endpoints.auth_header,
         ai_calls=stage_cfg.ai_calls, adaptive=stage_cfg.adaptive, retry=config.retry(stage),
         shutdown_deadline_s=config.shutdown_deadline_s)

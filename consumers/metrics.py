@@ -18,6 +18,8 @@ DUPLICATES = Counter("pipeline_reconsumed_total", "Records whose result already 
 REBALANCES = Counter("pipeline_rebalance_events_total", "Assignments, revocations and losses",
                      ["stage", "member", "event"])
 LAG = Gauge("pipeline_consumer_lag", "Consumer lag summed over assigned partitions", ["stage", "member"])
+CIRCUIT = Gauge("pipeline_ai_circuit_state", "An AI endpoint's circuit: 0 closed, 1 half-open, 2 open",
+                ["stage", "endpoint"])
 PAUSED = Gauge("pipeline_paused", "1 while the member has paused its partitions", ["stage", "member"])
 
 

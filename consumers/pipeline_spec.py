@@ -117,10 +117,20 @@ class HttpWork(_Model):
 
 
 class PythonWork(_Model):
-    """Custom work: `module:function(event) -> dict` of result fields; it must be idempotent."""
+    """Custom work: `module:function(event) -> dict` of result fields; it must be idempotent.
+
+    An exception it raises is the record's failure, tried again up to the stage's
+    `retry.max_attempts` and then dead-lettered (`work_failed`), unless it is an instance of a
+    class `transient` names (`module:Class`): a dependency of the work is down, and the record
+    waits for it as for any failing dependency."""
 
     kind: Literal["python"]
     callable: Annotated[str, Field(pattern=CALLABLE)]
+    transient: list[Annotated[str, Field(pattern=CALLABLE)]] = []
+
+    @cached_property
+    def transient_classes(self) -> tuple[type[BaseException], ...]:
+        return tuple(resolve(reference) for reference in self.transient)
 
 
 Work = Annotated[HttpWork | PythonWork, Field(discriminator="kind")]
@@ -175,7 +185,7 @@ class StageSpec(_Model):
 
 
 class FailureNotice(_Model):
-    """What is sent when a request's AI call fails for good (it is also dead-lettered)."""
+    """What is sent when a request fails for good: its AI call or its work (it is also dead-lettered)."""
 
     to: str
     fields: dict[str, Scalar] = {}
@@ -292,6 +302,13 @@ def _cross_checks(spec: PipelineSpec) -> Iterable[tuple[str, str]]:
             problem = _callable_problem(stage.work.callable)
             if problem:
                 yield f"{at}.work.callable", problem
+            for i, reference in enumerate(stage.work.transient):
+                problem = _callable_problem(reference)
+                target = None if problem else resolve(reference)
+                if problem is None and not (isinstance(target, type) and issubclass(target, BaseException)):
+                    problem = f"{reference!r} is not an exception class"
+                if problem:
+                    yield f"{at}.work.transient.{i}", problem
         for i, route in enumerate(stage.routes):
             if route.to not in spec.topics:
                 yield f"{at}.routes.{i}.to", f"topic {route.to!r} is not declared (declared: {declared})"

@@ -18,7 +18,10 @@ recorded does not call again but re-sends its routes' events, which is idempoten
 an event lost between the two writes is therefore never lost.
 
 Failures raise; `consumers.failures` says which are the record's fault (dead-lettered) and
-which are a dependency's (retried). What one record's handling achieved is kept in its
+which are a dependency's (retried). A request's own AI failures are counted per (request, stage,
+redrive round) across handlings, from its attempt rows, against the stage's `max_attempts`; an
+endpoint whose circuit is open holds a record back before it takes its claim, so a record that
+waits for it writes nothing meanwhile. What one record's handling achieved is kept in its
 `RecordState` across those retries, so a retry after the database came back stores the AI
 answer already received rather than calling again.
 """
@@ -31,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumers import pipeline_spec
-from consumers.ai_client import REQUEST_FAILURES, AIClient, AIUnavailable, Try
+from consumers.ai_client import AIBadAnswer, AIClient, AIUnavailable, AIWaiting, EndpointDown, Try
 from consumers.events import Topics
-from consumers.failures import AIBusy, ClaimHeld
+from consumers.failures import ClaimHeld, Transient, WorkFailed
 from consumers.pipeline_spec import HttpWork, PythonWork, Route, StageSpec
 from consumers.producer import KeyedProducer
 from consumers.storage import CallClaim, Claim, Ended, Key, Origin, Status, Storage
@@ -88,7 +91,8 @@ class RecordState:
 
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this handling's claim owner
     result: dict[str, Any] | None = None  # the work's kept fields, once received
-    failure: AIUnavailable | None = None  # the AI's final failure, once known
+    failure: AIUnavailable | AIBadAnswer | None = None  # the AI's final failure, once known
+    work_failures: int = 0  # exceptions the stage's Python work raised on this record
     tries: list[Try] = field(default_factory=list)
     unwritten: list[Ended] = field(default_factory=list)  # tries whose attempt rows are not completed
     recorded_first: bool = False  # this handling recorded the stage's result
@@ -102,6 +106,8 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
     calls = isinstance(spec.work, HttpWork) and state.result is None and state.failure is None
     if calls and ctx.ai is None:
         raise RuntimeError(f"stage {ctx.stage} has no URL for endpoint {spec.work.endpoint}")
+    if calls and ctx.ai.circuit is not None and ctx.ai.circuit.closed_to(key.request_id):
+        raise EndpointDown(f"{spec.work.endpoint} is down for every caller (circuit {ctx.ai.circuit.state})")
     row, claim = ctx.storage.take(key, event["produced_at"], {f: event[f] for f in spec.record if f in event},
                                   ctx.status(spec.status, route=False),
                                   CallClaim(ctx.stage, state.owner, ctx.claim_lease_s, origin, spec.join)
@@ -136,9 +142,32 @@ def _work(ctx: StageContext, spec: StageSpec, key: Key, outcome: dict[str, Any],
     """Put the work's kept fields in `state.result`, unless an earlier try of the record did
     (a stage without work keeps none)."""
     if isinstance(spec.work, PythonWork) and state.result is None:
-        state.result = dict(pipeline_spec.resolve(spec.work.callable)(outcome))
+        state.result = _python_result(spec.work, spec.retry.max_attempts, outcome, state)
     elif isinstance(spec.work, HttpWork):
         _ai_result(ctx, spec.work, key, outcome, origin, state, claim)
+
+
+class WorkRetrying(Transient):
+    """The stage's Python work raised on the record: it is tried again, up to the stage's tries."""
+
+
+class WorkWaiting(Transient):
+    """The stage's Python work raised an exception its spec declares a dependency's."""
+
+
+def _python_result(work: PythonWork, max_attempts: int, event: dict[str, Any],
+                   state: RecordState) -> dict[str, Any]:
+    """The work's result fields; what it raises is the record's failure (see `PythonWork`)."""
+    try:
+        return dict(pipeline_spec.resolve(work.callable)(event))
+    except Exception as exc:  # the team's code: whatever it raises is this record's failure
+        if isinstance(exc, work.transient_classes):
+            raise WorkWaiting(f"{work.callable}: {exc!r}") from exc
+        state.work_failures += 1
+        if state.work_failures < max_attempts:
+            raise WorkRetrying(f"{work.callable} failed ({state.work_failures} of {max_attempts} "
+                               f"tries): {exc!r}") from exc
+        raise WorkFailed(exc) from exc
 
 
 @dataclass
@@ -161,7 +190,7 @@ class _AttemptLog:
     def ended(self, attempt: Try) -> None:
         self.state.tries.append(attempt)
         self.state.unwritten.append((self._ids[attempt.attempt], attempt.started, attempt.ended,
-                                     attempt.outcome, attempt.http_status))
+                                     attempt.outcome, attempt.http_status, attempt.own))
 
 
 def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any], origin: Origin,
@@ -177,24 +206,23 @@ def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any
             return
         if claim.first_attempt is None:
             raise ClaimHeld(f"{ctx.stage} of {key.request_id} is being called by another member")
+        own = max(claim.own_failures, sum(t.own for t in state.tries))
         try:
             body = ctx.ai.call({name: event.get(source) for name, source in work.request.items()},
-                               _AttemptLog(ctx, key, origin, state, {1: claim.first_attempt}))
-        except AIUnavailable as exc:
-            own = sum(t.outcome in REQUEST_FAILURES for t in state.tries)
-            if exc.final or own >= ctx.ai.policy.max_attempts:
-                state.failure = exc  # the request had its tries: its own fault
+                               _AttemptLog(ctx, key, origin, state, {1: claim.first_attempt}),
+                               request=key.request_id, budget=ctx.ai.policy.max_attempts - own)
+        except (AIUnavailable, AIBadAnswer) as exc:
+            state.failure = exc  # the request's own fault
+        except AIWaiting:
             ctx.storage.end_attempts(state.unwritten)
             state.unwritten.clear()
-            if state.failure is None:
-                raise AIBusy(f"{exc.reason}; {own} of {ctx.ai.policy.max_attempts} tries were "
-                             "the request's own failures") from exc
             raise
-        missing = [name for name in work.keep if name not in body]
-        if missing:
-            state.failure = AIUnavailable(f"answer from {work.endpoint} without {missing}")
         else:
-            state.result = {name: body[name] for name in work.keep}
+            missing = [name for name in work.keep if name not in body]
+            if missing:
+                state.failure = AIBadAnswer(f"answer from {work.endpoint} without {missing}")
+            else:
+                state.result = {name: body[name] for name in work.keep}
     if state.failure is not None:
         ctx.storage.end_attempts(state.unwritten)
         state.unwritten.clear()

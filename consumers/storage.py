@@ -36,12 +36,14 @@ from consumers.pipeline_spec import TERMINAL_STATUSES
 
 @dataclass(frozen=True)
 class Origin:
-    """Where a record came from: who processed which offset."""
+    """Where a record came from: who processed which offset, in which redrive round (0 for a
+    record as first produced; see `consumers.redrive`)."""
 
     member: str
     topic: str
     partition: int
     offset: int
+    redrive: int = 0
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class Claim:
 
     done: dict[str, Any] | None = None
     first_attempt: int | None = None
+    own_failures: int = 0  # the request's own failed tries at this stage in this redrive round
 
 
 @dataclass(frozen=True)
@@ -103,31 +106,32 @@ _FORWARD = ("status = CASE WHEN requests.status = ANY(%(settled)s) OR requests.s
             "ELSE greatest(requests.status_rank, %(rank)s) END")
 
 
-# A try's ending: (attempt row id, sent, ended, outcome, http status). The row was written
-# before the try waited for a permit; `sent` makes its duration the call's alone.
-Ended = tuple[int, float, float, str, int | None]
+# A try's ending: (attempt row id, sent, ended, outcome, http status, the request's own failure).
+# The row was written before the try waited for a permit; `sent` makes its duration the call's.
+Ended = tuple[int, float, float, str, int | None, bool]
 
 
 # Completes the attempt rows of %(ended_*)s (see `_ended`), however many, in one statement.
 _END_ATTEMPTS = (
     "UPDATE ai_attempts a SET started_at = e.sent, ended_at = e.at, outcome = e.outcome, "
-    "http_status = e.status FROM unnest(%(ended_id)s::bigint[], %(ended_sent)s::timestamptz[], "
-    "%(ended_at)s::timestamptz[], %(ended_outcome)s::text[], %(ended_status)s::int[]) "
-    "AS e(id, sent, at, outcome, status) WHERE a.id = e.id")
+    "http_status = e.status, own_failure = e.own FROM unnest(%(ended_id)s::bigint[], "
+    "%(ended_sent)s::timestamptz[], %(ended_at)s::timestamptz[], %(ended_outcome)s::text[], "
+    "%(ended_status)s::int[], %(ended_own)s::boolean[]) AS e(id, sent, at, outcome, status, own) "
+    "WHERE a.id = e.id")
 
 
 def _ended(ended: Sequence[Ended]) -> dict[str, list]:
     """The parameters of `_END_ATTEMPTS`: one array per column."""
     return {"ended_id": [e[0] for e in ended], "ended_sent": [ts(e[1]) for e in ended],
             "ended_at": [ts(e[2]) for e in ended], "ended_outcome": [e[3] for e in ended],
-            "ended_status": [e[4] for e in ended]}
+            "ended_status": [e[4] for e in ended], "ended_own": [e[5] for e in ended]}
 
 
 def _row_of(key: Key, stage: str, origin: Origin) -> dict[str, Any]:
     """The named parameters every row of a stage's record carries: request, stage and offset."""
     return {"p": key.pipeline, "r": key.request_id, "s": stage, "run": key.run_id,
             "member": origin.member, "topic": origin.topic, "partition": origin.partition,
-            "offset": origin.offset}
+            "offset": origin.offset, "round": origin.redrive}
 
 
 # Creates the request row or merges %(fields)s into it, moving its status forward.
@@ -141,9 +145,9 @@ _TAKE = ("INSERT INTO requests (pipeline, request_id, run_id, status, status_ran
 # A try's attempt row (`_row_of`'s parameters, %(attempt)s, %(sent)s), one per row of {source}.
 _START_ATTEMPT = (
     "INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
-    "kafka_partition, kafka_offset, started_at, ended_at, outcome) "
+    "kafka_partition, kafka_offset, started_at, ended_at, outcome, redrive) "
     "SELECT %(p)s, %(run)s, %(r)s, %(s)s, {attempt}, %(member)s, %(topic)s, %(partition)s, "
-    "%(offset)s, %(sent)s, {ended}, '{outcome}' FROM {source} RETURNING id")
+    "%(offset)s, %(sent)s, {ended}, '{outcome}', %(round)s FROM {source} RETURNING id")
 
 # _TAKE, then the claim of (key, stage) unless its result is recorded (`done`: the skip is on
 # record then) or the fields of %(join)s are not all on the row yet. The claim is %(o)s's when
@@ -163,8 +167,11 @@ _TAKE_AND_CLAIM = (
     "takeovers = stage_claims.takeovers + (stage_claims.owner <> EXCLUDED.owner)::int "
     "WHERE stage_claims.owner = EXCLUDED.owner OR stage_claims.lease_until < now() "
     "RETURNING 1), "
-    "first AS (" + _START_ATTEMPT.format(attempt=1, ended="NULL", outcome="started", source="claimed") + ") "
-    "SELECT (SELECT fields FROM taken), (SELECT result FROM done), (SELECT id FROM first)")
+    "first AS (" + _START_ATTEMPT.format(attempt=1, ended="NULL", outcome="started", source="claimed") + "), "
+    "own AS (SELECT count(*) AS n FROM ai_attempts WHERE pipeline = %(p)s AND request_id = %(r)s "
+    "AND stage = %(s)s AND redrive = %(round)s AND own_failure) "
+    "SELECT (SELECT fields FROM taken), (SELECT result FROM done), (SELECT id FROM first), "
+    "(SELECT n FROM own)")
 
 
 LEFT_FOR_OTHERS = 16  # connections a new pool leaves free: the platform's other processes need some
@@ -267,10 +274,10 @@ class Storage:
             cur.execute(_TAKE_AND_CLAIM, {
                 **params, **_row_of(key, call.stage, call.origin), "o": call.owner, "l": call.lease_s,
                 "join": list(call.join), "sent": ts(time.time())})
-            row, done, first = cur.fetchone()
+            row, done, first, own = cur.fetchone()
         if any(name not in row for name in call.join):
             return row, None
-        return row, Claim(done=done, first_attempt=first)
+        return row, Claim(done=done, first_attempt=first, own_failures=own)
 
     def record_result(self, key: Key, stage: str, result: dict[str, Any] | None, origin: Origin,
                       status: Status | None, entry: bool, ended: Sequence[Ended] = ()) -> bool:
@@ -334,17 +341,19 @@ class Storage:
                 cur.execute(_END_ATTEMPTS, _ended(ended))
 
     def record_dead_letter(self, pipeline: str, run_id: str, key: Key | None, stage: str, reason: str,
-                           origin: Origin, payload: bytes | None, entry: bool = False) -> None:
+                           origin: Origin, payload: bytes | None, entry: bool = False,
+                           kafka_key: bytes | None = None) -> None:
         """A dead-lettered record; when its key is known, the request is settled as
         dead-lettered (unless it already completed or was rejected) and, at an entry stage,
         counted as taken, since no other record of that stage will come for it."""
         with self._tx() as cur:
             cur.execute(
                 "INSERT INTO dead_letters (pipeline, run_id, request_id, stage, reason, source_topic, "
-                "kafka_partition, kafka_offset, payload) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "kafka_partition, kafka_offset, payload, kafka_key, redrive) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (source_topic, kafka_partition, kafka_offset) DO NOTHING RETURNING 1",
                 (pipeline, run_id, key.request_id if key else None, stage, reason, origin.topic,
-                 origin.partition, origin.offset, payload))
+                 origin.partition, origin.offset, payload, kafka_key, origin.redrive))
             if key is not None and cur.fetchone() is not None:
                 cur.execute(
                     "INSERT INTO requests (pipeline, request_id, run_id, status, status_rank, entries) "
@@ -360,6 +369,15 @@ class Storage:
             cur.execute("INSERT INTO rebalance_events (run_id, group_id, member, event, partitions) "
                         "VALUES (%s, %s, %s, %s, %s)",
                         (run_id, group_id, member, event, list(partitions)))
+
+    def record_circuit(self, run_id: str, stage: str, endpoint: str,
+                       changes: Sequence[tuple[float, str, str]]) -> None:
+        """An endpoint circuit's transitions: (epoch seconds, state, detail)."""
+        with self._tx() as cur:
+            cur.executemany("INSERT INTO endpoint_circuits (run_id, stage, endpoint, at, state, detail) "
+                            "VALUES (%s, %s, %s, %s, %s, %s)",
+                            [(run_id, stage, endpoint, ts(at), state, detail[:500])
+                             for at, state, detail in changes])
 
     def record_limits(self, run_id: str, stage: str, changes: Sequence[tuple[float, float, int]]) -> None:
         """An adaptive limiter's changes: (epoch seconds, limit, calls in flight)."""

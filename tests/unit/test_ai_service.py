@@ -257,11 +257,11 @@ def test_the_client_names_each_failure_as_the_retry_policy_reads_it(
 
 def test_a_refused_connection_is_a_connection_error_not_a_timeout() -> None:
     # urllib3 2 raises a refused connection as a kind of connect timeout; a timeout is the
-    # request's fault (dead-lettered after the tries), a service not there is not.
+    # request's fault (dead-lettered after the tries), a service not there is not: it is waited for.
     client = AIClient(ai_client.Endpoint(f"http://127.0.0.1:{closed_port()}/v1/generate", timeout_s=2),
                       RetryPolicy(max_attempts=1))
     observer = Outcomes()
-    with pytest.raises(ai_client.AIUnavailable):
+    with pytest.raises(ai_client.AIWaiting):
         client.call(GENERATE, observer)
     assert observer.seen == ["connection_error"]
 

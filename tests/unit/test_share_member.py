@@ -107,7 +107,7 @@ class DeadLetters:
         return SimpleNamespace(result=lambda timeout=None: None)
 
     def record(self, pipeline: str, run_id: str, key: Key | None, stage: str, reason: str, origin: Any,
-               payload: bytes | None, entry: bool) -> None:
+               payload: bytes | None, entry: bool, kafka_key: bytes | None = None) -> None:
         self.stored[origin.offset] = reason
 
 

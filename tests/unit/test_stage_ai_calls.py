@@ -1,4 +1,5 @@
-"""One stage's AI call: claimed first, tries on record, poison only after the request's own tries.
+"""One stage's AI call: claimed first, tries on record, poison only after the request's own tries
+(counted across handlings), waiting while the endpoint is down for everyone.
 
 The HTTP layer is scripted (each try's outcome is given), the retry loop is the real
 `AIClient`'s, and storage is an in-memory fake of the calls a stage makes. Every AI stage of
@@ -15,8 +16,17 @@ import psycopg2
 import pytest
 
 from consumers import events, pipeline_spec, stages
-from consumers.ai_client import AIClient, AIUnavailable, Endpoint, RetryPolicy
-from consumers.failures import POISON, TRANSIENT, AIBusy, ClaimHeld, classify
+from consumers.ai_client import (
+    AIBadAnswer,
+    AIClient,
+    AIUnavailable,
+    AIWaiting,
+    Endpoint,
+    EndpointDown,
+    RetryPolicy,
+)
+from consumers.circuit import Circuit
+from consumers.failures import POISON, TRANSIENT, ClaimHeld, Verdict, classify
 from consumers.storage import CallClaim, Claim, Ended, Key, Origin, Status
 from tests import bad_input
 
@@ -40,9 +50,11 @@ STATUS = {"ok": 200, "http_5xx": 500, "http_429": 429, "timeout": None, "http_4x
 class ScriptedClient(AIClient):
     """The real retry loop over scripted try outcomes; counts the requests it 'sent'."""
 
-    def __init__(self, body: dict[str, Any], *outcomes: str, max_attempts: int = 4) -> None:
+    def __init__(self, body: dict[str, Any], *outcomes: str, max_attempts: int = 4,
+                 circuit: Circuit | None = None) -> None:
         super().__init__(Endpoint("http://ai/v1/work"),
-                         RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.0, backoff_max_s=0.0))
+                         RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.0, backoff_max_s=0.0),
+                         circuit=circuit)
         self.body = body
         self.outcomes = deque(outcomes)
         self.sent = 0
@@ -83,8 +95,8 @@ class FakeStorage:
         if self.fail_attempt_writes:
             self.fail_attempt_writes -= 1
             raise psycopg2.OperationalError("server closed the connection unexpectedly")
-        for row_id, _, _, outcome, _ in ended:
-            self.attempts[row_id] = [outcome]
+        for row_id, _, _, outcome, _, own in ended:
+            self.attempts[row_id] = [outcome, own]
 
     def record_result(self, key: Key, stage: str, result: dict | None, origin: Origin,
                       status: Status | None, entry: bool, ended: list[Ended]) -> bool:
@@ -120,11 +132,12 @@ def context(spec: pipeline_spec.PipelineSpec, stage: str, storage: FakeStorage,
     return ctx
 
 
-def handle(ctx: stages.StageContext, state: stages.RecordState) -> Exception | None:
+def handle(ctx: stages.StageContext, state: stages.RecordState,
+           event: dict[str, Any] | None = None) -> Exception | None:
     spec = ctx.topics.spec
     origin = Origin(f"{ctx.stage}-0", ctx.topics.source_of(ctx.stage), 0, 7)
     try:
-        stages.handle(ctx, bad_input.valid_event(spec, ctx.stage), origin, state)
+        stages.handle(ctx, event or bad_input.valid_event(spec, ctx.stage), origin, state)
     except Exception as exc:  # noqa: BLE001 - the test classifies it
         return exc
     return None
@@ -148,17 +161,17 @@ def test_429s_do_not_use_up_the_requests_tries(ai_stage: tuple) -> None:
     state = stages.RecordState()
     failure = handle(context(spec, stage, storage, client), state)
     # 4 tries, only one of them the request's own failure: the record waits, not dead-lettered.
-    assert isinstance(failure, AIBusy) and classify(failure).kind == TRANSIENT
+    assert isinstance(failure, AIWaiting) and classify(failure).kind == TRANSIENT
     assert storage.outcomes() == ["http_429", "http_429", "http_429", "http_5xx"]  # all on record
 
-    client.outcomes.extend(["http_5xx", "timeout", "http_5xx", "ok"])
+    client.outcomes.extend(["http_5xx", "timeout", "ok"])
     assert handle(context(spec, stage, storage, client), state) is None  # the retry completes
     kept = {name: f"{name}-answer" for name in spec.stages[stage].work.keep}
     assert storage.results == [kept]  # the kept fields only
-    assert client.sent == 8
+    assert client.sent == 7
     # every try completed on record, the last one with the result it got
     assert storage.outcomes() == ["http_429", "http_429", "http_429", "http_5xx",
-                                  "http_5xx", "timeout", "http_5xx", "ok"]
+                                  "http_5xx", "timeout", "ok"]
 
 
 def test_the_request_fields_come_from_the_event(ai_stage: tuple) -> None:
@@ -176,21 +189,80 @@ def test_the_requests_own_failures_dead_letter_it_after_its_tries(ai_stage: tupl
     storage = FakeStorage()
     client = ScriptedClient(answer(spec, stage), "http_429", "http_5xx", "timeout", "http_5xx")
     state = stages.RecordState()
-    assert isinstance(handle(context(spec, stage, storage, client), state), AIBusy)  # 3 own of 4
+    assert isinstance(handle(context(spec, stage, storage, client), state), AIWaiting)  # 3 own of 4
     client.outcomes.extend(["http_5xx", "http_429", "http_429", "http_429"])
-    failure = handle(context(spec, stage, storage, client), state)  # the 4th own failure
+    failure = handle(context(spec, stage, storage, client), state)  # the 4th own failure ends it
     assert isinstance(failure, AIUnavailable) and classify(failure).kind == POISON
-    sent = client.sent
     assert isinstance(handle(context(spec, stage, storage, client), state), AIUnavailable)  # no new call
-    assert client.sent == sent == 8
+    assert client.sent == 5  # 1 x 429 + 4 own failures: the second call had one try left, not four
+    assert storage.outcomes() == ["http_429", "http_5xx", "timeout", "http_5xx", "http_5xx"]
+    assert [row[1] for row in storage.attempts.values()] == [False, True, True, True, True]
     assert storage.results == []
+
+
+def test_the_own_failures_of_earlier_handlings_count(ai_stage: tuple) -> None:
+    # Another member (or this one before a restart) had 3 of the request's 4 own failures.
+    spec, stage = ai_stage
+    storage = FakeStorage()
+    storage.claim_answer = Claim(first_attempt=storage.start_attempt(), own_failures=3)
+    client = ScriptedClient(answer(spec, stage), "timeout", "ok")
+    failure = handle(context(spec, stage, storage, client), stages.RecordState())
+    assert isinstance(failure, AIUnavailable) and client.sent == 1
+
+
+def test_an_endpoint_down_for_everyone_holds_its_records_instead_of_dead_lettering_them(
+        ai_stage: tuple) -> None:
+    # Three requests fail at once with nothing served: the endpoint is down, not the requests.
+    spec, stage = ai_stage
+    circuit, storage = Circuit(), FakeStorage()
+    client = ScriptedClient(answer(spec, stage), *["http_5xx"] * 3, max_attempts=1, circuit=circuit)
+    ctx, event = context(spec, stage, storage, client), bad_input.valid_event(spec, stage)
+    key = spec.key
+    failures = [handle(ctx, stages.RecordState(), {**event, key: f"r{i}"}) for i in range(3)]
+    # r0 and r1 used their one try and the endpoint serves no one: they wait; r2 opened the circuit.
+    assert [type(f) for f in failures] == [AIWaiting, AIWaiting, AIWaiting]
+    assert [row[1] for row in storage.attempts.values()] == [True, True, False]
+    assert circuit.state == "open"
+    claims = storage.claims
+    waiting = handle(ctx, stages.RecordState(), {**event, key: "r3"})
+    assert isinstance(waiting, EndpointDown) and classify(waiting).kind == TRANSIENT
+    assert storage.claims == claims and client.sent == 3  # held back before its claim: nothing written
+
+
+def test_an_answer_the_endpoint_gives_others_dead_letters_a_request_that_keeps_failing(
+        ai_stage: tuple) -> None:
+    spec, stage = ai_stage
+    circuit, storage = Circuit(), FakeStorage()
+    client = ScriptedClient(answer(spec, stage), "ok", "http_5xx", "http_5xx", max_attempts=2,
+                            circuit=circuit)
+    ctx, event = context(spec, stage, storage, client), bad_input.valid_event(spec, stage)
+    assert handle(ctx, stages.RecordState(), {**event, spec.key: "served"}) is None
+    failure = handle(ctx, stages.RecordState(), {**event, spec.key: "refused"})
+    assert isinstance(failure, AIUnavailable) and classify(failure).reason == "ai_unavailable"
 
 
 def test_an_answer_without_a_kept_field_is_the_requests_fault(ai_stage: tuple) -> None:
     spec, stage = ai_stage
     client = ScriptedClient({"unkept": "x"}, "ok")
     failure = handle(context(spec, stage, FakeStorage(), client), stages.RecordState())
-    assert isinstance(failure, AIUnavailable) and classify(failure).kind == POISON
+    assert isinstance(failure, AIBadAnswer) and classify(failure) == Verdict(POISON, "ai_bad_answer")
+
+
+class Answered:
+    """What urllib3 gives back: a status and the raw body."""
+
+    def __init__(self, status: int, data: bytes) -> None:
+        self.status, self.data, self.headers = status, data, {}
+
+
+def test_a_2xx_whose_body_is_not_json_is_a_bad_answer_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = AIClient(Endpoint("http://ai/v1/work"), RetryPolicy(max_attempts=4))
+    sent: list[str] = []
+    monkeypatch.setattr(client._pool, "request",
+                        lambda *a, **k: sent.append("try") or Answered(200, b"<html>gateway</html>"))
+    with pytest.raises(AIBadAnswer) as failure:
+        client.call({"request_id": "r"})
+    assert classify(failure.value) == Verdict(POISON, "ai_bad_answer") and sent == ["try"]
 
 
 def test_a_final_4xx_is_poison_at_once(ai_stage: tuple) -> None:
