@@ -12,7 +12,8 @@ from pipeline_ops.ui import MOUNT, app
 
 
 class PipelineGatePlugin(AirflowPlugin):
-    """The promotion gate's decisions, the active version and the promotions, in the Airflow UI."""
+    """The promotion gate's decisions, the active version and the promotions, and the pipelines'
+    dead letters (with their redrive) and AI endpoint circuits, in the Airflow UI."""
 
     name = "pipeline_gate"
     fastapi_apps: ClassVar[list[dict[str, Any]]] = [
