@@ -146,10 +146,15 @@ def kafka_access(layout: Layout, brokers: int, security: str, credentials: Crede
 
 
 def airflow_kafka_connections(access: KafkaAccess) -> dict[str, str]:
-    """`kafka_default` as the default principal, and `kafka_default_<role>` for each role that
-    has its own."""
+    """`kafka_default` as the default principal, `kafka_default_<role>` for each role that has
+    its own, and `kafka_dead_letter_watch` (the default principal) for the dead-letter watcher."""
     default = {**access.default.settings, "group.id": "airflow", "auto.offset.reset": "earliest"}
     conns = {"AIRFLOW_CONN_KAFKA_DEFAULT": {"conn_type": "kafka", "extra": default}}
+    # The dead-letter watcher's own group: its trigger commits only once an event is stored
+    # (plugins/pipeline_ops/dead_letter_watch.py says why each setting).
+    conns["AIRFLOW_CONN_KAFKA_DEAD_LETTER_WATCH"] = {"conn_type": "kafka", "extra": {
+        **access.default.settings, "group.id": "dead_letter_triage", "enable.auto.commit": False,
+        "auto.offset.reset": "earliest", "topic.metadata.refresh.interval.ms": 10000}}
     for role, conn in access.roles.items():
         conns[f"AIRFLOW_CONN_KAFKA_DEFAULT_{role.upper()}"] = {"conn_type": "kafka",
                                                                "extra": dict(conn.settings)}
