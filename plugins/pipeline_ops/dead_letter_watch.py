@@ -12,8 +12,8 @@ watcher has a connection of its own, `kafka_dead_letter_watch` (the admin's sett
 the watcher saw it is read from its start, and a 10 s metadata refresh so a new run's topic is
 seen within 10 s).
 
-**One event per burst**: the first dead letter after `window_s` without an event opens a window
-and fires; the records arriving in the same window fire nothing (they are still committed as
+**One event per burst**: a dead letter arriving `window_s` or more after the last event opens a
+window and fires; the records arriving in that window fire nothing (they are still committed as
 the filter moves past them). Fifty dead letters within a second are one event, so one DAG run;
 a steady trickle is one run per window. The event is a wake-up and carries nothing: the run
 waits until the window is over (plus a margin for the row written after the record) and reads
