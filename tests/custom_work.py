@@ -4,7 +4,12 @@ spec declares a dependency's."""
 
 from __future__ import annotations
 
+import random
+import time
+import uuid
 from typing import Any
+
+RAISING_EVERY = 100  # the post of index 42 of every hundred says "boom"
 
 
 class StoreDown(ConnectionError):
@@ -18,6 +23,14 @@ def count_words(event: dict[str, Any]) -> dict[str, Any]:
     if "db-down" in text:
         raise StoreDown("word store unreachable")
     return {"words": len(text.split())}
+
+
+def posts(rng: random.Random, run_id: str, index: int,
+          reject_share: float) -> list[tuple[str, dict[str, Any]]]:
+    """The load: one post per request, the raising ones at known indices."""
+    text = "boom" if index % RAISING_EVERY == 42 else f"a note on item {rng.randrange(1000)}"
+    return [("texts", {"message_id": str(uuid.uuid4()), "run_id": run_id, "text": text,
+                       "produced_at": time.time()})]
 
 
 SPEC = """
@@ -47,6 +60,6 @@ stages:
         fields: {words: $words}
         status: completed
 load:
-  generator: pipelines.text_moderation:request
+  generator: tests.custom_work:posts
   measure: texts
 """

@@ -4,7 +4,7 @@ pipeline's behaviours one by one, and the text moderation pipeline's fan-out and
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -187,23 +187,75 @@ def _read_dead_letters(kafka: KafkaConnection, topic: str, expected: int) -> lis
     return found
 
 
-def test_ai_error_burst_is_retried_then_dead_lettered(stack: Stack, ai: AIService) -> None:
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
+        time.sleep(0.1)
+
+
+def own_failures(database_url: str, run_id: str) -> dict[tuple[str, str], int]:
+    """Per (request, stage), the failed tries the platform counted against the request."""
+    return {(r, s): n for r, s, n in query(
+        database_url, "SELECT request_id, stage, count(*) FILTER (WHERE own_failure) FROM ai_attempts "
+        "WHERE run_id = %s GROUP BY 1, 2", run_id)}
+
+
+def test_an_endpoint_down_for_everyone_is_waited_out_and_dead_letters_nothing(stack: Stack,
+                                                                               ai: AIService) -> None:
     config = PipelineConfig(partitions=2, time_scale=TIME_SCALE, replication_factor=1, max_attempts=3,
                             backoff_base_s=0.05)
+    ai.reset()
     with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
         ai.configure(endpoint="generate", error_rate=1.0)
         try:
-            failed = pipeline.send(5)
-            pipeline.wait_terminal(5, timeout_s=60)
+            during = pipeline.send(5)
+            wait_until(lambda: scalar(stack.database_url, "SELECT count(*) FROM endpoint_circuits WHERE "
+                                      "run_id = %s AND stage = 'generate' AND state = 'open'",
+                                      pipeline.run_id) > 0, 30, "the generate endpoint's circuit opened")
         finally:
             ai.configure(endpoint="generate", error_rate=0.0)
         pipeline.send(5)
         counts = pipeline.wait_terminal(10, timeout_s=60)
-    assert counts == {"dead_lettered": 5, "completed": 5}
-    tries = query(stack.database_url, "SELECT request_id, count(*), bool_and(outcome = 'http_5xx') "
-                  "FROM ai_attempts WHERE run_id = %s AND stage = 'generate' AND request_id = ANY(%s) "
-                  "GROUP BY request_id", pipeline.run_id, failed.request_ids)
-    assert sorted(t[1:] for t in tries) == [(3, True)] * 5
+    assert counts == {"completed": 10}
+    assert scalar(stack.database_url, "SELECT count(*) FROM dead_letters WHERE run_id = %s",
+                  pipeline.run_id) == 0
+    failed = query(stack.database_url, "SELECT DISTINCT request_id FROM ai_attempts WHERE run_id = %s "
+                   "AND stage = 'generate' AND outcome = 'http_5xx'", pipeline.run_id)
+    assert {r for (r,) in failed} <= set(during.request_ids) and failed  # the outage met them
+    assert max(own_failures(stack.database_url, pipeline.run_id).values()) <= 3
+    states = [s for (s,) in query(stack.database_url, "SELECT state FROM endpoint_circuits WHERE run_id = %s "
+                                  "AND stage = 'generate' ORDER BY id", pipeline.run_id)]
+    assert states[0] == "open" and states[-1] == "closed"
+    stats = ai.stats()["generate"]
+    assert stats["served"] == 10 and stats["duplicate_served"] == 0
+
+
+def test_a_request_never_has_more_own_failures_than_its_tries(stack: Stack, ai: AIService) -> None:
+    # 60 % of the generate calls fail (5xx, and hangs past the client's timeout) for everyone;
+    # 429 bursts come from a rate limit beside them.
+    config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1, max_attempts=3,
+                            backoff_base_s=0.01)
+    ai.reset()
+    with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
+        ai.configure(endpoint="generate", error_rate=0.45, hang_rate=0.15, hang_s=10.0,
+                     rate_limit_rps=400.0, rate_burst=8)
+        try:
+            pipeline.send(150)
+            counts = pipeline.wait_terminal(150, timeout_s=120)
+        finally:
+            ai.configure(endpoint="generate", error_rate=0.0, hang_rate=0.0, hang_s=30.0,
+                         rate_limit_rps=None, rate_burst=1)
+    own = own_failures(stack.database_url, pipeline.run_id)
+    assert max(own.values()) <= 3
+    letters = query(stack.database_url, "SELECT request_id, split_part(reason, ':', 1) FROM dead_letters "
+                    "WHERE run_id = %s", pipeline.run_id)
+    assert letters and counts.get("dead_lettered") == len(letters)  # some requests had their tries
+    # A request is dead-lettered after exactly its 3 own failures, and completed with fewer.
+    assert {reason for _, reason in letters} == {"ai_unavailable"}
+    assert {own[r, "generate"] for r, _ in letters} == {3}
+    dead = {r for r, _ in letters}
+    assert all(n < 3 for (r, stage), n in own.items() if stage == "generate" and r not in dead)
 
 
 def test_uuid_keys_reach_every_partition_and_no_keys_concentrate(stack: Stack, ai: AIService) -> None:

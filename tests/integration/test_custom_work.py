@@ -1,0 +1,72 @@
+"""A team's own Python work under load on the real stack: a record it raises on is dead-lettered
+once with its exception after the stage's tries, every other record completes, the fleet process
+runs on and the group's committed offsets reach the end of the topic."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from consumers import pipeline_spec
+from consumers.pipeline import running_pipeline
+from consumers.pipeline_config import Endpoints, PipelineConfig, StageConfig
+from tests import custom_work
+from tests.integration.pipeline_fixtures import TIME_SCALE, query
+from tests.stack import Stack
+
+RECORDS = 200
+RAISING = 2  # indices 42 and 142 of 200 (custom_work.posts)
+
+
+@pytest.fixture
+def wordcount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The pipelines folder: the project's specs plus the word-count one (the fleet's child
+    process reads it from PIPELINES_DIR too)."""
+    for shipped in pipeline_spec.directory().glob("*.yaml"):
+        (tmp_path / shipped.name).write_text(shipped.read_text())
+    (tmp_path / "wordcount.yaml").write_text(custom_work.SPEC)
+    monkeypatch.setenv("PIPELINES_DIR", str(tmp_path))
+    yield
+
+
+def committed_behind_end(stack: Stack, group: str, topic: str) -> dict[int, int]:
+    """Per partition, records between the group's committed offset and the end of the topic."""
+    consumer = Consumer(stack.kafka.default.client(**{"group.id": group, "enable.auto.commit": False}))
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        return {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] - tp.offset
+                for tp in committed}
+    finally:
+        consumer.close()
+
+
+def test_a_raising_work_dead_letters_its_records_and_the_stage_runs_on(stack: Stack, wordcount: None) -> None:
+    config = PipelineConfig(pipeline="wordcount", partitions=4, time_scale=TIME_SCALE, replication_factor=1,
+                            backoff_base_s=0.01,
+                            stages={"count": StageConfig("flow", members=2, window=8)})
+    # A fleet process that exited (a member that died) makes leaving `running_pipeline` raise.
+    with running_pipeline(config, stack.kafka, stack.database_url, Endpoints({}),
+                          fleet_processes=True) as pipeline:
+        pipeline.send(RECORDS)
+        counts = pipeline.wait_terminal(RECORDS, timeout_s=120)
+        group, topic = pipeline.topics.group_of("count"), pipeline.topics.source_of("count")
+        deadline = time.monotonic() + 30  # commits follow completions by a commit interval
+        while True:
+            behind = committed_behind_end(stack, group, topic)
+            if not any(behind.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert counts == {"completed": RECORDS - RAISING, "dead_lettered": RAISING}
+    letters = query(stack.database_url, "SELECT request_id, reason, "
+                    "convert_from(payload, 'UTF8')::jsonb->>'text' FROM dead_letters WHERE run_id = %s",
+                    pipeline.run_id)
+    assert len(letters) == RAISING and len({request for request, _, _ in letters}) == RAISING
+    for request, reason, text in letters:
+        assert reason == f"work_failed: builtins.ValueError: cannot count the words of {request}"
+        assert text == "boom"
+    assert behind == dict.fromkeys(range(4), 0)
