@@ -39,8 +39,10 @@ NEUTRAL_OUTCOMES = frozenset({"http_429", "not_sent"})
 SAMPLE = 20  # calls judged together: enough that scattered errors (10-60 %) do not look like an outage
 MIN_REQUESTS = 3  # distinct failing requests: one request's failures are its own business
 WINDOW_S = 30.0  # calls older than this say nothing of the endpoint now
-OPEN_S = 1.0
-OPEN_MAX_S = 8.0
+# An outage is probed every OPEN_MAX_S at most: the endpoint's return is seen within that and a
+# latency, a probe every 2 s costs nothing beside the calls held back.
+OPEN_S = 0.5
+OPEN_MAX_S = 2.0
 PROBE_PATIENCE = 3.0  # latencies of a served call
 MIN_PROBE_PATIENCE_S = 0.5
 

@@ -1,6 +1,6 @@
 """An endpoint's circuit on a clock of the test's: outages open it, a request's own failures and
 scattered errors do not, one probe at a time closes it again. Expectations worked out by hand
-from SAMPLE = 20, MIN_REQUESTS = 3, OPEN_S = 1 s, WINDOW_S = 30 s."""
+from SAMPLE = 20, MIN_REQUESTS = 3, OPEN_S = 0.5 s, OPEN_MAX_S = 2 s, WINDOW_S = 30 s."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def open_circuit(clock: Clock) -> Circuit:
 
 def test_one_probe_at_a_time_after_the_open_time(clock: Clock) -> None:
     circuit = open_circuit(clock)
-    clock.now += 0.99
+    clock.now += 0.49
     assert not circuit.admit("a")
     clock.now += 0.01
     assert circuit.state == HALF_OPEN
@@ -107,21 +107,22 @@ def test_one_probe_at_a_time_after_the_open_time(clock: Clock) -> None:
     assert circuit.state == CLOSED and circuit.admit("b") and circuit.serving()
 
 
-def test_a_failed_probe_opens_it_for_twice_as_long(clock: Clock) -> None:
+def test_a_failed_probe_opens_it_for_twice_as_long_up_to_two_seconds(clock: Clock) -> None:
     circuit = open_circuit(clock)
-    clock.now += 1.0
-    assert circuit.admit("a")
-    assert circuit.ended("a", "timeout", 10.0) is False  # a probe's failure is the endpoint's
-    assert circuit.state == OPEN
-    clock.now += 1.99
-    assert circuit.state == OPEN
-    clock.now += 0.01
-    assert circuit.state == HALF_OPEN
+    for open_s in (1.0, 2.0, 2.0):  # after 0.5 s, then doubled, capped
+        clock.now += 3.0
+        assert circuit.admit("a")
+        assert circuit.ended("a", "timeout", 10.0) is False  # a probe's failure is the endpoint's
+        assert circuit.state == OPEN
+        clock.now += open_s - 0.01
+        assert circuit.state == OPEN
+        clock.now += 0.01
+        assert circuit.state == HALF_OPEN
 
 
 def test_a_probe_that_hangs_lets_the_next_one_go_after_three_latencies(clock: Clock) -> None:
     circuit = open_circuit(clock)
-    clock.now += 1.0
+    clock.now += 0.5
     assert circuit.admit("a")
     clock.now += 1.1
     assert not circuit.admit("b")
@@ -135,7 +136,7 @@ def test_a_probe_that_hangs_lets_the_next_one_go_after_three_latencies(clock: Cl
 
 def test_transitions_are_kept_for_the_record(clock: Clock) -> None:
     circuit = open_circuit(clock)
-    clock.now += 1.0
+    clock.now += 0.5
     circuit.admit("a")
     served(circuit, ["a"])
     assert [state for _, state, _ in circuit.changes] == [OPEN, HALF_OPEN, CLOSED]
