@@ -51,10 +51,11 @@ SKIPPED_DONE = "skipped_done"
 SKIPPED_LIMIT = "skipped_limit"
 SKIPPED_REFERENCE = "skipped_reference"
 OUTCOMES = (REDRIVEN, SKIPPED_DONE, SKIPPED_LIMIT, SKIPPED_REFERENCE)
-# The request status between a redrive and the stage taking the record back: ranked below every
-# stage's (`consumers.stages`), so whichever stage handles it moves the status forward again.
+# The request status between a redrive and the stage taking the record back: the lowest rank a
+# status has (`consumers.stages`), so whichever stage handles it moves the status forward again,
+# while a stage with no status of its own (rank -1, `consumers.storage`) leaves it be.
 REDRIVEN_STATUS = "redriven"
-REDRIVEN_RANK = -1
+REDRIVEN_RANK = 0
 DELIVERY_TIMEOUT_S = 30.0
 
 # A letter is done with when it went back (its delivery confirmed), when its request had the
