@@ -90,7 +90,8 @@ _RECORD = ("INSERT INTO redrives (dead_letter_id, batch, requested_by, outcome, 
 # What the dead letter did to its request, undone so the stage can complete it: an entry stage's
 # count of it (the record counts again when handled), and the settled status, unless another
 # dead letter of the request still stands (no result for its stage, not redriven): the request
-# stays dead-lettered by that one. `finished_at` goes with the status it came with.
+# stays dead-lettered by that one. `finished_at` goes with the status: a stage that completed
+# while the status stayed dead-lettered (held by such another letter) has set it.
 _UNSETTLE = (
     "WITH held AS (SELECT EXISTS (SELECT FROM dead_letters o WHERE o.pipeline = %(p)s "
     "AND o.request_id = %(r)s AND o.id <> %(id)s "
