@@ -22,6 +22,15 @@ a fault run needs. Definitions:
 - unexpected_dead_letters: dead letters beyond what the phase itself injected as poison
   (per reason, the larger of the `dead_letters` rows and the dead-letter topic's records, so
   one written to only one of them still counts).
+- poison (for a phase whose pipeline fails chosen requests by design, `Poison`): of the
+  request ids on the measured topic, those it fails are `expected`; `dead_lettered_once` of
+  them have exactly one `dead_letters` row, with the reason they must carry, and at most one
+  record on the dead-letter topic; `missing` have none, `twice` more than one (table or topic),
+  `wrong_reason` one with another reason; `unexpected` requests are dead-lettered without being
+  expected; `good_not_completed` are the other requests not completed.
+- fleet_pids (recorded by the harness): each stage's fleet process id as supervisord reports it
+  once the fleets are ready and again before they are stopped; a changed or missing one is a
+  fleet that exited.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -126,22 +135,82 @@ def unexpected_dead_letters(rows: Mapping[str, int], topic: Mapping[str, int],
     return total
 
 
-def verdict(figures: Mapping[str, Any], allowed_service_duplicates: int) -> list[str]:
-    """Why a phase failed (empty: it passed): lost requests, duplicate results, AI calls the
-    service served twice beyond what the fault allows, dead letters for a reason the phase did
-    not inject, or a harness error (the fault could not be measured)."""
+@dataclass(frozen=True)
+class Poison:
+    """Requests a phase's own pipeline fails by design: which (by key), and the dead-letter
+    reason each one's letter must carry."""
+
+    fails: Callable[[str], bool]
+    reason: Callable[[str], str]
+
+
+def poison_outcomes(request_ids: Iterable[str], poison: Poison, letters: Iterable[tuple[str, str]],
+                    topic_letters: Mapping[str, int], completed: set[str]) -> dict[str, int]:
+    """How the requests a pipeline fails by design ended (see the module docstring): `letters`
+    are the (request id, reason) rows of `dead_letters`, `topic_letters` the dead-letter topic's
+    records per request id, `completed` the requests whose status is completed."""
+    ids = set(request_ids)
+    expected = {r for r in ids if poison.fails(r)}
+    reasons: dict[str, list[str]] = defaultdict(list)
+    for request, reason in letters:
+        reasons[request].append(reason)
+    twice = {r for r in set(reasons) | set(topic_letters)
+             if len(reasons.get(r, [])) > 1 or topic_letters.get(r, 0) > 1}
+    once = {r for r in expected - twice if reasons.get(r) == [poison.reason(r)]}
+    return {"expected": len(expected), "dead_lettered_once": len(once),
+            "missing": len(expected - set(reasons)), "twice": len(twice),
+            "wrong_reason": len({r for r in expected - twice if r in reasons} - once),
+            "unexpected": len((set(reasons) | set(topic_letters)) - expected),
+            "good_not_completed": len(ids - expected - completed)}
+
+
+def exited_fleets(fleet_pids: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """Stages whose fleet process at the end of the phase is not the one at its start."""
+    return [stage for stage, pids in fleet_pids.items() if not pids["end"] or pids["end"] != pids["start"]]
+
+
+POISON_BREACHES = (("missing", "expected dead letters missing"),
+                   ("twice", "requests dead-lettered more than once"),
+                   ("wrong_reason", "dead letters without the work's exception"),
+                   ("unexpected", "requests dead-lettered that the work does not fail"),
+                   ("good_not_completed", "requests the work does not fail left uncompleted"))
+
+
+def verdict(record: Mapping[str, Any]) -> list[str]:
+    """Why a phase failed (empty: it passed), from its record (its figures and the bounds its
+    fault set): lost requests, duplicate results, AI calls the service served twice beyond what
+    the fault allows, dead letters for a reason the phase did not inject, records left
+    uncommitted, a recovery slower than the fault's bound, a fleet process that exited under a
+    fault it must survive, requests failed by design that did not end as designed, or a harness
+    error (the fault could not be measured)."""
     failures = []
-    if figures.get("error"):
-        failures.append(f"not measured: {figures['error']}")
-    if figures.get("lost", 0) > 0:
-        failures.append(f"{figures['lost']} lost")
-    if figures.get("duplicate_results", 0) > 0:
-        failures.append(f"{figures['duplicate_results']} duplicate results")
-    served_twice = figures.get("service_duplicates", 0)
-    if served_twice > allowed_service_duplicates:
-        failures.append(f"{served_twice} AI calls served twice (allowed {allowed_service_duplicates})")
-    if figures.get("unexpected_dead_letters", 0) > 0:
-        failures.append(f"{figures['unexpected_dead_letters']} dead letters for a reason not injected")
+    if record.get("error"):
+        failures.append(f"not measured: {record['error']}")
+    if record.get("lost", 0) > 0:
+        failures.append(f"{record['lost']} lost")
+    if record.get("duplicate_results", 0) > 0:
+        failures.append(f"{record['duplicate_results']} duplicate results")
+    served_twice, allowed = record.get("service_duplicates", 0), record.get("allowed_service_duplicates", 0)
+    if served_twice > allowed:
+        failures.append(f"{served_twice} AI calls served twice (allowed {allowed})")
+    if record.get("unexpected_dead_letters", 0) > 0:
+        failures.append(f"{record['unexpected_dead_letters']} dead letters for a reason not injected")
+    uncommitted = sum(record.get("uncommitted", {}).values())
+    if uncommitted > 0:
+        failures.append(f"{uncommitted} records uncommitted after the run")
+    bound = record.get("max_recovery_s")
+    if bound is not None and "recovery_s" in record:
+        if record["recovery_s"] is None:
+            failures.append(f"not back to {RECOVERY_SHARE:.0%} of the pre-fault rate within the load")
+        elif record["recovery_s"] > bound:
+            failures.append(f"recovery {record['recovery_s']} s (bound {bound:g} s)")
+    if record.get("fleets_stay_up"):
+        pids = record.get("fleet_pids", {})
+        failures.extend(f"fleet {stage} exited (pid {pids[stage]['start']} at the start, "
+                        f"{pids[stage]['end']} at the end)" for stage in exited_fleets(pids))
+    for figure, what in POISON_BREACHES:
+        if record.get("poison", {}).get(figure, 0) > 0:
+            failures.append(f"{record['poison'][figure]} {what}")
     return failures
 
 
@@ -187,17 +256,31 @@ def notifications(kafka: KafkaConnection, topic: str) -> list[dict[str, Any]]:
     return [json.loads(value) for value, _ in read_topic(kafka, topic) if value]
 
 
-def dead_letter_topic(kafka: KafkaConnection, topic: str) -> tuple[Counter[str], set[tuple[str, int, int]]]:
-    """Dead letters on the topic per reason header, and the (topic, partition, offset) each
-    names as its source."""
+def request_of(value: bytes | None, key: str) -> str | None:
+    """The request id a dead letter's value names, when it is the original event (a letter by
+    reference holds only a prefix of it)."""
+    try:
+        event = json.loads(value or b"")
+    except ValueError:
+        return None
+    return event.get(key) if isinstance(event, dict) else None
+
+
+def dead_letter_topic(kafka: KafkaConnection, topic: str, key: str,
+                      ) -> tuple[Counter[str], set[tuple[str, int, int]], Counter[str]]:
+    """Dead letters on the topic per reason header, the (topic, partition, offset) each names
+    as its source, and the letters per request id (field `key` of the original event)."""
     reasons: Counter[str] = Counter()
     sources = set()
-    for _, headers in read_topic(kafka, topic):
+    requests: Counter[str] = Counter()
+    for value, headers in read_topic(kafka, topic):
         reasons[headers.get("reason", b"?").decode(errors="replace")] += 1
         if "source_topic" in headers:
             sources.add((headers["source_topic"].decode(), int(headers["source_partition"]),
                          int(headers["source_offset"])))
-    return reasons, sources
+        if (request := request_of(value, key)) is not None:
+            requests[request] += 1
+    return reasons, sources, requests
 
 
 # ----------------------------------------------------------------------------- one phase
@@ -220,12 +303,14 @@ class PhaseRun:
     ai_limit: int  # concurrency limit per AI endpoint
     injected: list[tuple[str, int, int]]  # records the fault itself put on the input topics
     allowed_dead_letters: Mapping[str, int | None]
+    pipeline: str = pipeline_spec.REFERENCE
+    poison: Poison | None = None  # requests the pipeline fails by design
 
 
 def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_stats: Mapping[str, Any],
             baseline_s: float, window_s: float) -> dict[str, Any]:
     """Every figure of one phase (see the module docstring and bench/figures.py)."""
-    spec = pipeline_spec.load(pipeline_spec.REFERENCE)
+    spec = pipeline_spec.load(phase.pipeline)
     topics = Topics(phase.run_id, spec)
     shared = figures.scenario_figures(database_url, kafka, phase.run_id, topics, phase.produced,
                                       phase.ai_limit)
@@ -236,7 +321,7 @@ def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_
                                   "WHERE run_id = %s GROUP BY 1", (phase.run_id,)))
     table_sources = set(_rows(database_url, "SELECT source_topic, kafka_partition, kafka_offset "
                               "FROM dead_letters WHERE run_id = %s", (phase.run_id,)))
-    topic_reasons, topic_sources = dead_letter_topic(kafka, topics.dead_letter)
+    topic_reasons, topic_sources, topic_requests = dead_letter_topic(kafka, topics.dead_letter, spec.key)
     injected_lost = [r for r in map(tuple, phase.injected) if r not in table_sources | topic_sources]
     recorded_twice = {row[0] for row in _rows(
         database_url, "SELECT DISTINCT d.request_id FROM dead_letters d JOIN stage_results s "
@@ -246,6 +331,15 @@ def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_
                        (phase.run_id, len(spec.entry_stages)))[0][0]
     service = {name: {k: service_stats[name][k] for k in SERVICE_COUNTERS}
                for name in spec.endpoints}
+    poison = {}
+    if phase.poison is not None:
+        measured = [json.loads(value)[spec.key]
+                    for value, _ in read_topic(kafka, topics.name(spec.load.measure)) if value]
+        letters = _rows(database_url, "SELECT request_id, reason FROM dead_letters WHERE run_id = %s",
+                        (phase.run_id,))
+        completed = {r for (r,) in _rows(database_url, "SELECT request_id FROM requests WHERE run_id = %s "
+                                         "AND status = 'completed'", (phase.run_id,))}
+        poison = {"poison": poison_outcomes(measured, phase.poison, letters, topic_requests, completed)}
     return {
         "produced": phase.produced,
         "completed": shared["completed"],
@@ -271,4 +365,5 @@ def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_
         "rebalances": shared["rebalances"],
         "p99_ms": shared["p99_ms"],
         "completions_per_second": per_second(times, phase.load_started),
+        **poison,
     }

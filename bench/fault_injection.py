@@ -19,6 +19,8 @@ from typing import Any
 
 import requests
 
+from bench import fault_pipeline
+from bench.fault_figures import Poison
 from bench.fault_fleets import SupervisedFleets
 from consumers import events, pipeline_spec
 from consumers.kafka_connection import KafkaConnection
@@ -37,6 +39,10 @@ AI_BURSTS = 3  # 429 bursts: the rate limit on for AI_BURST_S, then off for AI_B
 AI_BURST_S = 3.0
 AI_BURST_GAP_S = 7.0
 AI_BURST_RATE_SHARE = 0.25  # rate limit during a burst, as a share of the load
+AI_OUTAGE_S = 60.0  # wall seconds, whatever the time scale: an outage as a user lives it
+OUTAGE_ENDPOINT = "generate"
+OUTAGE_MAX_RECOVERY_S = 10.0  # back to 90 % of the pre-fault rate after the endpoint answers
+WORK_RAISES_S = 60.0  # of load between the pre- and post-fault seconds: about 20 raising records
 # Over the producer's default message.max.bytes (1,000,000), under the broker's and the topics'
 # default (1,048,588) with room for the batch framing.
 OVERSIZE_BYTES = 1_010_000
@@ -180,13 +186,18 @@ def configure_ai(ai_url: str, changes: dict[str, Any]) -> None:
     requests.put(f"{ai_url}/v1/config", json=changes, timeout=10).raise_for_status()
 
 
+def hang_s(config: PipelineConfig, stages: tuple[str, ...]) -> float:
+    """A hang past the client's timeout of `stages` (real-scale seconds, as the stand-in takes
+    them): the slot stays taken for twice that timeout, as a stuck upstream's would."""
+    return 2 * max(config.ai_timeout(s) for s in stages) / config.time_scale
+
+
 def degrade_ai(t: Target) -> Window:
     """10 % 500s, 5 % hangs past the client's timeout and three 429 bursts (a request-rate
     limit at a quarter of the load for 3 s of every 10), on both AI endpoints."""
-    # The hang's slot stays taken for twice the client's timeout, as a stuck upstream's would.
-    hang_s = 2 * max(t.config.ai_timeout(s) for s in t.config.spec.ai_stages) / t.config.time_scale
+    hang = hang_s(t.config, t.config.spec.ai_stages)
     burst_rate = AI_BURST_RATE_SHARE * t.load_rps * t.config.time_scale  # real-scale requests/s
-    configure_ai(t.ai_url, {"error_rate": AI_ERROR_RATE, "hang_rate": AI_HANG_RATE, "hang_s": hang_s})
+    configure_ai(t.ai_url, {"error_rate": AI_ERROR_RATE, "hang_rate": AI_HANG_RATE, "hang_s": hang})
     start = time.time()
     try:
         for burst in range(1, AI_BURSTS + 1):
@@ -197,7 +208,40 @@ def degrade_ai(t: Target) -> Window:
             t.wait(AI_BURST_GAP_S, f"AI: 10% 5xx, 5% hangs, after burst {burst}/{AI_BURSTS}")
     finally:
         configure_ai(t.ai_url, {"error_rate": 0.0, "hang_rate": 0.0, "rate_limit_rps": None})
-    return Window(start, time.time(), {"hang_s": hang_s, "burst_rate_rps": burst_rate})
+    return Window(start, time.time(), {"hang_s": hang, "burst_rate_rps": burst_rate})
+
+
+def _outage(t: Target, failing: dict[str, Any], what: str) -> Window:
+    """The generate endpoint failing every call for AI_OUTAGE_S, then healed; the check
+    endpoint serves on."""
+    configure_ai(t.ai_url, {OUTAGE_ENDPOINT: failing})
+    start = time.time()
+    try:
+        t.wait(AI_OUTAGE_S, f"AI outage: {OUTAGE_ENDPOINT} {what}")
+    finally:
+        configure_ai(t.ai_url, {OUTAGE_ENDPOINT: {"error_rate": 0.0, "hang_rate": 0.0}})
+    return Window(start, time.time(), {"endpoint": OUTAGE_ENDPOINT, **failing})
+
+
+def ai_outage(t: Target) -> Window:
+    """Every call to the generate endpoint answered 500 (after its latency) for 60 s."""
+    return _outage(t, {"error_rate": 1.0}, "answers 500 to every call")
+
+
+def ai_outage_timeouts(t: Target) -> Window:
+    """Every call to the generate endpoint hanging past the client's timeout for 60 s."""
+    return _outage(t, {"hang_rate": 1.0, "hang_s": hang_s(t.config, (OUTAGE_ENDPOINT,))},
+                   "hangs on every call")
+
+
+def work_raises(t: Target) -> Window:
+    """Nothing to inject: the phase's pipeline (bench.fault_pipeline) raises on 1 % of the
+    requests for the whole load. The window is WORK_RAISES_S of it between the pre- and
+    post-fault seconds, as long as an outage's: about 20 raising requests per run."""
+    start = time.time()
+    t.wait(WORK_RAISES_S, f"{fault_pipeline.STAGE} raising on 1 % of the requests")
+    return Window(start, time.time(), {"stage": fault_pipeline.STAGE,
+                                       "raising_per": fault_pipeline.RAISING_PER})
 
 
 def oversize_records(run_id: str, topics: events.Topics) -> list[tuple[str, bytes]]:
@@ -241,9 +285,15 @@ class Fault:
     inject: Callable[[Target], Window]
     allowed_dead_letters: Mapping[str, int | None] = field(default_factory=dict)  # None: any
     allowed_service_duplicates: Callable[[PipelineConfig], int] = lambda _config: 0
+    max_recovery_s: float | None = None  # bound on the recovery figure (None: none)
+    fleets_stay_up: bool = False  # a fleet process that exits fails the phase
+    pipeline: str = pipeline_spec.REFERENCE  # the spec the phase runs
+    poison: Poison | None = None  # requests that pipeline fails by design
 
     def describe(self) -> dict[str, Any]:
-        return {"summary": self.summary, "allowed_dead_letters": dict(self.allowed_dead_letters)}
+        return {"summary": self.summary, "allowed_dead_letters": dict(self.allowed_dead_letters),
+                "max_recovery_s": self.max_recovery_s, "fleets_stay_up": self.fleets_stay_up,
+                "pipeline": self.pipeline}
 
 
 FAULTS = (
@@ -258,4 +308,13 @@ FAULTS = (
           allowed_dead_letters={"ai_unavailable": None}),
     Fault("oversize", f"one {OVERSIZE_BYTES:,}-byte record on each input topic", 0.0, send_oversize,
           allowed_dead_letters={"oversize": 3}),
+    Fault("ai-outage", f"AI: {OUTAGE_ENDPOINT} answers 500 to every call for {AI_OUTAGE_S:.0f} s",
+          AI_OUTAGE_S, ai_outage, max_recovery_s=OUTAGE_MAX_RECOVERY_S, fleets_stay_up=True),
+    Fault("ai-outage-timeouts", f"AI: every {OUTAGE_ENDPOINT} call hangs past the timeout for "
+          f"{AI_OUTAGE_S:.0f} s", AI_OUTAGE_S, ai_outage_timeouts, max_recovery_s=OUTAGE_MAX_RECOVERY_S,
+          fleets_stay_up=True),
+    Fault("work-raises", f"a Python stage raising on 1 in {fault_pipeline.RAISING_PER} requests",
+          WORK_RAISES_S, work_raises, allowed_dead_letters={"work_failed": None}, fleets_stay_up=True,
+          pipeline=fault_pipeline.NAME,
+          poison=Poison(fault_pipeline.raises, fault_pipeline.dead_letter_reason)),
 )

@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 from rich.console import Console
 from rich.table import Table
 
-from bench.fault_figures import RECOVERY_SHARE
+from bench.fault_figures import RECOVERY_SHARE, exited_fleets
 from bench.report import run_dir
 
 
@@ -33,6 +33,18 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _fleets_kept(phase: dict[str, Any]) -> str | None:
+    if "fleet_pids" not in phase:
+        return None
+    exited = exited_fleets(phase["fleet_pids"])
+    return "exited: " + ", ".join(exited) if exited else "yes"
+
+
+def _poison(phase: dict[str, Any]) -> str | None:
+    poison = phase.get("poison")
+    return None if poison is None else f"{poison['dead_lettered_once']} of {poison['expected']}"
+
+
 ROWS: tuple[tuple[str, Any], ...] = (
     ("fault lasted s", lambda p: p.get("fault_s")),
     ("produced", lambda p: p.get("produced")),
@@ -49,6 +61,8 @@ ROWS: tuple[tuple[str, Any], ...] = (
     ("completions/s during it", lambda p: p.get("fault_rps")),
     ("longest stall s", lambda p: p.get("longest_stall_s")),
     ("recovery s (to 90 %)", lambda p: p.get("recovery_s")),
+    ("fleet processes kept", _fleets_kept),
+    ("failed by design: lettered once", _poison),
 )
 
 

@@ -45,7 +45,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +53,12 @@ import requests
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from bench import fault_report
+from bench import fault_pipeline, fault_report
 from bench.fault_figures import PhaseRun, collect, verdict
 from bench.fault_fleets import SupervisedFleets, remove_leftovers
 from bench.fault_injection import FAULTS, Fault, Target, Window, configure_ai
 from bench.report import run_dir
-from consumers import events, presets
+from consumers import events, pipeline_spec, presets
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.pipeline import Pipeline, new_run_id, provision_pipeline, remove_pipeline
 from consumers.pipeline_config import Endpoints, PipelineConfig
@@ -101,8 +101,8 @@ class Settings:
     def load_rps(self) -> float:
         return round(self.load_share * self.capacity_rps, 2)
 
-    def config(self) -> PipelineConfig:
-        config = presets.build("flow", self.params)
+    def config(self, pipeline: str = pipeline_spec.REFERENCE) -> PipelineConfig:
+        config = presets.build("flow", replace(self.params, pipeline=pipeline))
         if config.profile != "durability":
             raise RuntimeError(f"the flow preset runs the {config.profile} profile; faults need durability")
         return config
@@ -117,13 +117,13 @@ def heal_ai(ai_url: str, s: Settings) -> None:
                              for name, e in s.params.spec.endpoints.items()}})
 
 
-def start_source(kafka: KafkaConnection, run_id: str, rate: float, duration_s: float,
+def start_source(kafka: KafkaConnection, pipeline: str, run_id: str, rate: float, duration_s: float,
                  log: Path) -> subprocess.Popen[str]:
     """The load: consumers.source in a process of its own, at a steady rate, UUID keys, running
     as `kafka`'s principal (given in its environment, never on its command line)."""
-    cmd = [sys.executable, "-m", "consumers.source", "--prefix", run_id, "--run-id", run_id,
-           "--rate", str(rate), "--duration", str(duration_s), "--keys", "uuid", "--profile",
-           "durability", "--json", "--quiet"]
+    cmd = [sys.executable, "-m", "consumers.source", "--pipeline", pipeline, "--prefix", run_id,
+           "--run-id", run_id, "--rate", str(rate), "--duration", str(duration_s), "--keys", "uuid",
+           "--profile", "durability", "--json", "--quiet"]
     with open(log, "a") as err:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
                                 env=kafka.child_environment())
@@ -137,7 +137,7 @@ class Phase:
                  say: Callable[[str, float | None], None]) -> None:
         self.fault, self.s, self.kafka, self.env, self.layout, self.out = fault, s, kafka, env, layout, out
         self.run_id = run_id
-        self.config = s.config()
+        self.config = s.config(fault.pipeline)
         self.topics = events.Topics(run_id, self.config.spec)
         fleet_env = {"DATABASE_URL": env["DATABASE_URL"],
                      **Endpoints.on(env["AI_SERVICE_URL"], self.config.spec).environment()}
@@ -157,12 +157,15 @@ class Phase:
         source: subprocess.Popen[str] | None = None
         try:
             self.prepare()
+            started = self.fleet_pids()
             source = self.load()
             window = self.inject()
             record.update(fault_start=window.start, fault_end=window.end, detail=window.detail,
                           fault_s=round(window.end - window.start, 1))
             record.update(self.finish_load(source))
             self.drain(record["produced"])
+            ended = self.fleet_pids()
+            record["fleet_pids"] = {s: {"start": pid, "end": ended[s]} for s, pid in started.items()}
             self.fleets.stop()
             record.update(self.figures(window.start, window.end, window.detail.get("records", []),
                                        record["produced"], record["load_ended"]))
@@ -174,8 +177,12 @@ class Phase:
                 source.terminate()
                 source.wait(30)
             self.teardown()
-        record["failures"] = verdict(record, record["allowed_service_duplicates"])
+        record["failures"] = verdict(record)
         return record
+
+    def fleet_pids(self) -> dict[str, int]:
+        """Each stage's fleet process id, as supervisord has it (0: none running)."""
+        return {stage: self.fleets.pid(stage) for stage in self.config.spec.stage_names}
 
     def prepare(self) -> None:
         """Every broker up, fresh topics, the run row, the AI service healed, fleets stable."""
@@ -199,8 +206,8 @@ class Phase:
     def load(self) -> subprocess.Popen[str]:
         """Start the steady load and let it run up to the fault."""
         duration = self.s.pre_s + self.fault.planned_s + self.s.post_s
-        source = start_source(self.kafka.of("source"), self.run_id, self.s.load_rps, duration,
-                              self.out / f"source-{self.fault.name}.log")
+        source = start_source(self.kafka.of("source"), self.fault.pipeline, self.run_id, self.s.load_rps,
+                              duration, self.out / f"source-{self.fault.name}.log")
         self.load_started = time.time()
         while (left := self.load_started + self.s.pre_s - time.time()) > 0:
             self.say(f"steady load, fault in {left:.0f} s")
@@ -256,7 +263,8 @@ class Phase:
                 load_ended: float) -> dict[str, Any]:
         self.say("computing figures")
         phase = PhaseRun(self.run_id, produced, self.load_started, load_ended, fault_start, fault_end,
-                         self.s.concurrency, [tuple(r) for r in injected], self.fault.allowed_dead_letters)
+                         self.s.concurrency, [tuple(r) for r in injected], self.fault.allowed_dead_letters,
+                         self.fault.pipeline, self.fault.poison)
         stats = requests.get(f"{self.env['AI_SERVICE_URL']}/v1/stats", timeout=10).json()
         return collect(self.env["DATABASE_URL"], self.kafka.default, phase, stats,
                        self.s.baseline_s, self.s.window_s)
@@ -292,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     layout, s = current(), Settings()
     run_id = new_run_id("faults")
     out = run_dir(run_id)
+    if any(by_name[name].pipeline not in pipeline_spec.available() for name in args.faults.split(",")):
+        # the harness, the source and the fleets (infra.fleet_program passes it on) all read it
+        os.environ["PIPELINES_DIR"] = str(fault_pipeline.write_folder(out / "pipelines"))
     paths = supervisor.stack_paths(layout)
     started_supervisord = not supervisor.Client(paths).alive()
     client = supervisor.start(paths)

@@ -7,18 +7,30 @@ from pathlib import Path
 
 import pytest
 
+from bench import fault_pipeline
 from bench.fault_figures import (
+    Poison,
+    exited_fleets,
     longest_stall_s,
     notification_outcomes,
+    poison_outcomes,
     rate_between,
     reason_code,
     reasons_by_code,
     recovery_s,
+    request_of,
     unexpected_dead_letters,
     verdict,
 )
 from bench.fault_fleets import holdings
-from bench.fault_injection import OVERSIZE_BYTES, busiest_leader, in_flight_window, oversize_records
+from bench.fault_injection import (
+    FAULTS,
+    OVERSIZE_BYTES,
+    busiest_leader,
+    hang_s,
+    in_flight_window,
+    oversize_records,
+)
 from bench.fault_report import plot
 from bench.faults import Settings
 from consumers import events, pipeline_spec
@@ -88,16 +100,118 @@ def test_unexpected_dead_letters_take_the_larger_of_table_and_topic() -> None:
     assert unexpected_dead_letters({"ai_unavailable": 7}, {}, {"ai_unavailable": None}) == 0
 
 
+CLEAN = {"lost": 0, "duplicate_results": 0, "service_duplicates": 16, "allowed_service_duplicates": 16,
+         "unexpected_dead_letters": 0, "uncommitted": {"check": 0, "generate": 0}, "recovery_s": 11}
 
 
 def test_verdict_lists_every_breach() -> None:
-    clean = {"lost": 0, "duplicate_results": 0, "service_duplicates": 16, "unexpected_dead_letters": 0}
-    assert verdict(clean, 16) == []
-    assert verdict(clean, 0) == ["16 AI calls served twice (allowed 0)"]
-    broken = {"lost": 2, "duplicate_results": 1, "service_duplicates": 0, "unexpected_dead_letters": 4,
+    assert verdict(CLEAN) == []
+    assert verdict({**CLEAN, "allowed_service_duplicates": 0}) == ["16 AI calls served twice (allowed 0)"]
+    broken = {"lost": 2, "duplicate_results": 1, "service_duplicates": 0, "allowed_service_duplicates": 0,
+              "unexpected_dead_letters": 4, "uncommitted": {"check": 0, "generate": 3},
               "error": "TimeoutError: x"}
-    assert verdict(broken, 0) == ["not measured: TimeoutError: x", "2 lost", "1 duplicate results",
-                                  "4 dead letters for a reason not injected"]
+    assert verdict(broken) == ["not measured: TimeoutError: x", "2 lost", "1 duplicate results",
+                               "4 dead letters for a reason not injected",
+                               "3 records uncommitted after the run"]
+
+
+def test_verdict_holds_the_recovery_to_the_fault_bound() -> None:
+    # CLEAN recovered 11 s after the fault's end: no bound, or one of 11 s, passes; 10 s fails.
+    assert verdict({**CLEAN, "max_recovery_s": None}) == []
+    assert verdict({**CLEAN, "max_recovery_s": 11.0}) == []
+    assert verdict({**CLEAN, "max_recovery_s": 10.0}) == ["recovery 11 s (bound 10 s)"]
+    assert verdict({**CLEAN, "max_recovery_s": 10.0, "recovery_s": None}) == [
+        "not back to 90% of the pre-fault rate within the load"]
+    # a phase that could not be measured has no recovery figure: only the error is reported
+    unmeasured = {"error": "TimeoutError: x", "allowed_service_duplicates": 0, "max_recovery_s": 10.0}
+    assert verdict(unmeasured) == ["not measured: TimeoutError: x"]
+
+
+def test_verdict_fails_a_fleet_that_exited_only_when_the_fault_says_it_must_not() -> None:
+    pids = {"intake": {"start": 100, "end": 100}, "generate": {"start": 200, "end": 230},
+            "check": {"start": 300, "end": 0}}
+    assert exited_fleets(pids) == ["generate", "check"]
+    assert verdict({**CLEAN, "fleet_pids": pids}) == []  # a fleet kill restarts one by design
+    assert verdict({**CLEAN, "fleet_pids": pids, "fleets_stay_up": True}) == [
+        "fleet generate exited (pid 200 at the start, 230 at the end)",
+        "fleet check exited (pid 300 at the start, 0 at the end)"]
+
+
+def poison_b_and_d() -> Poison:
+    return Poison(fails=lambda r: r in ("b", "d"), reason=lambda r: f"work_failed: builtins.ValueError: {r}")
+
+
+def test_poison_outcomes_count_each_way_a_failed_by_design_request_can_end() -> None:
+    ids = ["a", "b", "c", "d", "e", "f"]  # b and d fail by design
+    letters = [("b", "work_failed: builtins.ValueError: b")]
+    assert poison_outcomes(ids, poison_b_and_d(), letters, {"b": 1}, {"a", "c", "e", "f"}) == {
+        "expected": 2, "dead_lettered_once": 1, "missing": 1, "twice": 0, "wrong_reason": 0,
+        "unexpected": 0, "good_not_completed": 0}
+    # d twice on the topic, b with another reason, e dead-lettered though good, f not completed
+    letters = [("b", "work_failed: builtins.ValueError: other"), ("d", "work_failed: builtins.ValueError: d"),
+               ("e", "ai_unavailable: http_5xx")]
+    assert poison_outcomes(ids, poison_b_and_d(), letters, {"b": 1, "d": 2, "e": 1}, {"a", "c"}) == {
+        "expected": 2, "dead_lettered_once": 0, "missing": 0, "twice": 1, "wrong_reason": 1,
+        "unexpected": 1, "good_not_completed": 2}
+
+
+def test_verdict_lists_each_poison_breach() -> None:
+    poison = {"expected": 20, "dead_lettered_once": 16, "missing": 1, "twice": 1, "wrong_reason": 2,
+              "unexpected": 0, "good_not_completed": 3}
+    assert verdict({**CLEAN, "poison": {**poison, "missing": 0, "twice": 0, "wrong_reason": 0,
+                                        "good_not_completed": 0, "dead_lettered_once": 20}}) == []
+    assert verdict({**CLEAN, "poison": poison}) == [
+        "1 expected dead letters missing", "1 requests dead-lettered more than once",
+        "2 dead letters without the work's exception",
+        "3 requests the work does not fail left uncompleted"]
+
+
+def test_request_of_reads_the_key_of_an_original_event_only() -> None:
+    assert request_of(b'{"request_id": "r1", "style": "dark"}', "request_id") == "r1"
+    assert request_of(b'{"request_id": "r1", "sty', "request_id") is None  # a letter by reference
+    assert request_of(b"[1, 2]", "request_id") is None
+    assert request_of(None, "request_id") is None
+
+
+def test_the_outage_hangs_outlast_the_generate_stage_timeout() -> None:
+    config = Settings().config()
+    # the client's timeout at time scale 0.25 is 3 s; the stand-in takes real-scale seconds
+    assert config.ai_timeout("generate") == 3.0
+    assert hang_s(config, ("generate",)) == 24.0
+
+
+def test_the_outages_allow_no_dead_letter_and_bound_the_recovery() -> None:
+    faults = {f.name: f for f in FAULTS}
+    for name in ("ai-outage", "ai-outage-timeouts"):
+        assert faults[name].planned_s == 60.0
+        described = faults[name].describe()
+        assert (described["allowed_dead_letters"], described["max_recovery_s"],
+                described["fleets_stay_up"]) == ({}, 10.0, True)
+        assert faults[name].allowed_service_duplicates(Settings().config()) == 0
+
+
+def test_the_fault_pipeline_puts_the_raising_stage_in_front_of_the_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = fault_pipeline.write_folder(tmp_path)
+    shipped = {p.name for p in pipeline_spec.PIPELINES_DIR.glob("*.yaml")}
+    assert {p.name for p in folder.glob("*.yaml")} == shipped | {f"{fault_pipeline.NAME}.yaml"}
+    monkeypatch.setenv("PIPELINES_DIR", str(folder))
+    spec = pipeline_spec.load(fault_pipeline.NAME)
+    assert spec.stage_names == ("intake", "screen", "check", "generate")
+    assert (spec.stages["screen"].source, spec.stages["check"].source) == ("style", "screened")
+    assert spec.ai_stages == ("check", "generate") and spec.completing_stage == "generate"
+    config = Settings().config(fault_pipeline.NAME)
+    assert (config.stage("screen").mode, config.stage("screen").members) == ("flow", 1)
+
+
+def test_the_fault_pipeline_raises_on_its_chosen_keys_with_the_reason_expected() -> None:
+    # the first 8 bytes of sha256("request-54") are 0 mod 100, of sha256("request-0") 90 mod 100
+    assert fault_pipeline.raises("request-54") and not fault_pipeline.raises("request-0")
+    assert fault_pipeline.screen({"request_id": "request-0", "style": "dark"}) == {}
+    with pytest.raises(ValueError) as raised:
+        fault_pipeline.screen({"request_id": "request-54"})
+    assert (f"work_failed: {type(raised.value).__module__}.ValueError: {raised.value}"
+            == fault_pipeline.dead_letter_reason("request-54"))
 
 
 def test_busiest_leader_prefers_the_lowest_id_among_equals() -> None:
