@@ -2,8 +2,9 @@
 #
 #   docker build -f infra/docker/fleet.Dockerfile -t <registry>/genai-kafka-platform/fleet:<tag> .
 #
-# It holds the runtime (consumers/), the pipeline specs it runs (pipelines/: each spec and its
-# load generator) and what they import, at requirements.lock's versions (the lock as pip
+# It holds the runtime (consumers/), the figure definitions it imports (measure/sizing.py, through
+# consumers.provisioning), the pipeline specs it runs (pipelines/: each spec and its load
+# generator) and the packages they import, at requirements.lock's versions (the lock as pip
 # constraints), so a pod runs the library versions the platform is tested with, without the
 # Airflow, Spark and browser packages the rest of the lock brings. The pod's command and its
 # environment (a Secret) come from the Deployment; SIGTERM makes the fleet drain and commit.
@@ -16,6 +17,7 @@ RUN pip install -c /tmp/requirements.lock -r /tmp/fleet-requirements.txt \
 
 WORKDIR /app
 COPY consumers/ consumers/
+COPY measure/__init__.py measure/sizing.py measure/
 COPY pipelines/ pipelines/
 # A numeric user, so that the pod's runAsNonRoot can check it.
 USER 10001:10001
