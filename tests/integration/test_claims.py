@@ -80,7 +80,7 @@ def test_a_recorded_result_is_returned_and_the_skip_put_on_record(stack: Stack, 
     _, claim = take(storage, key, "a")
     assert claim is not None and claim.first_attempt is not None
     assert storage.record_result(key, STAGE, {"verdict": "approved"}, ORIGIN, None, entry=False,
-                                 ended=[(claim.first_attempt, time.time(), time.time(), "ok", 200)])
+                                 ended=[(claim.first_attempt, time.time(), time.time(), "ok", 200, False)])
     _, again = take(storage, key, "b")
     assert again == Claim(done={"verdict": "approved"})
     assert [a[:2] for a in attempts(stack, key)] == [(1, "ok"), (0, "skipped_done")]
