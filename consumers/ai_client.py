@@ -140,12 +140,12 @@ class AIClient:
                 self._not_sent(attempt, observer)
                 raise EndpointDown(f"{self.endpoint.url} is down for every caller (circuit "
                                    f"{self.circuit.state}); {reason}")
-            status, body, outcome, retry_after, started = self._try(payload, attempt, observer)
-            tries, ended = attempt, time.time()
-            counted = (self.circuit.ended(request, outcome, ended - started) if self.circuit is not None
+            status, body, outcome, retry_after, started, took = self._try(payload, attempt, observer)
+            tries = attempt
+            counted = (self.circuit.ended(request, outcome, took) if self.circuit is not None
                        else outcome in REQUEST_FAILURES)
             if observer is not None:
-                observer.ended(Try(attempt, started, ended, outcome, status, own=counted))
+                observer.ended(Try(attempt, started, started + took, outcome, status, own=counted))
             if outcome == "ok":
                 return body
             reason = f"{outcome} from {self.endpoint.url} (try {attempt})"
@@ -173,25 +173,31 @@ class AIClient:
             observer.ended(Try(1, now, now, NOT_SENT, None))
 
     def _try(self, payload: dict[str, Any], attempt: int, observer: CallObserver | None,
-             ) -> tuple[int | None, dict, str, float | None, float]:
-        """One try, inside a permit of the limiter when there is one."""
+             ) -> tuple[int | None, dict, str, float | None, float, float]:
+        """One try, inside a permit of the limiter when there is one; its outcome, when it was
+        sent (epoch s, for the record) and how long it took (on the steady clock: the wall
+        clock jumps, and a step mid-call would make a latency of an hour, or a negative one)."""
         if observer is not None:
             observer.started(attempt, time.time())
         # (renewed as the try goes out: its thread may have waited to run since it was granted)
         permit = self.limiter.renew(self.limiter.acquire()) if self.limiter is not None else None
         outcome, retry_after = NOT_SENT, None
         try:
-            started = time.time()
+            started, sent = time.time(), time.monotonic()
             status, body, outcome, retry_after = self._post(payload)
-            return status, body, outcome, retry_after, started
+            return status, body, outcome, retry_after, started, time.monotonic() - sent
         finally:
             if permit is not None:
                 self.limiter.release(permit, outcome, retry_after)
 
     def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict, str, float | None]:
+        """One POST within the endpoint's timeout as a whole (see `_read_within`)."""
+        deadline = time.monotonic() + self.endpoint.timeout_s
         try:
             response = self._pool.request("POST", self.endpoint.url, body=json.dumps(payload).encode(),
-                                          headers=self._headers, timeout=self.endpoint.timeout_s)
+                                          headers=self._headers, preload_content=False,
+                                          timeout=urllib3.Timeout(total=self.endpoint.timeout_s))
+            data = _read_within(response, deadline)
         except urllib3.exceptions.NewConnectionError:  # refused (a TimeoutError in urllib3 2)
             return None, {}, "connection_error", None
         except urllib3.exceptions.TimeoutError:
@@ -201,7 +207,7 @@ class AIClient:
         status = response.status
         if status < 300:
             try:
-                body = json.loads(response.data)
+                body = json.loads(data)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 return status, {}, BAD_ANSWER, None
             return status, body, "ok", None
@@ -211,6 +217,34 @@ class AIClient:
 
     def close(self) -> None:
         self._pool.clear()
+
+
+def _read_within(response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:
+    """The answer's body, read by `deadline` (time.monotonic) or not at all.
+
+    urllib3's timeouts, `total` included, bound each socket read, not the answer: a body that
+    drips in a byte at a time would keep the try going for as long as it drips, past the claim
+    lease renewed before the try, and another member would call again. So each read gets what
+    is left of the try's time; an answer not in by then ends as a timeout and its connection is
+    closed rather than reused."""
+    chunks = []
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            connection = response.connection
+            if remaining <= 0:
+                raise urllib3.exceptions.ReadTimeoutError(None, None, "answer not in within the timeout")
+            if connection is not None and connection.sock is not None:
+                connection.sock.settimeout(remaining)
+            chunk = response.read1(64 * 1024)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except BaseException:
+        response.close()
+        raise
+    finally:
+        response.release_conn()
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -126,7 +126,7 @@ class LagSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.time(), self.lag()))
+            self.samples.append((time.monotonic(), self.lag()))
             self._stop.wait(self.every_s)
 
     def __enter__(self) -> LagSampler:
@@ -147,7 +147,7 @@ def run_step(pipeline: Pipeline, run_id: str, rate: float, objective: Objective,
     run = replace(pipeline, run_id=run_id)
     count = max(1, round(rate * objective.step_s))
     with LagSampler(pipeline.kafka.default, pipeline.topics) as sampler:
-        started = time.time()
+        started = time.monotonic()
         run.send(count, rate=rate)
     run.wait_terminal(count, timeout_s)
     step_figures = standard_figures(pipeline.database_url, run_id,

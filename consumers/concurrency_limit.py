@@ -115,7 +115,7 @@ class AdaptiveLimit:
 
     def __init__(self, initial: int = 20, minimum: int = 1, maximum: int = 1024, backoff: float = 0.5,
                  hold_rounds: float = 4.0, latency_tolerance: float = 2.0,
-                 clock: Callable[[], float] = time.time, history: int = 100_000) -> None:
+                 clock: Callable[[], float] = time.monotonic, history: int = 100_000) -> None:
         self.minimum, self.maximum = minimum, maximum
         self.backoff = backoff
         self.hold_rounds = hold_rounds
@@ -157,7 +157,8 @@ class AdaptiveLimit:
         self._smoothed_n = 0
         self._smoothed_low = math.inf  # its lowest once it averages MIN_ROUND calls
         self._noted = -1
-        # (at, limit, in flight) of each change, until collected (the fleet writes them down)
+        # (at, limit, in flight) of each change, until collected (the fleet writes them down);
+        # `at` is a reading of `clock`, steady: the wall clock jumps, and its deadlines would too
         self.changes: deque[tuple[float, float, int]] = deque(maxlen=history)
         self._note()
 

@@ -50,6 +50,12 @@ CHANGES_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's and a circuit's
 DB_CONNECTIONS = 48
 
 
+def epoch_of(steady_s: float) -> float:
+    """The epoch seconds, for the record, of a reading of time.monotonic (an adaptive limit's
+    changes are stamped on the steady clock its deadlines run on)."""
+    return time.time() - (time.monotonic() - steady_s)
+
+
 def member_name(stage: str, index: int, instance: str | None = None) -> str:
     """`<stage>-<n>`, or `<stage>-<instance>-<n>` when several processes run a stage's members;
     the stage comes first, which is how the platform's queries group members by stage."""
@@ -80,7 +86,8 @@ class FleetSettings:
     @property
     def claim_lease_s(self) -> float:
         """How long a (request, stage) claim outlives its last renewal. Renewed before each
-        try, it must cover one try and the backoff before the next; it is also how long a
+        try, it must cover one try (bounded as a whole by the AI timeout, not per socket read:
+        `ai_client._read_within`) and the backoff before the next; it is also how long a
         member that died mid-call holds up the copy of its record that a new member consumes."""
         return self.ai_timeout_s + self.retry.backoff_max_s + CLAIM_MARGIN_S
 
@@ -143,7 +150,7 @@ class Fleet:
             s.member.run_id, stage, endpoint, changes))]
         if s.adaptive and ai.limiter is not None:
             writes.append((ai.limiter.changes, lambda changes: self.storage.record_limits(
-                s.member.run_id, stage, changes)))
+                s.member.run_id, stage, [(epoch_of(at), limit, n) for at, limit, n in changes])))
         stopping = False
         while not stopping:
             stopping = self._stop.wait(CHANGES_RECORD_INTERVAL_S)

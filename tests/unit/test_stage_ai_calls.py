@@ -8,12 +8,14 @@ every shipped pipeline is run through each case.
 
 from __future__ import annotations
 
+import io
 from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
 import psycopg2
 import pytest
+import urllib3
 
 from consumers import events, pipeline_spec, stages
 from consumers.ai_client import (
@@ -248,18 +250,16 @@ def test_an_answer_without_a_kept_field_is_the_requests_fault(ai_stage: tuple) -
     assert isinstance(failure, AIBadAnswer) and classify(failure) == Verdict(POISON, "ai_bad_answer")
 
 
-class Answered:
-    """What urllib3 gives back: a status and the raw body."""
-
-    def __init__(self, status: int, data: bytes) -> None:
-        self.status, self.data, self.headers = status, data, {}
+def answered(status: int, data: bytes) -> urllib3.HTTPResponse:
+    """What urllib3 gives back: a status and the raw body, still to be read."""
+    return urllib3.HTTPResponse(body=io.BytesIO(data), status=status, preload_content=False)
 
 
 def test_a_2xx_whose_body_is_not_json_is_a_bad_answer_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     client = AIClient(Endpoint("http://ai/v1/work"), RetryPolicy(max_attempts=4))
     sent: list[str] = []
     monkeypatch.setattr(client._pool, "request",
-                        lambda *a, **k: sent.append("try") or Answered(200, b"<html>gateway</html>"))
+                        lambda *a, **k: sent.append("try") or answered(200, b"<html>gateway</html>"))
     with pytest.raises(AIBadAnswer) as failure:
         client.call({"request_id": "r"})
     assert classify(failure.value) == Verdict(POISON, "ai_bad_answer") and sent == ["try"]

@@ -1,0 +1,76 @@
+"""An AI try is bounded as a whole, not per socket read: an answer that drips in, a byte at a
+time, ends as a timeout once the endpoint's timeout has passed, well inside the claim lease
+that a member renews before each try (else the call would outlive it and be paid twice)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from consumers.ai_client import AIClient, AIUnavailable, Endpoint, RetryPolicy, Try
+
+ANSWER = json.dumps({"image_url": "https://example.test/a.png"}).encode()
+DRIP_S = 0.1  # between two bytes: far under the timeout, so no single read times out
+TIMEOUT_S = 0.5
+
+
+class Dripping(BaseHTTPRequestHandler):
+    """Answers 200 at once, then its body a byte every DRIP_S (4 s for the whole answer)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(ANSWER)))
+        self.end_headers()
+        try:
+            for byte in ANSWER:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(DRIP_S)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up: what it should do
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def dripping_url() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Dripping)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/generate"
+    server.shutdown()
+    server.server_close()
+
+
+class Tries:
+    def __init__(self) -> None:
+        self.done: list[Try] = []
+
+    def started(self, attempt: int, at: float) -> None:
+        pass
+
+    def ended(self, attempt: Try) -> None:
+        self.done.append(attempt)
+
+
+def test_a_dripping_answer_times_out_within_the_endpoints_timeout(dripping_url: str) -> None:
+    client = AIClient(Endpoint(dripping_url, timeout_s=TIMEOUT_S), RetryPolicy(max_attempts=1))
+    tries = Tries()
+    began = time.monotonic()
+    try:
+        with pytest.raises(AIUnavailable):
+            client.call({"prompt": "a cat"}, tries, request="r1")
+    finally:
+        client.close()
+    took = time.monotonic() - began
+    assert [t.outcome for t in tries.done] == ["timeout"]
+    assert took < TIMEOUT_S + 0.5, f"the try took {took:.2f} s against a timeout of {TIMEOUT_S} s"
+
