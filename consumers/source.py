@@ -5,8 +5,9 @@
 
 The pipeline spec's load generator builds each request's events (for the reference pipeline:
 an upload notification on `<prefix>.intake`, then the user's style choice on `<prefix>.style`).
-Every send is acknowledged before the source reports success; a delivery failure stops it with
-the error.
+Every send, on every topic, is acknowledged before the source reports success; a record it
+could not deliver (refused, or still queued when its flush gives up) fails it with the error,
+so that a loss of the source's own never passes for the pipeline's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from rich.progress import Progress
 
 from consumers import events, kafka_connection, pipeline_spec, start_up_heap
 from consumers.kafka_connection import KafkaConnection
-from consumers.producer import KeyedProducer
+from consumers.producer import DeliveryError, KeyedProducer
+
+FLUSH_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -56,12 +59,10 @@ def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, c
     spec = topics.spec
     generator = pipeline_spec.resolve(spec.load.generator)
     rng = random.Random(seed)
-    measured: list[Future] = []
+    sent: list[tuple[str, Future]] = []
 
     def send(topic: str, event: dict) -> None:
-        future = producer.send(topics.name(topic), event)
-        if topic == spec.load.measure:
-            measured.append(future)
+        sent.append((topic, producer.send(topics.name(topic), event)))
 
     started = time.monotonic()
     with Progress(disable=not progress, transient=True, console=Console(stderr=True)) as bar:
@@ -83,10 +84,24 @@ def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, c
                     if position < len(request):
                         send(*request[position])
             bar.update(task, completed=count)
-        producer.flush(60)
-    partitions = [f.result(60)[0] for f in measured]
+        _check_delivered([future for _, future in sent], producer.flush(FLUSH_TIMEOUT_S))
+    partitions = [future.result()[0] for topic, future in sent if topic == spec.load.measure]
     return SourceReport([request[0][1][spec.key] for request in requests], partitions,
                         time.monotonic() - started)
+
+
+def _check_delivered(futures: list[Future], undelivered: int) -> None:
+    """Raise unless every send was acknowledged: `undelivered` records were still queued when
+    the flush gave up, and a future that resolved to an error is a record the broker refused.
+    (Once the flush has emptied the queue, every future is resolved or about to be: its
+    delivery callback may still be running on the producer's poll thread.)"""
+    if undelivered:
+        raise DeliveryError(f"{undelivered} of {len(futures)} records still undelivered after "
+                            f"{FLUSH_TIMEOUT_S:g} s: the load source lost them")
+    failures = [error for error in (future.exception(FLUSH_TIMEOUT_S) for future in futures) if error]
+    if failures:
+        raise DeliveryError(f"{len(failures)} of {len(futures)} records not delivered by the load "
+                            f"source; the first: {failures[0]}") from failures[0]
 
 
 def _send_with_own_producer(kafka: KafkaConnection, profile: str, key_strategy: str, topics: events.Topics,
