@@ -343,15 +343,17 @@ class Storage:
     def record_dead_letter(self, pipeline: str, run_id: str, key: Key | None, stage: str, reason: str,
                            origin: Origin, payload: bytes | None, entry: bool = False,
                            kafka_key: bytes | None = None) -> None:
-        """A dead-lettered record; when its key is known, the request is settled as
-        dead-lettered (unless it already completed or was rejected) and, at an entry stage,
+        """A dead-lettered record, once per (pipeline, run, source offset): a topic recreated
+        under its name starts its offsets again. When its key is known, the request is settled
+        as dead-lettered (unless it already completed or was rejected) and, at an entry stage,
         counted as taken, since no other record of that stage will come for it."""
         with self._tx() as cur:
             cur.execute(
                 "INSERT INTO dead_letters (pipeline, run_id, request_id, stage, reason, source_topic, "
                 "kafka_partition, kafka_offset, payload, kafka_key, redrive) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                "ON CONFLICT (source_topic, kafka_partition, kafka_offset) DO NOTHING RETURNING 1",
+                "ON CONFLICT (pipeline, run_id, source_topic, kafka_partition, kafka_offset) "
+                "DO NOTHING RETURNING 1",
                 (pipeline, run_id, key.request_id if key else None, stage, reason, origin.topic,
                  origin.partition, origin.offset, payload, kafka_key, origin.redrive))
             if key is not None and cur.fetchone() is not None:
