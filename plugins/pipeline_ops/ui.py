@@ -78,17 +78,19 @@ def decisions(hook: PostgresHook, limit: int = 20, run_id: str | None = None,
 def dead_letter_groups(hook: PostgresHook, pipeline: str | None = None, run: str | None = None,
                        by: Literal["latest", "count"] = "latest", limit: int = 50) -> list[dict[str, Any]]:
     """Dead letters counted by pipeline, stage and reason code (a reason reads `<code>: <detail>`;
-    the code is what a redrive selects on), with the runs they came from and the latest one's
-    time; the most recent group first, or the largest. `run` is a run id or a prefix of run ids,
-    as the redrive DAG takes it."""
+    the code is what a redrive selects on), with the runs they came from, the latest one's time
+    and how many went back (a redrive whose delivery the broker confirmed); the most recent group
+    first, or the largest. `run` is a run id or a prefix of run ids, as the redrive DAG takes it."""
     rows = hook.get_records(
-        "SELECT pipeline, stage, split_part(reason, ': ', 1), count(*), count(DISTINCT run_id), max(at) "
-        "FROM dead_letters WHERE (%(pipeline)s::text IS NULL OR pipeline = %(pipeline)s) "
+        "SELECT pipeline, stage, split_part(reason, ': ', 1), count(*), count(DISTINCT run_id), max(at), "
+        "count(*) FILTER (WHERE EXISTS (SELECT FROM redrives x WHERE x.dead_letter_id = d.id "
+        "AND x.outcome = 'redriven' AND x.sent_at IS NOT NULL)) "
+        "FROM dead_letters d WHERE (%(pipeline)s::text IS NULL OR pipeline = %(pipeline)s) "
         "AND (%(run)s::text IS NULL OR starts_with(run_id, %(run)s)) GROUP BY 1, 2, 3 "
         "ORDER BY CASE WHEN %(by)s = 'count' THEN count(*) END DESC NULLS LAST, max(at) DESC, 1, 2, 3 "
         "LIMIT %(limit)s",
         parameters={"pipeline": pipeline, "run": run, "by": by, "limit": limit})
-    keys = ("pipeline", "stage", "reason", "letters", "runs", "latest")
+    keys = ("pipeline", "stage", "reason", "letters", "runs", "latest", "sent_back")
     return [_utc(dict(zip(keys, row, strict=True))) for row in rows]
 
 

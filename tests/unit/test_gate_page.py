@@ -74,10 +74,10 @@ def test_running_fleets_name_the_endpoint_their_stage_calls() -> None:
 def test_times_are_shown_in_utc_whatever_the_session_zone() -> None:
     paris = timezone(timedelta(hours=1))
     latest = datetime(2026, 3, 2, 11, 0, tzinfo=paris)
-    hook = Rows([("genai_image", "generate", "ai_unavailable", 75, 1, latest)])
+    hook = Rows([("genai_image", "generate", "ai_unavailable", 75, 1, latest, 70)])
     (group,) = ui.dead_letter_groups(hook, "genai_image", "flow-", "count")
     assert group == {"pipeline": "genai_image", "stage": "generate", "reason": "ai_unavailable",
-                     "letters": 75, "runs": 1, "latest": at(10, 0)}
+                     "letters": 75, "runs": 1, "latest": at(10, 0), "sent_back": 70}
     assert hook.parameters == {"pipeline": "genai_image", "run": "flow-", "by": "count", "limit": 50}
 
 
@@ -91,9 +91,9 @@ def render(**context: Any) -> str:
 
 def test_the_page_counts_dead_letters_and_offers_each_group_for_redrive() -> None:
     groups = [{"pipeline": "genai_image", "stage": "generate", "reason": "ai_unavailable", "letters": 75,
-               "runs": 2, "latest": at(10, 7)},
+               "runs": 2, "latest": at(10, 7), "sent_back": 70},
               {"pipeline": "genai_image", "stage": "check", "reason": "ai_bad_answer", "letters": 3,
-               "runs": 1, "latest": at(9, 58)}]
+               "runs": 1, "latest": at(9, 58), "sent_back": 0}]
     html = render(dead_letters=groups, run="flow-2026", letters_by="count")
     rows = re.findall(r'<tr data-pipeline="([^"]+)" data-stage="([^"]+)" data-reason="([^"]+)">(.*?)</tr>',
                       html, re.S)
@@ -102,6 +102,7 @@ def test_the_page_counts_dead_letters_and_offers_each_group_for_redrive() -> Non
     first = rows[0][3]
     assert '<td class="num letters">75</td>' in first and '<td class="num runs">2</td>' in first
     assert '<td class="latest">2026-03-02 10:07:00</td>' in first
+    assert '<td class="num sent-back">70</td>' in first
     assert first.count('class="plain redrive-select"') == 1
     # The run filter is kept in the filter and preselected in the Redrive form; the order is kept.
     assert '<input name="run" value="flow-2026" placeholder="any run">' in html
