@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 
 import psycopg2
+from psycopg2.extensions import connection
 from rich.progress import Progress
 
 from consumers import acls, events
@@ -46,32 +47,69 @@ class Pipeline:
                                batch_records=self.config.producer_batch_records(None))
 
     def status_counts(self) -> dict[str, int]:
-        with psycopg2.connect(self.database_url) as conn, conn.cursor() as cur:
-            cur.execute("SELECT status, count(*) FROM requests WHERE run_id = %s GROUP BY status",
-                        (self.run_id,))
-            return dict(cur.fetchall())
+        with closing(RunRecords(self)) as records:
+            return records.status_counts()
+
+    def settled(self) -> int:
+        """Requests that reached a terminal status and that every entry stage took (see
+        `RunRecords.settled`)."""
+        with closing(RunRecords(self)) as records:
+            return records.settled()
+
+    def wait_terminal(self, expected: int, timeout_s: float, progress: bool = False) -> dict[str, int]:
+        """Wait until `expected` requests are settled (every stage done); return the status counts.
+        Polls over one connection: a new one every poll (a server process forked, a password
+        checked) was load on the server beside the run being measured."""
+        deadline = time.monotonic() + timeout_s
+        with closing(RunRecords(self)) as records, Progress(disable=not progress, transient=True) as bar:
+            task = bar.add_task(f"run {self.run_id}", total=expected)
+            while True:
+                done = records.settled()
+                bar.update(task, completed=done)
+                if done >= expected or time.monotonic() > deadline:
+                    return records.status_counts()
+                time.sleep(0.25)
+
+
+class RunRecords:
+    """What a run recorded, read over one connection: opened on the first read, and again when
+    a server restart since the last one broke it."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self._conn: connection | None = None
+
+    def status_counts(self) -> dict[str, int]:
+        return dict(self._rows("SELECT status, count(*) FROM requests WHERE run_id = %s GROUP BY status",
+                               (self.pipeline.run_id,)))
 
     def settled(self) -> int:
         """Requests that reached a terminal status and that every entry stage took: a request's
         events may enter by several topics (the reference pipeline's upload and style choice),
         and any of them can finish first."""
-        with psycopg2.connect(self.database_url) as conn, conn.cursor() as cur:
-            cur.execute("SELECT count(*) FROM requests WHERE run_id = %s AND status = ANY(%s) "
-                        "AND entries >= %s",
-                        (self.run_id, list(TERMINAL), len(self.topics.spec.entry_stages)))
-            return cur.fetchone()[0]
+        entries = len(self.pipeline.topics.spec.entry_stages)
+        (count,), = self._rows("SELECT count(*) FROM requests WHERE run_id = %s AND status = ANY(%s) "
+                               "AND entries >= %s", (self.pipeline.run_id, list(TERMINAL), entries))
+        return count
 
-    def wait_terminal(self, expected: int, timeout_s: float, progress: bool = False) -> dict[str, int]:
-        """Wait until `expected` requests are settled (every stage done); return the status counts."""
-        deadline = time.monotonic() + timeout_s
-        with Progress(disable=not progress, transient=True) as bar:
-            task = bar.add_task(f"run {self.run_id}", total=expected)
-            while True:
-                done = self.settled()
-                bar.update(task, completed=done)
-                if done >= expected or time.monotonic() > deadline:
-                    return self.status_counts()
-                time.sleep(0.25)
+    def _rows(self, sql: str, params: tuple) -> list[tuple]:
+        if self._conn is not None:
+            try:
+                return self._read(sql, params)
+            except psycopg2.OperationalError:
+                if not self._conn.closed:
+                    raise
+        self._conn = psycopg2.connect(self.pipeline.database_url)
+        return self._read(sql, params)
+
+    def _read(self, sql: str, params: tuple) -> list[tuple]:
+        with self._conn, self._conn.cursor() as cur:  # a transaction per read: each sees the latest
+            cur.execute(sql, params)
+            return cur.fetchall()
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
 
 
 def new_run_id(prefix: str = "run") -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from contextlib import closing
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +20,7 @@ from measure import figures
 
 def rows(database_url: str, sql: str, params: tuple | dict = ()) -> list[tuple]:
     """The rows of one query."""
-    with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
+    with closing(psycopg2.connect(database_url)) as conn, conn, conn.cursor() as cur:
         cur.execute(sql, params)
         return cur.fetchall()
 

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -187,11 +187,9 @@ def free_connections(database_url: str) -> int:
     """Client connections the server would still accept from an ordinary role (its
     max_connections less the reserved slots and the client connections open now, this one
     included)."""
-    with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
+    with closing(psycopg2.connect(database_url)) as conn, conn, conn.cursor() as cur:
         cur.execute(_FREE_CONNECTIONS)
-        free = cur.fetchone()[0]
-    conn.close()
-    return free
+        return cur.fetchone()[0]
 
 
 def fitted_pool_size(wanted: int, free: int) -> int:

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import closing
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -36,11 +37,10 @@ def run_dag(layout: Layout, dag_id: str, conf: dict) -> tuple[str, str]:
     with open(layout.root / f"{dag_id}.log", "w") as log:
         subprocess.run([airflow, "dags", "test", dag_id, logical_date.isoformat(), "-c", json.dumps(conf)],
                        stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=False)
-    with psycopg2.connect(layout.database_url("airflow")) as conn, conn.cursor() as cur:
+    with closing(psycopg2.connect(layout.database_url("airflow"))) as conn, conn, conn.cursor() as cur:
         cur.execute("SELECT state FROM dag_run WHERE dag_id = %s AND logical_date = %s",
                     (dag_id, logical_date.isoformat()))
         row = cur.fetchone()
-    conn.close()
     state = row[0] if row else "missing"
     print(f"{dag_id}: {state} in {time.monotonic() - started:.0f}s")
     return state, logical_date.strftime("%Y%m%dt%H%M%S")
