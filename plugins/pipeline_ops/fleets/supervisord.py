@@ -12,13 +12,13 @@ work, commit and leave their groups (SIGKILL only past the stop wait).
 from __future__ import annotations
 
 import os
-import socket
 import urllib.request
 from pathlib import Path
 
 from consumers.pipeline_config import PipelineConfig
 from infra import supervisor
 from infra.fleet_program import fleet_program
+from infra.layout import free_port
 from infra.processes import tail
 from pipeline_ops.fleets.backend import FleetEnvironment
 from pipeline_ops.fleets.records import SUPERVISORD, Deployment, Records, wait_ready
@@ -34,12 +34,6 @@ def default_paths() -> supervisor.Paths:
     if url:
         return supervisor.Paths.from_url(url)
     return supervisor.Paths(Path(os.environ.get("AIRFLOW_HOME", ".")) / "supervisor")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _serves_metrics(port: int) -> bool:
@@ -80,7 +74,7 @@ class FleetSupervisor:
         stages = config.spec.stage_names
         try:
             for stage in stages:
-                self._deploy(client, run_id, version, config, env, stage, _free_port())
+                self._deploy(client, run_id, version, config, env, stage, free_port())
         except Exception:
             self.stop(run_id)  # no half-deployed run left behind
             raise
