@@ -50,6 +50,22 @@ CHANGES_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's and a circuit's
 DB_CONNECTIONS = 48
 
 
+class MissingEndpoint(ValueError):
+    """The fleet's stage calls an AI endpoint the fleet was given no URL for."""
+
+
+def check_endpoint(spec: pipeline_spec.PipelineSpec, settings: FleetSettings) -> None:
+    """Refuse a fleet whose stage calls an AI endpoint it has no URL for. Started anyway, it would
+    join its group and fail on the first record that needs the call; under a supervisor it would
+    then start again, join again and fail again, each time moving the group's partitions."""
+    work = spec.stages[settings.member.stage].work
+    if isinstance(work, HttpWork) and not settings.ai_url:
+        raise MissingEndpoint(
+            f"stage {settings.member.stage!r} calls AI endpoint {work.endpoint!r} of pipeline "
+            f"{spec.name}, and the fleet was given no URL for it: pass --ai-endpoints "
+            f"'{{\"{work.endpoint}\": \"<url>\"}}' or set {ENDPOINTS_ENV}")
+
+
 def epoch_of(steady_s: float) -> float:
     """The epoch seconds, for the record, of a reading of time.monotonic (an adaptive limit's
     changes are stamped on the steady clock its deadlines run on)."""
@@ -104,12 +120,14 @@ class Fleet:
     def __init__(self, settings: FleetSettings) -> None:
         self.settings = settings
         s = settings
+        spec = pipeline_spec.load(s.pipeline)
+        check_endpoint(spec, s)  # before anything connects or joins
         concurrency = s.member.window * s.members if s.member.mode in WINDOW_MODES else s.members
         self.storage = storage.sized_pool(s.database_url, min(DB_CONNECTIONS, concurrency + 2))
         self.producer = KeyedProducer(s.member.kafka, profile=s.member.profile,
                                       key_strategy=s.key_strategy, batch_records=s.producer_batch_records)
         self.ctx = StageContext(
-            stage=s.member.stage, topics=events.Topics(s.prefix, pipeline_spec.load(s.pipeline)),
+            stage=s.member.stage, topics=events.Topics(s.prefix, spec),
             storage=self.storage, producer=self.producer, ai=self._client(s.ai_url, concurrency),
             claim_lease_s=s.claim_lease_s,
             windows=WindowPool(concurrency) if s.member.mode == "flow" else None,
@@ -335,7 +353,10 @@ def main() -> None:
     settings = settings_for(config, args.stage, args.run_id,
                             events.Topics(args.prefix or args.run_id, config.spec),
                             kafka, args.database_url, endpoints)
-    fleet = Fleet(replace(settings, instance=args.instance))
+    try:
+        fleet = Fleet(replace(settings, instance=args.instance))
+    except MissingEndpoint as exc:
+        p.error(str(exc))
     start_up_heap.freeze()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
