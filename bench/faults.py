@@ -7,14 +7,22 @@ Faults, in order (bench/fault_injection.py): kill -9 of the broker leading most 
 restarted after 30 s; that broker frozen with SIGSTOP for 20 s; kill -9 of the generate fleet,
 which supervisord restarts; PostgreSQL stopped for 15 s; the AI service answering 10 % 500s,
 5 % hangs past the client's timeout and 429 bursts; one record over the producer's size limit
-on each input topic. Figures per fault (bench/fault_figures.py, on top of bench/figures.py):
-produced, completed, dead-lettered by reason, lost, duplicate results, duplicate AI calls by
-our rows and by the service's own count, uncommitted records per group, and seconds from the
-fault's end (when the harness undoes it; a fleet kill ends with the kill, supervisord's restart
-being the recovery) back to 90 % of the pre-fault completion rate. The run writes
-results/<run id>/faults.json and faults.png and exits 1 when any fault fails (lost, duplicate
-results, AI calls the service served twice beyond the fleet kill's in-flight window, dead
-letters for a reason the fault did not inject, or a fault that could not be measured).
+on each input topic; an outage of the generate endpoint (every call answered 500 for 60 s,
+wall seconds whatever the time scale), and the same with every call hanging past the client's
+timeout; a team's Python stage raising on 1 % of the requests (chosen by key), run in a
+pipeline of the harness's own (bench/fault_pipeline.py, written with the shipped specs into
+results/<run id>/pipelines, the run's PIPELINES_DIR). Figures per fault
+(bench/fault_figures.py, on top of bench/figures.py): produced, completed, dead-lettered by
+reason, lost, duplicate results, duplicate AI calls by our rows and by the service's own count,
+uncommitted records per group, each fleet's process id at the start and the end, and seconds
+from the fault's end (when the harness undoes it; a fleet kill ends with the kill, supervisord's
+restart being the recovery) back to 90 % of the pre-fault completion rate; for the raising
+stage, how the requests it raises on ended. The run writes results/<run id>/faults.json and
+faults.png and exits 1 when any fault fails (lost, duplicate results, AI calls the service
+served twice beyond the fleet kill's in-flight window, dead letters for a reason the fault did
+not inject, records left uncommitted, an outage's recovery over 10 s, a fleet process that
+exited under a fault it must survive, a raising request not dead-lettered exactly once with its
+exception, or a fault that could not be measured).
 
 Why this setup:
 - The durability profile (RF 3, min ISR 2, acks=all, idempotent producers) with the `flow`
@@ -118,15 +126,16 @@ def heal_ai(ai_url: str, s: Settings) -> None:
 
 
 def start_source(kafka: KafkaConnection, pipeline: str, run_id: str, rate: float, duration_s: float,
-                 log: Path) -> subprocess.Popen[str]:
+                 log: Path, report: Path) -> subprocess.Popen[str]:
     """The load: consumers.source in a process of its own, at a steady rate, UUID keys, running
-    as `kafka`'s principal (given in its environment, never on its command line)."""
+    as `kafka`'s principal (given in its environment, never on its command line). Its report
+    goes to a file, not a pipe: one read only after the source exits would fill the pipe's
+    64 KiB with the request ids of a load over ~100 s, and the source would block on it."""
     cmd = [sys.executable, "-m", "consumers.source", "--pipeline", pipeline, "--prefix", run_id,
            "--run-id", run_id, "--rate", str(rate), "--duration", str(duration_s), "--keys", "uuid",
            "--profile", "durability", "--json", "--quiet"]
-    with open(log, "a") as err:
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=kafka.child_environment())
+    with open(log, "a") as err, open(report, "w") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=kafka.child_environment())
 
 
 class Phase:
@@ -145,6 +154,10 @@ class Phase:
         self.pipeline = Pipeline(run_id, self.topics, self.config, kafka, env["DATABASE_URL"])
         self._say = say
         self.load_started = 0.0
+
+    @property
+    def source_report(self) -> Path:
+        return self.out / f"source-{self.fault.name}.json"
 
     def say(self, step: str) -> None:
         elapsed = time.time() - self.load_started if self.load_started else None
@@ -207,7 +220,7 @@ class Phase:
         """Start the steady load and let it run up to the fault."""
         duration = self.s.pre_s + self.fault.planned_s + self.s.post_s
         source = start_source(self.kafka.of("source"), self.fault.pipeline, self.run_id, self.s.load_rps,
-                              duration, self.out / f"source-{self.fault.name}.log")
+                              duration, self.out / f"source-{self.fault.name}.log", self.source_report)
         self.load_started = time.time()
         while (left := self.load_started + self.s.pre_s - time.time()) > 0:
             self.say(f"steady load, fault in {left:.0f} s")
@@ -233,9 +246,9 @@ class Phase:
             source.terminate()
             result["source_error"] = (f"still running {SOURCE_EXIT_S:.0f} s after its last scheduled send, "
                                       f"terminated: see source-{self.fault.name}.log")
-        out, _ = source.communicate(timeout=30)
+        source.wait(30)
         if source.returncode == 0:
-            result["source_acked"] = len(json.loads(out)["request_ids"])
+            result["source_acked"] = len(json.loads(self.source_report.read_text())["request_ids"])
         elif "source_error" not in result:
             result["source_error"] = f"exit code {source.returncode}: see source-{self.fault.name}.log"
         if "source_error" in result:
