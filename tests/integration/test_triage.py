@@ -1,8 +1,9 @@
 """Dead-letter triage on the real stack: a burst of dead letters on a watched topic wakes exactly
 one `dead_letter_triage` run in a real Airflow (standalone: its triggerer runs the watcher), which
-counts them by pipeline, stage and reason and raises the alarm past the threshold; and on
-PostgreSQL alone, a dead letter whose transaction commits after a later one is still counted, by
-exactly one triage.
+counts them by pipeline, stage and reason and raises the alarm past the threshold; a run's
+`ai_unavailable` letters go back through `pipeline_redrive` once its endpoint's circuit closes;
+and on PostgreSQL alone, a dead letter whose transaction commits after a later one is still
+counted, by exactly one triage.
 
 The watcher follows only this module's topics (`DEAD_LETTER_TOPICS`), so other tests' dead
 letters on the shared cluster wake nothing here; their rows may be counted by the run, which is
@@ -11,6 +12,7 @@ why the checks look at this module's own pipeline name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -24,6 +26,7 @@ import pytest
 from confluent_kafka import Producer
 
 from consumers import dead_letter
+from consumers.pipeline_spec import DEAD_LETTER
 from consumers.storage import Origin, Storage
 from infra import airflow_ui
 from pipeline_ops import dead_letter_watch as watch
@@ -35,6 +38,7 @@ from tests.integration.test_bad_input import PARTITIONS, wait_committed_to_end
 from tests.stack import Stack, unique
 
 DAG_ID = "dead_letter_triage"
+REDRIVE_DAG_ID = "pipeline_redrive"
 ASSET_URI = "kafka://pipeline/dead-letters"
 PREFIX = unique("triage")  # this module's runs: <PREFIX>-<n>.dlq
 BURST = {("intake", "malformed_json"): 70, ("generate", "work_failed"): 50}  # 120 > the default 100
@@ -43,7 +47,7 @@ RUN_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def airflow(stack: Stack) -> Iterator[str]:
-    env = {watch.TOPICS_ENV: rf"^{re.escape(PREFIX)}-.*\.{watch.DEAD_LETTER}$"}
+    env = {watch.TOPICS_ENV: rf"^{re.escape(PREFIX)}-.*\.{DEAD_LETTER}$"}
     with airflow_ui.running(stack.layout, extra_env=env) as base_url:
         yield base_url
 
@@ -56,7 +60,13 @@ def api(airflow: str, password: str) -> Api:  # noqa: F811
 @pytest.fixture
 def triage_on(api: Api) -> Iterator[None]:
     """The DAG unpaused (its watcher runs only then), paused again afterwards: an Airflow started
-    later on this stack must not watch every dead-letter topic of the cluster."""
+    later on this stack must not watch every dead-letter topic of the cluster. What an earlier
+    session left in the metadata database (a run not finished, an event queued) is failed or
+    dropped first: such a run would start on unpausing and count this test's letters first."""
+    for run in api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?state=queued&state=running")["dag_runs"]:
+        api.patch(f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
+    dropped = api.session.delete(f"{api.base_url}/api/v2/dags/{DAG_ID}/assets/queuedEvents", timeout=30)
+    assert dropped.status_code in (204, 404), dropped.text  # 404: none queued
     api.patch(f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
     yield
     api.patch(f"/api/v2/dags/{DAG_ID}", {"is_paused": True})
@@ -67,30 +77,34 @@ def watcher_group(stack: Stack) -> str:
     return json.loads(stack.env["AIRFLOW_CONN_KAFKA_DEAD_LETTER_WATCH"])["extra"]["group.id"]
 
 
-def wait_assigned(stack: Stack, group: str, topic: str, timeout_s: float) -> None:
-    """Until a member of `group` has every partition of `topic`: the watcher is consuming it."""
+def wait_assigned(stack: Stack, group: str, topic: str | None, timeout_s: float) -> None:
+    """Until a member of `group` has every partition of `topic` (the watcher is consuming it),
+    or with no topic, until the group has a member (the watcher runs)."""
     admin = stack.connection.admin()
     deadline = time.monotonic() + timeout_s
     assigned: set[int] = set()
     while time.monotonic() < deadline:
         description = admin.describe_consumer_groups([group])[group].result(10)
+        if topic is None and description.members:
+            return
         assigned = {tp.partition for m in description.members for tp in m.assignment.topic_partitions
                     if tp.topic == topic}
-        if assigned == set(range(PARTITIONS)):
+        if topic is not None and assigned == set(range(PARTITIONS)):
             return
         time.sleep(1)
     pytest.fail(f"the watcher's group {group} has partitions {sorted(assigned)} of {topic} "
                 f"after {timeout_s}s")
 
 
-def send_burst(stack: Stack, pipeline: str, run_id: str) -> float:
-    """The runtime's part: each dead letter to the run's dead-letter topic, then its row. Returns
-    the seconds the records took to be sent and acknowledged."""
-    topic = f"{run_id}.{watch.DEAD_LETTER}"
+def send_burst(stack: Stack, pipeline: str, run_id: str, burst: dict[tuple[str, str], int]) -> float:
+    """The runtime's part: each dead letter (`burst`: how many per stage and reason) to the run's
+    dead-letter topic, then its row. Returns the seconds the records took to be sent and
+    acknowledged."""
+    topic = f"{run_id}.{DEAD_LETTER}"
     producer = Producer(stack.connection.client())
-    letters = [(stage, reason, n) for (stage, reason), count in BURST.items() for n in range(count)]
+    letters = [(stage, reason) for (stage, reason), count in burst.items() for _ in range(count)]
     started = time.monotonic()
-    for i, (stage, reason, _) in enumerate(letters):
+    for i, (stage, reason) in enumerate(letters):
         record = dead_letter.build(f'{{"request_id": "r{i}"}}'.encode(), f"r{i}".encode(), [], reason=reason,
                                    detail="burst", topic=f"{run_id}.{stage}", partition=0, offset=i,
                                    stage=stage)
@@ -99,7 +113,7 @@ def send_burst(stack: Stack, pipeline: str, run_id: str) -> float:
     took = time.monotonic() - started
     storage = Storage(stack.database_url, pool_size=1)
     try:
-        for i, (stage, reason, _) in enumerate(letters):
+        for i, (stage, reason) in enumerate(letters):
             storage.record_dead_letter(pipeline, run_id, None, stage, f"{reason}: burst",
                                        Origin("test", f"{run_id}.{stage}", 0, i), None)
     finally:
@@ -125,16 +139,20 @@ def wait_first_run(api: Api, since: datetime, timeout_s: float) -> dict[str, Any
     pytest.fail(f"no {DAG_ID} run within {timeout_s}s of the burst")
 
 
-def wait_tasks_done(api: Api, run_id: str, task_ids: tuple[str, ...], timeout_s: float) -> dict[str, str]:
-    """The states of the run's tasks once the given ones have finished."""
+FINISHED = ("success", "failed", "skipped", "upstream_failed")
+
+
+def wait_tasks(api: Api, run_id: str, task_ids: tuple[str, ...], timeout_s: float,
+               states_wanted: tuple[str, ...] = FINISHED) -> dict[str, str]:
+    """The states of the run's tasks once the given ones are in one of `states_wanted`."""
     deadline = time.monotonic() + timeout_s
     while True:
         tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
         states = {t["task_id"]: t["state"] for t in tasks}
-        if all(states.get(t) in ("success", "failed", "skipped", "upstream_failed") for t in task_ids):
+        if all(states.get(t) in states_wanted for t in task_ids):
             return states
         if time.monotonic() > deadline:
-            pytest.fail(f"{task_ids} of {run_id} not finished after {timeout_s}s: {states}")
+            pytest.fail(f"{task_ids} of {run_id} not in {states_wanted} after {timeout_s}s: {states}")
         time.sleep(2)
 
 
@@ -146,7 +164,7 @@ def mine(counts: list[dict[str, Any]], pipeline: str) -> dict[tuple[str, str], i
 def test_a_burst_of_dead_letters_wakes_exactly_one_triage_run(stack: Stack, api: Api,
                                                                triage_on: None) -> None:
     run_id = f"{PREFIX}-1"
-    topic = f"{run_id}.{watch.DEAD_LETTER}"
+    topic = f"{run_id}.{DEAD_LETTER}"
     pipeline = PREFIX
     create_topic(stack.connection, topic, partitions=PARTITIONS)
     group = watcher_group(stack)
@@ -154,7 +172,7 @@ def test_a_burst_of_dead_letters_wakes_exactly_one_triage_run(stack: Stack, api:
     Triage().count_new(f"before-{run_id}")  # what others dead-lettered so far: a triage before ours
     since = datetime.now(UTC)
 
-    took = send_burst(stack, pipeline, run_id)
+    took = send_burst(stack, pipeline, run_id, BURST)
     assert took < 1.0, f"the burst took {took:.2f}s to send"
 
     run = wait_first_run(api, since, timeout_s=120)
@@ -168,10 +186,13 @@ def test_a_burst_of_dead_letters_wakes_exactly_one_triage_run(stack: Stack, api:
     events = api.get(f"/api/v2/assets/events?asset_id={asset_id}&timestamp_gte={iso(since)}")
     assert events["total_entries"] == 1, events
     assert [r["dag_run_id"] for r in runs_since(api, since)] == [run["dag_run_id"]]
+    # The run takes every event since the DAG's previous asset-triggered run, so older ones an
+    # earlier session left may come with it; of this burst's, it has the one.
     consumed = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents")
-    assert [e["id"] for e in consumed["asset_events"]] == [events["asset_events"][0]["id"]]
+    assert [e["id"] for e in consumed["asset_events"]
+            if datetime.fromisoformat(e["timestamp"]) >= since] == [events["asset_events"][0]["id"]]
 
-    states = wait_tasks_done(api, run["dag_run_id"], ("count", "alarm"), RUN_TIMEOUT_S)
+    states = wait_tasks(api, run["dag_run_id"], ("count", "alarm"), RUN_TIMEOUT_S)
     assert [states[t] for t in ("burst_over", "count", "alarm")] == ["success", "success", "failed"], states
     summary = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}/taskInstances/count/"
                       "xcomEntries/return_value")["value"]
@@ -181,6 +202,57 @@ def test_a_burst_of_dead_letters_wakes_exactly_one_triage_run(stack: Stack, api:
     [(row_counts, row_alarms)] = query(stack.database_url, "SELECT counts, alarms FROM triage_runs "
                                                            "WHERE dag_run_id = %s", run["dag_run_id"])
     assert (mine(row_counts, pipeline), row_alarms[pipeline]) == (mine(summary["counts"], pipeline), 120)
+
+
+def record_circuit(database_url: str, run_id: str, stage: str, state: str) -> None:
+    """What the fleet writes on a transition of its endpoint's circuit."""
+    with contextlib.closing(psycopg2.connect(database_url)) as conn, conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO endpoint_circuits (run_id, stage, endpoint, state) VALUES (%s, %s, %s, %s)",
+                    (run_id, stage, stage, state))
+
+
+def wait_counted(stack: Stack, run_id: str, timeout_s: float) -> str:
+    """The triage run that counted the run's `ai_unavailable` letters, once one has."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = query(stack.database_url, "SELECT dag_run_id FROM triage_runs WHERE redrives @> %s::jsonb",
+                     json.dumps([{"run": run_id}]))
+        if rows:
+            return rows[0][0]
+        time.sleep(1)
+    pytest.fail(f"no triage counted the ai_unavailable letters of {run_id} within {timeout_s}s")
+
+
+@pytest.mark.timeout(900)
+def test_ai_unavailable_letters_go_back_once_the_circuit_is_closed_again(stack: Stack, api: Api,
+                                                                         triage_on: None) -> None:
+    """A run's generate endpoint failed requests while serving others, and its circuit is open
+    when triage runs: the redrive waits for the circuit to close, then triggers `pipeline_redrive`
+    for that run, stage and reason. The topic is created after the watcher started: the pattern
+    finds it at the watcher's next metadata refresh."""
+    run_id = f"{PREFIX}-2"
+    pipeline = "genai_image"  # pipeline_redrive takes a pipeline with a spec
+    wait_assigned(stack, watcher_group(stack), None, timeout_s=300)
+    Triage().count_new(f"before-{run_id}")
+    record_circuit(stack.database_url, run_id, "generate", "open")
+    since = datetime.now(UTC)
+    create_topic(stack.connection, f"{run_id}.{DEAD_LETTER}", partitions=PARTITIONS)
+    send_burst(stack, pipeline, run_id, {("generate", "ai_unavailable"): 5, ("check", "ai_bad_answer"): 2})
+
+    dag_run_id = wait_counted(stack, run_id, timeout_s=180)
+    wait_tasks(api, dag_run_id, ("circuits_closed",), RUN_TIMEOUT_S, ("up_for_reschedule",))
+    triggered = api.get(f"/api/v2/dags/{REDRIVE_DAG_ID}/dagRuns?run_after_gte={iso(since)}")["dag_runs"]
+    assert [r for r in triggered if r["conf"].get("run") == run_id] == []  # not while it is open
+    record_circuit(stack.database_url, run_id, "generate", "closed")
+
+    states = wait_tasks(api, dag_run_id, ("circuits_closed", "redrive"), RUN_TIMEOUT_S)
+    assert (states["circuits_closed"], states["redrive"]) == ("success", "success"), states
+    triggered = api.get(f"/api/v2/dags/{REDRIVE_DAG_ID}/dagRuns?run_after_gte={iso(since)}")["dag_runs"]
+    confs = [r["conf"] for r in triggered if r["conf"].get("run") == run_id]
+    [(first_at,)] = query(stack.database_url, "SELECT min(at) FROM dead_letters WHERE run_id = %s "
+                                              "AND reason LIKE 'ai_unavailable:%%'", run_id)
+    assert confs == [{"pipeline": pipeline, "run": run_id, "stages": ["generate"],
+                      "reasons": ["ai_unavailable"], "since": first_at.isoformat(), "until": "", "limit": 5}]
 
 
 def insert_letter(conn: Any, pipeline: str, stage: str, offset: int) -> int:
