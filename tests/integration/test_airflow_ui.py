@@ -2,7 +2,7 @@
 with non-default values and a pipeline picked in its dropdown, watch the run finish, read the
 gate's decision (capacity, throughput, utilization with its interval, every check) on the gate
 page under its pipeline's name, filter the page down to that pipeline, and roll back from it;
-read a run's dead letters and endpoint circuits on the gate page and redrive from it.
+read a run's dead letters and endpoint circuits on the gate page, and redrive from it.
 
 Airflow (standalone) runs on the test stack for this module only; Chromium is Debian's
 (`make browser`), driven headless by Playwright. Screenshots go to results/ui/.
@@ -22,9 +22,11 @@ import psycopg2
 import pytest
 import requests
 
+from consumers import events, pipeline_spec
 from consumers.pipeline_config import PipelineConfig
 from consumers.pipeline_spec import REFERENCE
 from infra import airflow_ui
+from tests.integration.kafka_helpers import create_topic
 from tests.integration.pipeline_fixtures import query
 from tests.integration.test_dags import PASSABLE, TEXT_MODERATION_SCALE
 from tests.stack import REPO, Stack, unique
@@ -252,6 +254,13 @@ def test_trigger_tuning_from_the_form_and_act_on_the_gate_decision(stack: Stack,
         expect(row.locator("td.capacity")).to_contain_text(f"{summary['capacity_rps']['estimate']:.1f}")
         expect(row.locator("td.throughput")).to_contain_text(
             f"{summary['steady_throughput_rps']['estimate']:.2f}")
+        # Each trial's skew and why: uuid keys (the flow preset's) leave nothing to fix.
+        for trial in decision["figures"]["trials"]:
+            assert trial["skew_diagnosis"] in ("balanced", "hashing_noise"), trial
+            skew = row.locator(f'tr[data-trial="{trial["run_id"]}"]')
+            expect(skew.locator("td.diagnosis")).to_have_text(trial["skew_diagnosis"])
+            expect(skew.locator("td.max-over-mean")).to_have_text(str(trial["skew_max_over_mean"]))
+            expect(skew.locator("td.recommendation")).to_have_text(trial["skew_recommendation"])
         expect(gate.locator(f'#active-version li[data-pipeline="{PIPELINE}"]')).to_contain_text(
             f"v{decision['version']}")
         for plot in ("completions.png", "requests_per_partition.png"):
@@ -330,16 +339,17 @@ def rollback(gate: Any, version: int, reason: str, pipeline: str) -> None:
 # --- failures on the gate page ----------------------------------------------------------------
 
 FAILING = "text_moderation"
-# (run suffix, stage, reason, seconds after the base time) of the dead letters written; counted by
-# pipeline, stage and reason code: moderate/ai_unavailable 4 letters in 2 runs (latest at +6),
-# summarize/work_failed 2 (latest at +7), moderate/ai_bad_answer 1 (at +5).
-LETTERS = [("", "moderate", "ai_unavailable: http_5xx after 6 attempt(s)", 1),
-           ("", "moderate", "ai_unavailable: timeout after 6 attempt(s)", 2),
-           ("", "moderate", "ai_unavailable: http_5xx after 6 attempt(s)", 3),
-           ("", "summarize", "work_failed: ValueError: no summary for an empty text", 4),
-           ("", "moderate", "ai_bad_answer: 2xx answer is not JSON", 5),
-           ("-2", "moderate", "ai_unavailable: connection refused after 6 attempt(s)", 6),
-           ("", "summarize", "work_failed: ValueError: no summary for an empty text", 7)]
+# (run suffix, stage, reason, seconds after the base time, redrive round) of the dead letters
+# written. Counted by pipeline, stage and reason code: moderate/ai_unavailable 4 letters in 2 runs
+# (latest at +6), summarize/work_failed 2 (latest at +7), moderate/ai_bad_answer 1 (at +5). One
+# ai_unavailable letter was dead-lettered in its second redrive round: at a limit of 2, it stays.
+LETTERS = [("", "moderate", "ai_unavailable: http_5xx after 6 attempt(s)", 1, 0),
+           ("", "moderate", "ai_unavailable: timeout after 6 attempt(s)", 2, 2),
+           ("", "moderate", "ai_unavailable: http_5xx after 6 attempt(s)", 3, 0),
+           ("", "summarize", "work_failed: ValueError: no summary for an empty text", 4, 0),
+           ("", "moderate", "ai_bad_answer: 2xx answer is not JSON", 5, 0),
+           ("-2", "moderate", "ai_unavailable: connection refused after 6 attempt(s)", 6, 0),
+           ("", "summarize", "work_failed: ValueError: no summary for an empty text", 7, 0)]
 # (stage, state, detail, seconds after the base time) of the circuit transitions written:
 # moderate's circuit opened twice and is open since +3, summarize's opened once and is closed since +4.
 TRANSITIONS = [("moderate", "open", "http_5xx from 5 requests in 10 s", 1),
@@ -350,19 +360,31 @@ TRANSITIONS = [("moderate", "open", "http_5xx from 5 requests in 10 s", 1),
                ("summarize", "closed", "probe answered", 4)]
 
 
-def failures_of(stack: Stack, run: str, base: datetime) -> None:
-    """Dead letters and circuit transitions of `run` (and of `run`-2), as the runtime writes them."""
+def failures_of(stack: Stack, run: str, base: datetime) -> dict[int, int]:
+    """Dead letters (with the record's key and value) and circuit transitions of `run` (and of
+    `run`-2) as the runtime writes them, and the source topics of the letters; returns the id of
+    each letter by its index in LETTERS."""
+    spec = pipeline_spec.load(FAILING)
+    sources = {events.Topics(run + suffix, spec).source_of(stage) for suffix, stage, *_ in LETTERS}
+    for topic in sources:
+        create_topic(stack.connection, topic)
+    ids = {}
     with contextlib.closing(psycopg2.connect(stack.database_url)) as conn, conn, conn.cursor() as cur:
-        for offset, (suffix, stage, reason, second) in enumerate(LETTERS):
+        for n, (suffix, stage, reason, second, round_) in enumerate(LETTERS):
+            key = unique("message")
             cur.execute("INSERT INTO dead_letters (pipeline, run_id, request_id, stage, reason, "
-                        "source_topic, kafka_partition, kafka_offset, at) "
-                        "VALUES (%s, %s, %s, %s, %s, %s, 0, %s, %s)",
-                        (FAILING, run + suffix, f"request-{offset}", stage, reason, f"{run}{suffix}.{stage}",
-                         offset, base + timedelta(seconds=second)))
+                        "source_topic, kafka_partition, kafka_offset, payload, kafka_key, redrive, at) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, 0, %s, %s, %s, %s, %s) RETURNING id",
+                        (FAILING, run + suffix, key, stage, reason,
+                         events.Topics(run + suffix, spec).source_of(stage), n,
+                         json.dumps({"message_id": key, "text": "a post"}).encode(), key.encode(), round_,
+                         base + timedelta(seconds=second)))
+            ids[n] = cur.fetchone()[0]
         for stage, state, detail, second in TRANSITIONS:
             cur.execute("INSERT INTO endpoint_circuits (run_id, stage, endpoint, state, detail, at) "
                         "VALUES (%s, %s, %s, %s, %s, %s)",
                         (run, stage, stage, state, detail, base + timedelta(seconds=second)))
+    return ids
 
 
 def wait_for_dag(api: Api, dag_id: str, timeout_s: float) -> None:
@@ -379,18 +401,34 @@ def shown(when: datetime) -> str:
     return when.strftime("%Y-%m-%d %H:%M:%S")
 
 
-@pytest.mark.timeout(600)
+def redrive_from_the_page(page: Any, gate: Any, api: Api) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Submit the gate page's Redrive form as it is filled; the run it triggered, once finished,
+    and its summary."""
+    with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith(
+            f"/api/v2/dags/{REDRIVE_DAG_ID}/dagRuns")) as posted:
+        gate.locator("#redrive-button").click()
+    assert posted.value.ok, posted.value.text()
+    run_id = posted.value.json()["dag_run_id"]
+    playwright_api.expect(gate.locator("#redrive-status")).to_contain_text(f"Redrive triggered: run {run_id}")
+    run = wait_for_run(api, run_id, 300, REDRIVE_DAG_ID)
+    summary = api.get(f"/api/v2/dags/{REDRIVE_DAG_ID}/dagRuns/{run_id}/taskInstances/redrive/xcomEntries/"
+                      "return_value")["value"]
+    return run, summary
+
+
+@pytest.mark.timeout(900)
 def test_dead_letters_and_circuits_on_the_gate_page_and_a_redrive_from_it(stack: Stack, airflow: str,
                                                                           password: str, api: Api,
                                                                           page: Any) -> None:
     """A run's dead letters and circuit transitions (written here as the runtime writes them): the
     gate page counts the letters by pipeline, stage and reason, largest or latest first, shows
     each endpoint's circuit, and its Redrive form, filled from a row, triggers `pipeline_redrive`
-    with the user's login and the conf chosen in it."""
+    with the user's login and the conf chosen in it: the letters go back, once, within the limit
+    of redrives, and the page counts them as sent back."""
     expect = playwright_api.expect
     run = unique("ui-failures")
     base = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
-    failures_of(stack, run, base)
+    letter_ids = failures_of(stack, run, base)
     wait_for_dag(api, REDRIVE_DAG_ID, 180)
     try:
         log_in(page, airflow, password)
@@ -412,6 +450,7 @@ def test_dead_letters_and_circuits_on_the_gate_page_and_a_redrive_from_it(stack:
             expect(row.locator("td.letters")).to_have_text(str(letters))
             expect(row.locator("td.runs")).to_have_text(str(runs))
             expect(row.locator("td.latest")).to_have_text(shown(base + timedelta(seconds=latest)))
+            expect(row.locator("td.sent-back")).to_have_text("0")
         page.set_viewport_size({"width": 1400, "height": 1500})
         page.screenshot(path=SHOTS / "gate_dead_letters.png")
         # Latest first.
@@ -446,21 +485,37 @@ def test_dead_letters_and_circuits_on_the_gate_page_and_a_redrive_from_it(stack:
             assert float(form.locator(f'input[name="{name}"]').input_value()) == params[name]["value"]
         since = base.isoformat().replace("+00:00", "Z")
         chosen_conf = {"pipeline": FAILING, "run": run, "stages": ["moderate"], "reasons": ["ai_unavailable"],
-                       "since": since, "until": "", "limit": 3, "rate": 50, "max_redrives": 2}
+                       "since": since, "until": "", "limit": 10, "rate": 50, "max_redrives": 2}
         for name in ("since", "limit", "rate", "max_redrives"):
             form.locator(f'input[name="{name}"]').fill(str(chosen_conf[name]))
         page.screenshot(path=SHOTS / "gate_redrive_form.png")
         with paused_again(api, REDRIVE_DAG_ID):
-            with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith(
-                    f"/api/v2/dags/{REDRIVE_DAG_ID}/dagRuns")) as posted:
-                gate.locator("#redrive-button").click()
-            assert posted.value.ok, posted.value.text()
-            expect(gate.locator("#redrive-status")).to_contain_text("Redrive triggered")
-            redrive = api.get(f"/api/v2/dags/{REDRIVE_DAG_ID}/dagRuns/{posted.value.json()['dag_run_id']}")
-            assert redrive["conf"] == chosen_conf
-            assert (redrive["run_type"], redrive["triggering_user_name"]) == ("manual", "admin")
-            wait_for_run(api, redrive["dag_run_id"], 300, REDRIVE_DAG_ID)
+            # Three of the four letters go back; the one in its second round is at the limit.
+            first, summary = redrive_from_the_page(page, gate, api)
+            assert first["conf"] == chosen_conf
+            assert (first["run_type"], first["triggering_user_name"]) == ("manual", "admin")
+            assert summary == {"batch": first["dag_run_id"], "requested_by": "admin", "selected": 4,
+                               "redriven": 3, "skipped_done": 0, "skipped_limit": 1, "skipped_reference": 0}
+            # The same selection again sends nothing.
+            second, summary = redrive_from_the_page(page, gate, api)
+            assert second["conf"] == chosen_conf and second["dag_run_id"] != first["dag_run_id"]
+            assert summary["selected"] == summary["redriven"] == 0, summary
         page.screenshot(path=SHOTS / "gate_redrive_triggered.png")
+
+        # Who asked is kept with each letter considered; the page counts the letters sent back.
+        with contextlib.closing(psycopg2.connect(stack.database_url)) as conn, conn.cursor() as cur:
+            cur.execute("SELECT dead_letter_id, outcome, requested_by, batch, sent_at IS NOT NULL "
+                        "FROM redrives WHERE dead_letter_id = ANY(%s)", (list(letter_ids.values()),))
+            considered = cur.fetchall()
+        redriven = {letter_ids[n] for n in (0, 2, 5)}
+        assert sorted(considered) == sorted(
+            [(i, "redriven", "admin", first["dag_run_id"], True) for i in redriven]
+            + [(letter_ids[1], "skipped_limit", "admin", first["dag_run_id"], False)])
+        chosen.get_by_role("button", name="Show").click()
+        for reason, sent_back in (("ai_unavailable", "3"), ("work_failed", "0"), ("ai_bad_answer", "0")):
+            cell = gate.locator(f'#dead-letters-table tr[data-reason="{reason}"] td.sent-back')
+            expect(cell).to_have_text(sent_back)
+        page.screenshot(path=SHOTS / "gate_redriven.png")
     except BaseException:
         page.screenshot(path=SHOTS / "failure.png")
         raise
