@@ -246,7 +246,7 @@ class PipelineSpec(_Model):
         """Topic names a stage writes besides the dead-letter topic."""
         spec = self.stages[stage]
         outputs = [r.to for r in spec.routes]
-        if isinstance(spec.work, HttpWork) and self.failure_notice:
+        if spec.work is not None and self.failure_notice:  # a request can fail for good there
             outputs.append(self.failure_notice.to)
         return sorted(set(outputs))
 

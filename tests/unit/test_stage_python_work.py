@@ -70,3 +70,12 @@ def test_the_spec_check_names_a_transient_reference_that_is_not_an_exception() -
     document["stages"]["count"]["work"]["transient"] = ["tests.custom_work:count_words"]
     with pytest.raises(pipeline_spec.SpecError, match=r"work\.transient\.0"):
         pipeline_spec.parse(document, "wordcount")
+
+
+def test_a_python_stage_may_send_the_failure_notice_so_it_is_among_its_outputs() -> None:
+    # The outputs are what a secured cluster's grants give the stage's principal.
+    document = yaml.safe_load(custom_work.SPEC)
+    document["topics"]["notices"] = {"key": "message_id"}
+    document["failure_notice"] = {"to": "notices"}
+    spec = pipeline_spec.parse(document, "wordcount")
+    assert spec.outputs_of("count") == ["counts", "notices"]
