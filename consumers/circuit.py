@@ -16,7 +16,9 @@ letters. The circuit tells the two apart from the calls of several requests at o
   it is half-open.
 - half_open: one call at a time goes out, a probe. Its answer closes the circuit; its failure
   opens it again. A probe out longer than PROBE_PATIENCE latencies (the endpoint may hang rather
-  than fail) lets the next probe go, so recovery is seen within a few latencies of it.
+  than fail) lets the next probe go, so recovery is seen within a few latencies of it; the
+  late failure of a probe so replaced is not counted again, so an endpoint that hangs is probed
+  every PROBE_PATIENCE latencies rather than every OPEN_MAX_S (one call at a time either way).
 
 A try's failure is the request's own only when it ends with the circuit closed and not as a
 probe: failures that opened the circuit, or came back after it opened, are the endpoint's.
