@@ -34,13 +34,22 @@ expression and follows the topics that match as they are created. The pattern is
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
+import re
 from collections.abc import AsyncIterator, Sequence
 from time import monotonic
 from typing import Any
 
-from airflow.providers.apache.kafka.triggers.shared_stream import KafkaSharedStreamTrigger
+from airflow.providers.apache.kafka.hooks.consume import KafkaConsumerHook
+from airflow.providers.apache.kafka.triggers.shared_stream import (
+    KafkaBrokerPayload,
+    KafkaSharedStreamProducer,
+    KafkaSharedStreamTrigger,
+)
 from airflow.triggers.base import TriggerEvent
+from asgiref.sync import sync_to_async
 
 from consumers.pipeline_spec import DEAD_LETTER
 
@@ -51,6 +60,9 @@ WINDOW_S = 10.0
 # Between a dead letter's record being acknowledged and its row committed: the runtime writes
 # the row right after the acknowledgement.
 ROW_MARGIN_S = 5.0
+TOPIC_CHECK_S = 10.0  # how often the watcher looks for a first matching topic
+
+log = logging.getLogger(__name__)
 
 
 def watched_topics() -> str:
@@ -73,6 +85,43 @@ class BurstWindow:
         return True
 
 
+def matches(subscription: str, topic: str) -> bool:
+    """Whether a topic is one a subscription entry names: a pattern (starting with `^`, as
+    librdkafka takes it) or a topic name."""
+    if subscription.startswith("^"):
+        return re.search(subscription, topic) is not None
+    return subscription == topic
+
+
+class WatchProducer(KafkaSharedStreamProducer):
+    """The provider's shared-stream producer, opening its consumer only once a topic matches.
+
+    librdkafka reports a subscription that matches no topic as a consumer error
+    (UNKNOWN_TOPIC_OR_PART) and the provider's poll loop ends the stream on any consumer error,
+    so on a cluster with no dead-letter topic yet the triggerer would start the watcher again
+    every few seconds. Waiting here, before any record was read (nothing to commit), keeps it
+    quiet until a run creates the first one. A matched topic deleted later (runs' topics are)
+    ends the stream once: the triggerer starts the watcher again, and records it had not
+    committed come again, waking one more run at most, which finds little or nothing new."""
+
+    async def open_stream(self) -> AsyncIterator[tuple[Any, KafkaBrokerPayload]]:
+        await self._until_a_topic_matches()
+        async for item in super().open_stream():
+            yield item
+
+    async def _until_a_topic_matches(self) -> None:
+        consumer = KafkaConsumerHook(topics=self.topics, kafka_config_id=self.kafka_config_id).get_conn
+        try:
+            while True:
+                metadata = await sync_to_async(consumer.list_topics)(timeout=10)
+                if any(matches(s, t) for s in self.topics for t in metadata.topics):
+                    return
+                log.info("no topic matches %s yet; looking again in %.0f s", self.topics, TOPIC_CHECK_S)
+                await asyncio.sleep(TOPIC_CHECK_S)
+        finally:
+            await sync_to_async(consumer.close)()  # after a list_topics still running, on its thread
+
+
 class DeadLetterBurstTrigger(KafkaSharedStreamTrigger):
     """`KafkaSharedStreamTrigger` firing once per window of records instead of once per record."""
 
@@ -85,6 +134,11 @@ class DeadLetterBurstTrigger(KafkaSharedStreamTrigger):
         return (f"{__name__}.{type(self).__qualname__}",
                 {"topics": self.topics, "kafka_config_id": self.kafka_config_id,
                  "poll_timeout": self.poll_timeout, "window_s": self.window_s})
+
+    @classmethod
+    def create_shared_stream_producer(cls, kwargs: dict[str, Any]) -> WatchProducer:
+        return WatchProducer(topics=kwargs["topics"], kafka_config_id=kwargs["kafka_config_id"],
+                             poll_timeout=kwargs["poll_timeout"])
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         """One event for the record that opens a window. The event is yielded before the next

@@ -77,19 +77,16 @@ def watcher_group(stack: Stack) -> str:
     return json.loads(stack.env["AIRFLOW_CONN_KAFKA_DEAD_LETTER_WATCH"])["extra"]["group.id"]
 
 
-def wait_assigned(stack: Stack, group: str, topic: str | None, timeout_s: float) -> None:
-    """Until a member of `group` has every partition of `topic` (the watcher is consuming it),
-    or with no topic, until the group has a member (the watcher runs)."""
+def wait_assigned(stack: Stack, group: str, topic: str, timeout_s: float) -> None:
+    """Until a member of `group` has every partition of `topic`: the watcher is consuming it."""
     admin = stack.connection.admin()
     deadline = time.monotonic() + timeout_s
     assigned: set[int] = set()
     while time.monotonic() < deadline:
         description = admin.describe_consumer_groups([group])[group].result(10)
-        if topic is None and description.members:
-            return
         assigned = {tp.partition for m in description.members for tp in m.assignment.topic_partitions
                     if tp.topic == topic}
-        if topic is not None and assigned == set(range(PARTITIONS)):
+        if assigned == set(range(PARTITIONS)):
             return
         time.sleep(1)
     pytest.fail(f"the watcher's group {group} has partitions {sorted(assigned)} of {topic} "
@@ -228,11 +225,10 @@ def test_ai_unavailable_letters_go_back_once_the_circuit_is_closed_again(stack: 
                                                                          triage_on: None) -> None:
     """A run's generate endpoint failed requests while serving others, and its circuit is open
     when triage runs: the redrive waits for the circuit to close, then triggers `pipeline_redrive`
-    for that run, stage and reason. The topic is created after the watcher started: the pattern
-    finds it at the watcher's next metadata refresh."""
+    for that run, stage and reason. The run's topic is created only now, while the watcher is
+    running (or waiting for a first topic to match): its pattern finds it."""
     run_id = f"{PREFIX}-2"
     pipeline = "genai_image"  # pipeline_redrive takes a pipeline with a spec
-    wait_assigned(stack, watcher_group(stack), None, timeout_s=300)
     Triage().count_new(f"before-{run_id}")
     record_circuit(stack.database_url, run_id, "generate", "open")
     since = datetime.now(UTC)

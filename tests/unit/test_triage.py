@@ -143,6 +143,50 @@ def test_the_default_pattern_matches_every_runs_dead_letter_topic_and_nothing_el
     assert not re.search(pattern, "bench-3f2a.run-7.dlq-archive")
 
 
+@pytest.mark.parametrize(("subscription", "topic", "matched"), [
+    (r"^.+\.dlq$", "run-1.dlq", True),
+    (r"^.+\.dlq$", "run-1.intake", False),
+    (r"^team-a\..*\.dlq$", "team-b.run-1.dlq", False),
+    ("run-1.dlq", "run-1.dlq", True),      # a name, not a pattern: only itself
+    ("run-1.dlq", "run-10.dlq", False),
+])
+def test_a_subscription_entry_is_a_pattern_only_when_it_starts_with_a_caret(subscription: str, topic: str,
+                                                                            matched: bool) -> None:
+    assert watch.matches(subscription, topic) is matched
+
+
+class _Metadata:
+    def __init__(self, topics: list[str]) -> None:
+        self.topics = dict.fromkeys(topics)
+
+
+class _Consumer:
+    """What the watcher asks before it subscribes: the cluster's topics, three times."""
+
+    def __init__(self) -> None:
+        self.answers = [["run-1.intake"], ["run-1.intake", "other.dlq"], ["run-1.intake", "run-1.dlq"]]
+        self.asked = 0
+        self.closed = False
+
+    def list_topics(self, timeout: float) -> _Metadata:
+        self.asked += 1
+        return _Metadata(self.answers[self.asked - 1])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_watcher_opens_its_stream_once_a_topic_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    consumer = _Consumer()
+    monkeypatch.setattr(watch, "KafkaConsumerHook", lambda **_: type("Hook", (), {"get_conn": consumer}))
+    monkeypatch.setattr(watch, "TOPIC_CHECK_S", 0.0)
+    trigger = watch.DeadLetterBurstTrigger(topics=["^run-1\\.dlq$"])
+    producer = type(trigger).create_shared_stream_producer(trigger.serialize()[1])
+    assert isinstance(producer, watch.WatchProducer)
+    asyncio.run(producer._until_a_topic_matches())
+    assert (consumer.asked, consumer.closed) == (3, True)
+
+
 def test_a_deployment_narrows_the_pattern(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(watch.TOPICS_ENV, r"^team-a\..*\.dlq$")
     assert watch.trigger().topics == [r"^team-a\..*\.dlq$"]
