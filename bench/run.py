@@ -214,7 +214,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spark-records", type=int, default=10_000_000,
                    help="records partition_load reads beside ConsumerPerformance (0: skip)")
     p.add_argument("--spark-repeat", type=int, default=3,
-                   help="runs of partition_load and of ConsumerPerformance; the best of each is compared")
+                   help="runs of partition_load (and of its --distinct-keys variant, alternated) and of "
+                        "ConsumerPerformance; the best of each is compared")
     p.add_argument("--keep-topics", action="store_true", help="keep the scenarios' topics for inspection")
     p.add_argument("--smoke", action="store_true", help="a small run that checks the output")
     return p.parse_args(argv)

@@ -1,5 +1,5 @@
 """Benchmark: `partition_load` over 1M and 10M records against Kafka's own ConsumerPerformance
-reading the same topic in the same run (not a test).
+reading the same topic in the same run (not a test), with its `--distinct-keys` variant beside it.
 
 Each size gets a fresh topic filled by the data generator (100-byte values, 64 partitions by
 default). Kafka's ConsumerPerformance reads the whole topic first (fresh group, from the
@@ -9,7 +9,10 @@ the same machine. With `--repeat N` both run N times and the best of each is com
 machine's noise is met the same way on both sides, and every run is kept in the summary. A bare
 scan (the Kafka read alone, counted) is timed first, so the job's first run finds the JVM's
 Kafka read compiled, as ConsumerPerformance's single loop soon is. The job's per-partition
-totals are checked against the generator's counts, so a fast wrong answer cannot pass.
+totals are checked against the generator's counts, so a fast wrong answer cannot pass. The job
+runs with its default figures (the key sample sized from the generator's counts, as the broker's
+offsets size it in `main`); the distinct-key variant alternates with it, and the ratio the
+targets judge is the default job's.
 Results: a table on the console and results/spark-bench-<UTC time>/summary.json, with the
 targets and whether the run met them.
 
@@ -109,6 +112,7 @@ class Workload:
     min_partitions: int | None = None
     repeat: int = 1
     keep_topic: bool = False
+    distinct_keys: bool = True  # time the --distinct-keys variant beside the default job
 
 
 def measure(kafka: KafkaConnection, spark: SparkSession, records: int, partitions: int = 64,
@@ -136,40 +140,59 @@ def measure(kafka: KafkaConnection, spark: SparkSession, records: int, partition
         started = time.perf_counter()
         scanned = partition_load.read_records(spark, kafka, [topic], **read).count()
         scan_s = time.perf_counter() - started
-        job_times = []
-        for _ in range(workload.repeat):
+
+        def job(distinct_keys: bool) -> tuple[float, partition_load.LoadResult]:
             started = time.perf_counter()
-            result = partition_load.analyse(partition_load.read_records(spark, kafka, [topic], **read),
-                                            {topic: partitions}, hot_threshold=workload.hot_threshold,
-                                            bucket_seconds=workload.bucket_seconds)
-            job_times.append(time.perf_counter() - started)
+            result = partition_load.analyse(
+                partition_load.read_records(spark, kafka, [topic], **read), {topic: partitions},
+                hot_threshold=workload.hot_threshold, bucket_seconds=workload.bucket_seconds,
+                partition_records={topic: [counts.get(p, 0) for p in range(partitions)]},
+                distinct_keys=distinct_keys)
+            return time.perf_counter() - started, result
+
+        job_times, distinct_times = [], []
+        for _ in range(workload.repeat):  # the two variants alternate: the machine's drift meets both
+            seconds, result = job(False)
+            job_times.append(seconds)
+            if workload.distinct_keys:
+                seconds, distinct = job(True)
+                distinct_times.append(seconds)
     finally:
         if not workload.keep_topic:
             delete(kafka, [topic])
     got = {p["partition"]: p["records"] for p in result.partitions}
     if got != counts or scanned != records:
         raise SystemExit(f"{topic}: job counted {sum(got.values())} / scan {scanned}, generated {records}")
-    # uuid keys: as many distinct keys as records in every partition; the job estimates them
-    keys_error = (max(abs(p["distinct_keys"] - p["records"]) / p["records"] for p in result.partitions
-                      if p["records"]) if workload.keys == "uuid" else None)
     job_s = min(job_times)
     job_rps = records / job_s
     (skew,) = result.skew
-    return {"records": records, "topic": topic, "partitions": partitions, "replication": replication,
-            "record_size": workload.record_size, "master": spark.sparkContext.master,
-            "load_average_before": load_before,
-            "load_average_after": os.getloadavg(), "generate_s": round(generate_s, 2),
-            "generate_records_per_s": round(records / generate_s), "scan_s": round(scan_s, 2),
-            "job_s": round(job_s, 2), "job_runs_s": [round(t, 2) for t in job_times],
-            "job_records_per_s": round(job_rps),
-            "consumer_perf_records_per_s": round(perf.records_per_s),
-            "consumer_perf_runs_records_per_s": [round(run.records_per_s) for run in perf_runs],
-            "consumer_perf_fetch_records_per_s": round(perf.fetch_records_per_s),
-            "consumer_perf_rebalance_ms": perf.rebalance_ms, "consumer_perf_fetch_ms": perf.fetch_ms,
-            "ratio": round(job_rps / perf.records_per_s, 3),
-            "ratio_fetch_only": round(job_rps / perf.fetch_records_per_s, 3),
-            "buckets": len(result.buckets), "distinct_keys_max_relative_error": keys_error,
-            "skew": {k: skew[k] for k in ("max_over_mean", "cv", "gini", "hottest_share")}}
+    figures = {"records": records, "topic": topic, "partitions": partitions, "replication": replication,
+               "record_size": workload.record_size, "master": spark.sparkContext.master,
+               "load_average_before": load_before,
+               "load_average_after": os.getloadavg(), "generate_s": round(generate_s, 2),
+               "generate_records_per_s": round(records / generate_s), "scan_s": round(scan_s, 2),
+               "job_s": round(job_s, 2), "job_runs_s": [round(t, 2) for t in job_times],
+               "job_records_per_s": round(job_rps),
+               "consumer_perf_records_per_s": round(perf.records_per_s),
+               "consumer_perf_runs_records_per_s": [round(run.records_per_s) for run in perf_runs],
+               "consumer_perf_fetch_records_per_s": round(perf.fetch_records_per_s),
+               "consumer_perf_rebalance_ms": perf.rebalance_ms, "consumer_perf_fetch_ms": perf.fetch_ms,
+               "ratio": round(job_rps / perf.records_per_s, 3),
+               "ratio_fetch_only": round(job_rps / perf.fetch_records_per_s, 3),
+               "buckets": len(result.buckets), "diagnosis": skew["diagnosis"]["cause"],
+               "sampled_per_partition": [min(p["sampled"] for p in result.partitions),
+                                         max(p["sampled"] for p in result.partitions)],
+               "skew": {k: skew[k] for k in ("max_over_mean", "cv", "gini", "hottest_share")}}
+    if distinct_times:
+        distinct_s = min(distinct_times)
+        # uuid keys: as many distinct keys as records in every partition; the job estimates them
+        figures |= {"distinct_keys_job_s": round(distinct_s, 2),
+                    "distinct_keys_job_runs_s": [round(t, 2) for t in distinct_times],
+                    "distinct_keys_ratio": round(records / distinct_s / perf.records_per_s, 3),
+                    "distinct_keys_max_relative_error": max(
+                        abs(p["distinct_keys"] - p["records"]) / p["records"]
+                        for p in distinct.partitions if p["records"]) if workload.keys == "uuid" else None}
+    return figures
 
 
 def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -185,13 +208,16 @@ def table(rows: list[dict[str, Any]]) -> Table:
     out = Table(title="partition_load against Kafka's ConsumerPerformance, same topic "
                       "(data generation excluded from job time)")
     for name in ("records", "generate s", "bare scan s", "job s", "job rec/s", "ConsumerPerf rec/s",
-                 "ConsumerPerf fetch rec/s", "ratio", "load avg", "cv"):
+                 "ratio", "distinct-keys job s", "its ratio", "load avg", "diagnosis"):
         out.add_column(name, justify="right")
     for r in rows:
+        distinct = r.get("distinct_keys_job_runs_s")
         out.add_row(f"{r['records']:,}", f"{r['generate_s']:.1f}", f"{r['scan_s']:.1f}",
                     ", ".join(f"{t:.1f}" for t in r["job_runs_s"]), f"{r['job_records_per_s']:,}",
-                    f"{r['consumer_perf_records_per_s']:,}", f"{r['consumer_perf_fetch_records_per_s']:,}",
-                    f"{r['ratio']:.3f}", f"{r['load_average_before'][0]:.2f}", f"{r['skew']['cv']:.4f}")
+                    f"{r['consumer_perf_records_per_s']:,}", f"{r['ratio']:.3f}",
+                    ", ".join(f"{t:.1f}" for t in distinct) if distinct else "-",
+                    f"{r['distinct_keys_ratio']:.3f}" if distinct else "-",
+                    f"{r['load_average_before'][0]:.2f}", r["diagnosis"])
     return out
 
 
@@ -214,11 +240,14 @@ def main(argv: list[str] | None = None) -> None:
                             "$SPARK_CONF_DIR/spark-defaults.conf, else local[*])")
     parser.add_argument("--results-dir", type=Path, default=REPO / "results")
     parser.add_argument("--keep-topics", action="store_true", help="do not delete the generated topics")
+    parser.add_argument("--no-distinct-keys", action="store_true",
+                        help="skip the --distinct-keys variant of the job")
     args = parser.parse_args(argv)
     kafka = kafka_connection.from_args(args, parser).default
     workload = Workload(record_size=args.record_size, skew=args.skew, keys=args.keys,
                         hot_threshold=args.hot_threshold, bucket_seconds=args.bucket_seconds,
-                        min_partitions=args.min_partitions, repeat=args.repeat, keep_topic=args.keep_topics)
+                        min_partitions=args.min_partitions, repeat=args.repeat, keep_topic=args.keep_topics,
+                        distinct_keys=not args.no_distinct_keys)
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     console = Console()

@@ -22,14 +22,14 @@ from pipeline_ops import dag_support as s
     doc_md="""
 ### Skew analysis
 `SparkSubmitOperator` on `spark_default` (local[*] here; a `spark://` master when the connection
-says so) runs `spark/partition_load.py` over the run's measured topic (the pipeline spec's
-`load.measure`) and `spark/pipeline_analysis.py` over its records, with the spec's completing
-stage as the final one; results go to the `analysis_*` tables. The spec is checked first.
+says so) runs, in one Spark application (`spark/analyses.py`), `spark/partition_load.py` over the
+run's measured topic (the pipeline spec's `load.measure`: load, skew and its diagnosis) and
+`spark/pipeline_analysis.py` over its records, with the spec's completing stage as the final one;
+results go to the `analysis_*` tables. The spec is checked first.
 """,
 )
 def pipeline_skew_analysis() -> None:
-    partition_load, _ = s.spark_analysis("[params.run_id]", "{{ params.run_id }}")
-    s.check_pipeline() >> partition_load
+    s.check_pipeline() >> s.spark_analysis("[params.run_id]", "{{ params.run_id }}")
 
 
 pipeline_skew_analysis()

@@ -43,7 +43,9 @@ check the chosen pipeline (its spec and its AI endpoints' connections: a refused
 `check_pipeline` with the field at fault, before anything is provisioned) -> resolve the candidate
 (a preset of that pipeline, or its active version) -> `trials` measurements, one after the other
 (fresh topics, the candidate's fleets, a burst, fleets stopped) -> Spark analysis of every trial
--> gate -> promote or reject -> report. The gate decides on 95% confidence bounds over the trials:
+(one Spark application: partition load with each trial's skew diagnosis, then the pipeline
+figures) -> gate -> promote or reject -> report. The gate decides on 95% confidence bounds over the
+trials:
 utilization of the AI capacity against the target, and the difference of steady throughput against
 the last measurement of the active version of the same pipeline (each pipeline has its own).
 Nightly, the active version is re-measured against its own history: a failure raises a regression
@@ -59,7 +61,7 @@ def pipeline_tuning() -> None:
     trials = TrialsOperator(task_id="trials", run_id=RUN, trials="{{ params.trials }}",
                             version="{{ ti.xcom_pull(task_ids='resolve')['version'] }}",
                             ai_limit="{{ params.concurrency }}", burst="{{ params.burst }}")
-    partition_load, analysis = s.spark_analysis("ti.xcom_pull(task_ids='trials')['run_ids']", RUN)
+    analysis = s.spark_analysis("ti.xcom_pull(task_ids='trials')['run_ids']", RUN)
     gate = PromotionGateOperator(task_id="gate", candidate=candidate, trials=trials.output,
                                  target_utilization="{{ params.target_utilization }}",
                                  min_throughput_rps="{{ params.min_throughput_rps }}",
@@ -70,7 +72,7 @@ def pipeline_tuning() -> None:
                                 trigger_rule="none_failed_min_one_success")
 
     check = s.check_pipeline()
-    check >> resolve >> trials >> partition_load >> analysis >> gate >> [promote, reject] >> report
+    check >> resolve >> trials >> analysis >> gate >> [promote, reject] >> report
 
 
 pipeline_tuning()

@@ -30,6 +30,7 @@ TOOLS = {
     "topics": "org.apache.kafka.tools.TopicCommand",
     "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
     "producer-perf": "org.apache.kafka.tools.ProducerPerformance",
+    "console-producer": "org.apache.kafka.tools.ConsoleProducer",
     "consumer-perf": "org.apache.kafka.tools.ConsumerPerformance",
     "get-offsets": "org.apache.kafka.tools.GetOffsetShell",
 }

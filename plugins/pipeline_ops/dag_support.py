@@ -47,27 +47,22 @@ def spark_env() -> dict[str, str]:
     return {"PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
 
 
-def spark_analysis(run_ids: str, key: str) -> tuple[AnalysisSubmitOperator, AnalysisSubmitOperator]:
-    """The two Spark jobs, on `spark_default`, each one submit over every run: partition load and
-    skew of the runs' measured topics (the spec's `load.measure`; stored under `key`, a
-    template), then each run's pipeline figures from its completing stage. `run_ids` is a Jinja
-    expression giving the list of runs (e.g. `[params.run_id]`): one JVM start for all the
-    trials of a tuning run instead of one per trial. The spec's values come from the check task;
-    the Kafka connection and the database URL reach the jobs in their environment."""
-    common = {"conn_id": "spark_default", "jars": connector_jars(), "env_vars": spark_env()}
+def spark_analysis(run_ids: str, key: str) -> AnalysisSubmitOperator:
+    """The analysis of runs on `spark_default`, one Spark application (spark/analyses.py) for
+    its two jobs: partition load, skew and its diagnosis of the runs' measured topics (the spec's
+    `load.measure`; stored under `key`, a template), then each run's pipeline figures from its
+    completing stage. `run_ids` is a Jinja expression giving the list of runs (e.g.
+    `[params.run_id]`): one JVM start for both jobs and all the trials of a tuning run instead of
+    one per job. The spec's values come from the check task; the Kafka connection and the
+    database URL reach the jobs in their environment."""
     topics = ("{% for r in " + run_ids + " %}{{ r }}.{{ " + spec_value("measure") + " }}"
               "{{ '' if loop.last else ',' }}{% endfor %}")
-    partition_load = AnalysisSubmitOperator(
-        task_id="partition_load", application=spark_application("partition_load"), name="partition_load",
-        application_args=["--topics", topics, "--run-id", key], **common)
-    analysis = AnalysisSubmitOperator(
-        task_id="pipeline_analysis", application=spark_application("pipeline_analysis"),
-        name="pipeline_analysis", application_args=[
-            "--run-id", "{{ " + run_ids + " | join(',') }}",
-            "--final-stage", "{{ " + spec_value("completing_stage") + " }}"],
-        **common)
-    partition_load >> analysis
-    return partition_load, analysis
+    return AnalysisSubmitOperator(
+        task_id="spark_analysis", application=spark_application("analyses"), name="analyses",
+        conn_id="spark_default", jars=connector_jars(), env_vars=spark_env(), application_args=[
+            "partition_load", "--topics", topics, "--run-id", key, "--",
+            "pipeline_analysis", "--run-id", "{{ " + run_ids + " | join(',') }}",
+            "--final-stage", "{{ " + spec_value("completing_stage") + " }}"])
 
 
 def profile_param(default: str = "durability") -> Param:

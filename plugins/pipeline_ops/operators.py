@@ -346,17 +346,19 @@ class TrialsOperator(BaseOperator):
 def trial_figures(hook: PostgresHook, spec: PipelineSpec, run_id: str, produced: int,
                   ai_limit: int) -> dict[str, Any]:
     """One trial's figures as the gate sees them: the Spark analysis of its run and the skew of
-    its pipeline's measured topic, turned into figures by measure.figures."""
+    its pipeline's measured topic, turned into figures by measure.figures, with the skew's
+    diagnosis (measure.skew) for the report and the gate page."""
     analysis = hook.get_first("SELECT figures FROM analysis_pipeline WHERE run_id = %s",
                               parameters=(run_id,))
-    skew = hook.get_first("SELECT max_over_mean, cv, records, partitions FROM analysis_skew WHERE topic = %s "
-                          "ORDER BY computed_at DESC LIMIT 1",
+    skew = hook.get_first("SELECT max_over_mean, cv, records, partitions, diagnosis, recommendation "
+                          "FROM analysis_skew WHERE topic = %s ORDER BY computed_at DESC LIMIT 1",
                           parameters=(events.Topics(run_id, spec).name(spec.load.measure),))
     if analysis is None or skew is None:
         raise RuntimeError(f"no Spark analysis for run {run_id}: the analysis tasks did not write it")
     return {"run_id": run_id, **measure.from_analysis(
         analysis[0], produced=produced, ai_limit=ai_limit, skew_max_over_mean=skew[0], skew_cv=skew[1],
-        skew_records=skew[2], skew_partitions=skew[3])}
+        skew_records=skew[2], skew_partitions=skew[3]), "skew_diagnosis": skew[4],
+        "skew_recommendation": skew[5]}
 
 
 class PromotionGateOperator(BaseBranchOperator):

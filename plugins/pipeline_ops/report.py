@@ -77,7 +77,18 @@ def text(candidate: dict[str, Any], decision: dict[str, Any]) -> str:
     lines.append("  trials: " + "  ".join(label for _, label in TRIAL_COLUMNS))
     for trial in figures["trials"]:
         lines.append(f"    {trial['run_id']}: " + "  ".join(f"{trial[key]}" for key, _ in TRIAL_COLUMNS))
+    lines.append("  skew per trial: max/mean, diagnosis (spark/partition_load.py, measure/skew.py)")
+    for trial in figures["trials"]:
+        lines.append(f"    {trial['run_id']}: {skew_line(trial)}")
     return "\n".join(lines)
+
+
+def skew_line(trial: dict[str, Any]) -> str:
+    """A trial's skew and why: `max/mean  diagnosis: recommendation` (decisions recorded before
+    the diagnosis existed have none)."""
+    diagnosis = trial.get("skew_diagnosis")
+    why = f"{diagnosis}: {trial.get('skew_recommendation')}" if diagnosis else "no diagnosis"
+    return f"{trial['skew_max_over_mean']}  {why}"
 
 
 def write(hook: PostgresHook, candidate: dict[str, Any], decision: dict[str, Any]) -> Path:
@@ -132,7 +143,8 @@ def _plot_partitions(figures: dict[str, Any], spec: PipelineSpec, hook: Postgres
                                 parameters=(Topics(trial["run_id"], spec).name(spec.load.measure),))
         ax.bar([p for p, _ in rows], [n for _, n in rows], width=0.9)
         ax.set_ylabel("requests")
-        ax.set_title(f"{trial['run_id']}: max/mean {trial['skew_max_over_mean']}", fontsize=9, loc="left")
+        ax.set_title(f"{trial['run_id']}: max/mean {trial['skew_max_over_mean']}, "
+                     f"{trial.get('skew_diagnosis') or 'no diagnosis'}", fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("partition")
     fig.suptitle(f"requests per partition ({spec.load.measure} topic)")
     fig.tight_layout()

@@ -4,7 +4,8 @@ A FastAPI app that the `gate_ui_plugin` plugin mounts on the API server under /p
 shows the active configuration of each pipeline, regression alarms raised by re-measurements of
 an active version, the latest gate decisions (of every pipeline, or of the one chosen with
 `?pipeline=`) with the pipeline each was for, capacity, throughput and utilization (mean and 95%
-bounds over the trials) and every check (measured against required), the promotion history and
+bounds over the trials), every check (measured against required) and each trial's skew with
+its diagnosis (why a partition is hot and what to do: measure.skew), the promotion history and
 the plots of the most recent run, the capacity searches (max sustainable rate per version), and
 serves the same decisions as JSON at /pipeline-gate/api/decisions (also `?pipeline=`). Reading
 needs an Airflow login with read access to the runs of `pipeline_tuning` (the UI's session

@@ -89,7 +89,8 @@ def test_partition_load_through_spark_submit(stack: Stack, skewed_topic, tmp_pat
     env["PYSPARK_PYTHON"] = sys.executable
     cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", "local[2]",
            "--jars", stack.env["SPARK_JARS"], str(REPO / "spark" / "partition_load.py"),
-           "--topics", topic, "--run-id", run_id, "--output-json", str(output), "--hot-threshold", "2.0"]
+           "--topics", topic, "--run-id", run_id, "--output-json", str(output), "--hot-threshold", "2.0",
+           "--distinct-keys"]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -219,7 +219,7 @@ def measured(steady: list[float]) -> tuple[dict, FakeHook]:
     trials = {"run_ids": runs, "ai_limit": 16, "conditions": {"time_scale": 0.05, "ai_limit": 16},
               "trials": [{"run_id": r, "produced": 320} for r in runs]}
     hook = FakeHook({r: analysis(s) for r, s in zip(runs, steady, strict=True)},
-                    {r: (1.1, 0.1, 320, 16) for r in runs})
+                    {r: (1.1, 0.1, 320, 16, "balanced", "nothing to fix") for r in runs})
     return trials, hook
 
 
@@ -285,6 +285,10 @@ def test_the_gate_reads_the_skew_of_the_pipelines_measured_topic(monkeypatch: py
     moderation.choose_branch({"ti": FakeTaskInstance()})
     assert hook.topics == [f"tuning-x-v7-t{n}.texts" for n in (1, 2, 3)]  # text_moderation's load.measure
     assert registry.asked_active == ["text_moderation"]
+    # each trial's skew diagnosis goes with its figures to the report and the gate page
+    trials = registry.decisions[0]["figures"]["trials"]
+    assert {(t["skew_diagnosis"], t["skew_recommendation"]) for t in trials} == {
+        ("balanced", "nothing to fix")}
 
 
 def test_gate_rejects_a_candidate_slower_than_the_active_version(monkeypatch: pytest.MonkeyPatch) -> None:

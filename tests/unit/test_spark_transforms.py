@@ -11,13 +11,14 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from measure import sizing
+from measure import sizing, skew
 from spark import job_io, partition_load, pipeline_analysis
 from spark.session import build
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)  # epoch seconds 1767225600: every bucket boundary lines up
 T0_S = 1_767_225_600
 P = "genai_image"
+RECORDS = "topic string, partition int, offset long, bytes int, key binary, ts_ms long"
 
 
 def at(seconds: float) -> datetime:
@@ -43,9 +44,9 @@ def collect(frame: DataFrame) -> list[dict]:
 
 def test_project_counts_null_key_and_value_as_zero_bytes(spark: SparkSession) -> None:
     kafka = spark.createDataFrame(
-        [("t", 0, b"abc", b"0123456789", at(1.5)), ("t", 1, None, b"01234", at(2)),
-         ("t", 1, b"k", None, at(3))],
-        "topic string, partition int, key binary, value binary, timestamp timestamp")
+        [("t", 0, 7, b"abc", b"0123456789", at(1.5)), ("t", 1, 8, None, b"01234", at(2)),
+         ("t", 1, 9, b"k", None, at(3))],
+        "topic string, partition int, offset long, key binary, value binary, timestamp timestamp")
     rows = collect(partition_load.project(kafka))
     assert [(r["partition"], r["bytes"], r["ts_ms"]) for r in rows] == [
         (0, 13, (T0_S + 1.5) * 1000), (1, 5, (T0_S + 2) * 1000), (1, 1, (T0_S + 3) * 1000)]
@@ -57,13 +58,40 @@ def test_partition_aggregates_count_records_bytes_keys_and_buckets(spark: SparkS
         [("t", 0, 10, b"a", 5000), ("t", 0, 12, b"a", 0), ("t", 0, 7, b"b", 5000), ("t", 0, 3, None, 0),
          ("t", 2, 5, None, 0), ("u", 0, 1, b"a", 0)],
         "topic string, partition int, bytes int, key binary, ts_ms long")
-    buckets = partition_load.bucket_aggregates(records, 1)
-    rows = by(collect(partition_load.partition_aggregates(buckets)), "topic", "partition")
+    buckets = partition_load.bucket_aggregates(records, 1, distinct_keys=True)
+    rows = by(collect(partition_load.partition_aggregates(buckets, distinct_keys=True)), "topic", "partition")
     # key a of t/0 is in the buckets at 0 s and 5 s: one key, not two
-    assert {k: (r["records"], r["bytes"], r["distinct_keys"]) for k, r in rows.items()} == {
-        ("t", 0): (4, 32, 2), ("t", 2): (1, 5, 0), ("u", 0): (1, 1, 1)}
+    assert {k: (r["records"], r["bytes"], r["distinct_keys"], r["keyless"], r["sampled"])
+            for k, r in rows.items()} == {("t", 0): (4, 32, 2, 1, 4), ("t", 2): (1, 5, 0, 1, 1),
+                                          ("u", 0): (1, 1, 1, 0, 1)}
     t0 = rows[("t", 0)]
     assert (t0["bucket_starts"], t0["bucket_records"]) == ([0, 5], [2, 2])  # in time order
+    # every record sampled (no rate): a twice across two buckets, then b; no key for t/2
+    assert [(k["key"], k["sampled"]) for k in t0["top_keys"]] == [("a", 2), ("b", 1)]
+    assert rows[("t", 2)]["top_keys"] == []
+    plain = by(collect(partition_load.partition_aggregates(partition_load.bucket_aggregates(records, 1))),
+               "topic", "partition")
+    assert {k: (r["records"], r["distinct_keys"]) for k, r in plain.items()} == {
+        ("t", 0): (4, None), ("t", 2): (1, None), ("u", 0): (1, None)}  # no sketch unless asked
+
+
+def test_the_key_sample_estimates_a_hot_keys_share_within_its_error(spark: SparkSession) -> None:
+    """200,000 records over 2 partitions, every fifth keyed `hot`: each partition sampled at the
+    rate measure.skew gives for 100,000 records, one read."""
+    records = spark.range(200_000).select(
+        F.lit("t").alias("topic"), (F.col("id") % 2).cast("int").alias("partition"),
+        (F.col("id") / 2).cast("long").alias("offset"), F.lit(10).alias("bytes"),
+        F.when(F.col("id") % 5 == 0, F.lit("hot")).otherwise(F.col("id").cast("string")).cast("binary")
+        .alias("key"), F.lit(T0_S * 1000).alias("ts_ms"))
+    result = partition_load.analyse(records, {"t": 2}, partition_records={"t": [100_000, 100_000]})
+    sample = skew.key_sample_size()["records"]
+    for p in result.partitions:
+        hot = p["top_keys"][0]
+        assert p["records"] == 100_000 and sample <= p["sampled"] < 2 * sample
+        assert hot["key"] == "hot" and hot["share"] == pytest.approx(0.2, abs=0.01)
+        assert hot["topic_share"] == pytest.approx(0.1, abs=0.005)
+        assert p["top_keys"][1]["sampled"] == 1  # every other key once at most
+    assert result.skew[0]["diagnosis"]["cause"] == "balanced"
 
 
 def test_distinct_keys_are_exact_for_tens_of_thousands_of_keys(spark: SparkSession) -> None:
@@ -72,7 +100,8 @@ def test_distinct_keys_are_exact_for_tens_of_thousands_of_keys(spark: SparkSessi
         F.lit("t").alias("topic"), F.lit(0).alias("partition"), F.lit(1).alias("bytes"),
         F.concat(F.lit("key-"), (F.col("id") % 30_000).cast("string")).cast("binary").alias("key"),
         (F.lit(T0_S * 1000) + F.col("id") % 3 * 1000).alias("ts_ms"))
-    (row,) = collect(partition_load.partition_aggregates(partition_load.bucket_aggregates(keys, 1)))
+    buckets = partition_load.bucket_aggregates(keys, 1, distinct_keys=True)
+    (row,) = collect(partition_load.partition_aggregates(buckets, distinct_keys=True))
     assert (row["records"], row["distinct_keys"]) == (60_000, 30_000)
 
 
@@ -86,10 +115,11 @@ def test_bucket_aggregates_per_partition_and_epoch_aligned_bucket(spark: SparkSe
 
 
 def test_analyse_collects_zero_filled_partitions_skew_and_hot_list(spark: SparkSession) -> None:
-    rows = [("t", p, 100, f"k{i % 3}".encode(), T0_S * 1000 + i) for p, n in [(1, 6), (2, 1), (3, 1)]
+    rows = [("t", p, i, 100, f"k{i % 3}".encode(), T0_S * 1000 + i) for p, n in [(1, 6), (2, 1), (3, 1)]
             for i in range(n)]
-    records = spark.createDataFrame(rows, "topic string, partition int, bytes int, key binary, ts_ms long")
-    result = partition_load.analyse(records, {"t": 4, "empty": 2}, hot_threshold=2.0, bucket_seconds=1)
+    records = spark.createDataFrame(rows, RECORDS)
+    result = partition_load.analyse(records, {"t": 4, "empty": 2}, hot_threshold=2.0, bucket_seconds=1,
+                                    distinct_keys=True)
     got = [(p["topic"], p["partition"], p["records"], p["bytes"], p["distinct_keys"], p["hot"])
            for p in result.partitions]
     assert got == [("empty", 0, 0, 0, 0, False), ("empty", 1, 0, 0, 0, False), ("t", 0, 0, 0, 0, False),
@@ -109,14 +139,20 @@ def test_analyse_collects_zero_filled_partitions_skew_and_hot_list(spark: SparkS
 
 
 def test_analyse_counts_a_key_once_across_buckets(spark: SparkSession) -> None:
-    rows = [("t", p, 10, f"k{i % 2}".encode(), T0_S * 1000 + 1000 * i)
+    rows = [("t", p, i, 10, f"k{i % 2}".encode(), T0_S * 1000 + 1000 * i)
             for p in range(3) for i in range(p + 1)]
-    records = spark.createDataFrame(rows, "topic string, partition int, bytes int, key binary, ts_ms long")
-    result = partition_load.analyse(records, {"t": 3})
+    records = spark.createDataFrame(rows, RECORDS)
+    result = partition_load.analyse(records, {"t": 3}, distinct_keys=True)
     # partition p holds p + 1 records, one a second, keyed k0, k1, k0: keys 1, 2, 2
     assert [(p["records"], p["distinct_keys"]) for p in result.partitions] == [(1, 1), (2, 2), (3, 2)]
     assert [(b["partition"], b["bucket_start"] - T0_S, b["records"]) for b in result.buckets] == [
         (0, 0, 1), (1, 0, 1), (1, 1, 1), (2, 0, 1), (2, 1, 1), (2, 2, 1)]
+
+
+def test_a_key_is_shown_as_text_when_printable_else_in_hex() -> None:
+    assert partition_load.key_text(b"req-42") == "req-42"
+    assert partition_load.key_text(bytearray(b"\x00\x12\xff")) == "0x0012ff"  # binary UUIDs
+    assert partition_load.key_text("é".encode()) == "é"
 
 
 def test_collect_sorted_puts_nulls_first_as_spark_sorts(spark: SparkSession) -> None:
