@@ -103,7 +103,7 @@ def paused_again(api: Api, dag_id: str) -> Iterator[None]:
 
 @pytest.fixture
 def pause_kept(api: Api) -> Iterator[None]:
-    with paused_again(api, DAG_ID):
+    with paused_again(api, DAG_ID), paused_again(api, ROLLBACK_DAG_ID):
         yield
 
 
