@@ -47,8 +47,8 @@ RECORD_COLUMNS = ("topic", "partition", "offset", "bytes", "key", "ts_ms")
 # A record's place in [0, 1) for the key sample: the low 53 bits of a hash, as a double holds them.
 UNIFORM_MASK = (1 << 53) - 1
 # What --distinct-keys costs, measured by bench/spark_partition_load.py (README, Analysis).
-DISTINCT_KEYS_COST = ("about 1.4x the job's time on 10 M records here (the aggregation 7.3-8.1 s without the "
-                      "sketch, 10.7-11.1 s with it)")
+DISTINCT_KEYS_COST = ("about 1.7x the job's time: on 10 M records here the best of three runs took "
+                      "12.5-12.7 s against 7.3-7.6 s without it")
 # DataSketches HLL of the keys (--distinct-keys): a hashed coupon per key up to about 196k
 # distinct keys per partition (30k counted exactly in a test, 10M uuid keys over 64 partitions within 0.02 %),
 # beyond that 2^21 registers, a relative standard error of about 0.07 %; at most 2 MiB a sketch.
