@@ -9,6 +9,9 @@ without one runs as the admin. Airflow masks the extra's secret values in task l
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from airflow.exceptions import AirflowNotFoundException
 from airflow.providers.postgres.hooks.postgres import PostgresHook
@@ -39,3 +42,15 @@ def database_url(postgres_conn_id: str) -> str:
     driver). It reaches processes in their environment, never on a command line."""
     return re.sub(r"^postgres(ql)?(\+\w+)?://", "postgresql://",
                   PostgresHook(postgres_conn_id=postgres_conn_id).get_uri())
+
+
+@contextmanager
+def transaction(hook: PostgresHook) -> Iterator[Any]:
+    """A cursor in one transaction on a fresh connection of `hook`, closed afterwards (a
+    connection's own context manager commits but does not close it)."""
+    conn = hook.get_conn()
+    try:
+        with conn, conn.cursor() as cur:
+            yield cur
+    finally:
+        conn.close()

@@ -6,14 +6,13 @@ searches (schema: infra/migrations/0003_registry.sql, 0007_gate_history.sql and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 
 from consumers.pipeline_config import PipelineConfig
+from pipeline_ops.connections import transaction
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ class ConfigRegistry:
         version active before. Activating the active version is a no-op (nothing logged): it
         returns `version`."""
         pipeline = self.get(version).pipeline  # and a clear error for an unknown version
-        with self._tx() as cur:
+        with transaction(self.hook) as cur:
             cur.execute("SELECT version FROM configurations WHERE active AND pipeline = %s FOR UPDATE",
                         (pipeline,))
             row = cur.fetchone()
@@ -185,16 +184,6 @@ class ConfigRegistry:
         return [dict(zip(keys, r, strict=True)) for r in rows]
 
     def _write(self, sql: str, params: tuple) -> tuple:
-        with self._tx() as cur:
+        with transaction(self.hook) as cur:
             cur.execute(sql, params)
             return cur.fetchone()
-
-    @contextmanager
-    def _tx(self) -> Iterator[Any]:
-        """One transaction on a fresh connection, closed afterwards."""
-        conn = self.hook.get_conn()
-        try:
-            with conn, conn.cursor() as cur:
-                yield cur
-        finally:
-            conn.close()

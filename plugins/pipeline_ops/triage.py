@@ -31,14 +31,15 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk.exceptions import AirflowFailException
+
+from pipeline_ops.connections import transaction
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ class Triage:
     def count_new(self, dag_run_id: str, threshold: int = DEFAULT_THRESHOLD) -> dict[str, Any]:
         """Count the dead letters no triage has counted, record it, and return the summary (the
         recorded one when this run already counted)."""
-        with self._tx() as cur:
+        with transaction(self.hook) as cur:
             cur.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
             cur.execute("LOCK TABLE triage_runs IN SHARE ROW EXCLUSIVE MODE")
             cur.execute(f"SELECT {', '.join(_SUMMARY)} FROM triage_runs WHERE dag_run_id = %s", (dag_run_id,))
@@ -157,14 +158,3 @@ class Triage:
             log.info("%s %s %s: circuit not closed yet, %d letter(s) wait", r["pipeline"], r["run"],
                      r["stage"], r["letters"])
         return not waiting, [redrive_conf(r) for r in summary["redrives"]]
-
-    @contextmanager
-    def _tx(self) -> Iterator[Any]:
-        """One transaction on a fresh connection, closed afterwards."""
-        conn = self.hook.get_conn()
-        try:
-            with conn, conn.cursor() as cur:
-                yield cur
-        finally:
-            conn.close()
-

@@ -12,7 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from consumers.ai_client import AIClient, AIUnavailable, Endpoint, RetryPolicy, Try
+from consumers.ai_client import AIClient, AIUnavailable, Endpoint, RetryPolicy
+from tests.recorded_tries import Tries
 
 ANSWER = json.dumps({"image_url": "https://example.test/a.png"}).encode()
 DRIP_S = 0.1  # between two bytes: far under the timeout, so no single read times out
@@ -48,17 +49,6 @@ def dripping_url() -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_address[1]}/v1/generate"
     server.shutdown()
     server.server_close()
-
-
-class Tries:
-    def __init__(self) -> None:
-        self.done: list[Try] = []
-
-    def started(self, attempt: int, at: float) -> None:
-        pass
-
-    def ended(self, attempt: Try) -> None:
-        self.done.append(attempt)
 
 
 def test_a_dripping_answer_times_out_within_the_endpoints_timeout(dripping_url: str) -> None:

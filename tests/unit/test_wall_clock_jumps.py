@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers.ai_client import AIClient, Endpoint, RetryPolicy, Try
+from consumers.ai_client import AIClient, Endpoint, RetryPolicy
+from tests.recorded_tries import Tries
 
 REPO = Path(__file__).resolve().parents[2]
 JUMP_S = 3600.0
@@ -76,17 +77,6 @@ class Latencies:
 
     def serving(self) -> bool:
         return True
-
-
-class Tries:
-    def __init__(self) -> None:
-        self.done: list[Try] = []
-
-    def started(self, attempt: int, at: float) -> None:
-        pass
-
-    def ended(self, attempt: Try) -> None:
-        self.done.append(attempt)
 
 
 def test_a_wall_clock_step_during_a_call_changes_neither_its_latency_nor_its_recorded_span(
