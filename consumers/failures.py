@@ -73,9 +73,7 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict(POISON, "ai_bad_answer")
     if isinstance(exc, WorkFailed):
         return Verdict(POISON, "work_failed")
-    if isinstance(exc, AIWaiting):
-        return Verdict(TRANSIENT, type(exc).__name__)
-    if isinstance(exc, Transient):
+    if isinstance(exc, Transient | AIWaiting):
         return Verdict(TRANSIENT, type(exc).__name__)
     if isinstance(exc, psycopg2.DataError | psycopg2.IntegrityError):
         return Verdict(POISON, "database_rejected")
