@@ -167,13 +167,15 @@ def test_another_pipeline_gets_a_fleet_per_stage_with_its_endpoints(stack: Stack
 def test_a_fleet_whose_member_dies_exits_70_and_is_started_again(stack: Stack,
                                                                 daemon: supervisor.Client) -> None:
     # librdkafka refuses statistics.interval.ms -1 when the member creates its consumer, so the
-    # member's loop dies right after start while the rest of the process is fine.
+    # member's loop dies right after start while the rest of the process is fine (its AI endpoint
+    # given, never called: a fleet without it refuses to start at all, with another status).
     run_id = unique("member-dies")
     name = supervisor.program_name("fleet", run_id, "check")
     daemon.add(supervisor.Program(
         name, [sys.executable, "-m", "consumers.fleet", "--stage", "check", "--run-id", run_id,
                "--members", "2", "--stats-interval-ms", "-1"],
-        REPO, {**stack.connection.environment(), "DATABASE_URL": stack.database_url},
+        REPO, {**stack.connection.environment(), "DATABASE_URL": stack.database_url,
+               **Endpoints({"check": "http://127.0.0.1:9/v1/check"}).environment()},
         stopwaitsecs=40))
     try:
         pids: set[int] = set()

@@ -28,8 +28,8 @@ def test_topic_ids_number_the_listed_topics_and_names_restore_them(spark: SparkS
 
 def test_records_of_unlisted_topics_are_left_out_of_every_figure(spark: SparkSession) -> None:
     records = spark.createDataFrame(
-        [("t", 0, 10, b"k1", 1_000), ("t", 1, 10, b"k2", 1_000), ("other", 0, 10, b"k3", 1_000)],
-        "topic string, partition int, bytes int, key binary, ts_ms long")
+        [("t", 0, 0, 10, b"k1", 1_000), ("t", 1, 0, 10, b"k2", 1_000), ("other", 0, 0, 10, b"k3", 1_000)],
+        "topic string, partition int, offset long, bytes int, key binary, ts_ms long")
     result = partition_load.analyse(records, {"t": 2})
     assert [(p["topic"], p["partition"], p["records"]) for p in result.partitions] == [("t", 0, 1),
                                                                                          ("t", 1, 1)]

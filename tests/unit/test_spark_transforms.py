@@ -67,7 +67,7 @@ def test_partition_aggregates_count_records_bytes_keys_and_buckets(spark: SparkS
     t0 = rows[("t", 0)]
     assert (t0["bucket_starts"], t0["bucket_records"]) == ([0, 5], [2, 2])  # in time order
     # every record sampled (no rate): a twice across two buckets, then b; no key for t/2
-    assert [(k["key"], k["sampled"]) for k in t0["top_keys"]] == [("a", 2), ("b", 1)]
+    assert [(bytes(k["key"]), k["sampled"]) for k in t0["top_keys"]] == [(b"a", 2), (b"b", 1)]
     assert rows[("t", 2)]["top_keys"] == []
     plain = by(collect(partition_load.partition_aggregates(partition_load.bucket_aggregates(records, 1))),
                "topic", "partition")
