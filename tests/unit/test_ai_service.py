@@ -36,6 +36,7 @@ from consumers.ai_service import (
 )
 from consumers.concurrency_limit import AdaptiveLimit
 from consumers.pipeline_spec import load
+from tests.recorded_tries import Tries
 
 SCALE = 0.1
 REPO = Path(__file__).resolve().parents[2]
@@ -220,19 +221,6 @@ def test_hang_outlasts_the_client_timeout(start: Start) -> None:
     assert stats(base)["generate"]["hangs"] == 1
 
 
-class Outcomes:
-    """An observer keeping each try's outcome."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    def started(self, attempt: int, at: float) -> None:
-        pass
-
-    def ended(self, attempt: Try) -> None:
-        self.seen.append(attempt.outcome)
-
-
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -249,10 +237,10 @@ def test_the_client_names_each_failure_as_the_retry_policy_reads_it(
     token = changes.pop("token", None)
     base = start(**({"token": token} if token else {}), generate=changes)
     client = AIClient(ai_client.Endpoint(f"{base}/v1/generate", timeout_s=0.3), RetryPolicy(max_attempts=1))
-    observer = Outcomes()
+    observer = Tries()
     with pytest.raises(ai_client.AIUnavailable) as failed:
         client.call(GENERATE, observer)
-    assert observer.seen == [outcome] and failed.value.final is final
+    assert [t.outcome for t in observer.done] == [outcome] and failed.value.final is final
 
 
 def test_a_refused_connection_is_a_connection_error_not_a_timeout() -> None:
@@ -260,10 +248,10 @@ def test_a_refused_connection_is_a_connection_error_not_a_timeout() -> None:
     # request's fault (dead-lettered after the tries), a service not there is not: it is waited for.
     client = AIClient(ai_client.Endpoint(f"http://127.0.0.1:{closed_port()}/v1/generate", timeout_s=2),
                       RetryPolicy(max_attempts=1))
-    observer = Outcomes()
+    observer = Tries()
     with pytest.raises(ai_client.AIWaiting):
         client.call(GENERATE, observer)
-    assert observer.seen == ["connection_error"]
+    assert [t.outcome for t in observer.done] == ["connection_error"]
 
 
 @pytest.mark.parametrize("name", NAMES)
