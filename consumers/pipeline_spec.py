@@ -97,6 +97,11 @@ class EndpointSpec(_Model):
     connection: str
     path: Annotated[str, Field(pattern=r"^/[\w./-]*$")]
     concurrency: PositiveInt
+    # Per-minute budgets as providers meter them (None: not metered). `tokens` says which
+    # tokens `tokens_per_minute` counts: the prompt's, the answer's, or both.
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    tokens: Literal["input", "output", "total"] = "total"
     latency: Latency
     stand_in: StandIn
 
