@@ -18,7 +18,18 @@ minute) answers 429 with the time until the next token as `Retry-After`; switchi
 a few seconds makes the 429 bursts a shared quota produces. A `limit_schedule` of
 `[[at_s, limit], ...]` (real-scale seconds since the setting was applied) changes the
 concurrency limit during a run, as a provider's does with its load, so a client that adapts
-can be measured; `limit_in_force` in the stats says which holds. `GET /v1/stats` reports what was
+can be measured; `limit_in_force` in the stats says which holds.
+
+Budgets meter like a provider (`consumers.ai_budgets`): `requests_per_minute` and
+`tokens_per_minute` (of the `tokens` that count: input, output or total) are continuously
+refilled buckets checked before the concurrency limit. A request is charged its prompt's tokens
+plus `max_tokens` (else its answer's) and corrected to the actual tokens once answered; a
+refusal is 429 with an OpenAI error of type `requests` or `tokens` (a concurrency refusal says
+`concurrency`) and `Retry-After` unless `retry_after_on_budget` is off, as LiteLLM's proxy
+answers. Every answer of a budgeted endpoint carries OpenAI's `x-ratelimit-*` headers. An
+endpoint whose `stand_in` says `protocol: openai_chat` speaks OpenAI's chat completions
+(`messages` in, `choices` and `usage` out; the `user` field is the request's identity), and
+takes a time to first token plus `per_output_token_s` per token it writes. `GET /v1/stats` reports what was
 served per endpoint name, including the highest concurrency seen (how tests verify that a
 consumer fleet never exceeds the API's limit) and how many requests were served more than once
 (`duplicate_served`: the calls a client paid for twice, counted on the service's side). A
@@ -41,6 +52,7 @@ import socket
 import string
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -51,14 +63,18 @@ from urllib.parse import urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from consumers.ai_budgets import TOKEN_KINDS, Budgets, metered, tokens_of
 from consumers.pipeline_spec import EndpointSpec, PipelineSpec, SpecError, available, load
 
 log = logging.getLogger(__name__)
 
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal")
-COUNTERS = ("served", "rejected_429", "rate_limited", "errors_5xx", "hangs", "unauthorized",
-            "bad_requests")
-SPEC_SETTINGS = ("path", "required", "answers")  # what the spec fixes: routing and answers
+COUNTERS = ("served", "rejected_429", "rate_limited", "rate_limited_requests", "rate_limited_tokens",
+            "errors_5xx", "hangs", "unauthorized", "bad_requests")  # request outcomes
+TOKEN_COUNTERS = ("tokens_input", "tokens_output")  # actual tokens of served answers
+SPEC_SETTINGS = ("path", "protocol", "required", "answers")  # what the spec fixes: routing and answers
+PROTOCOLS = ("plain", "openai_chat")
+CHAT_FIELDS = ("model", "user", "content")  # what a chat request offers its answer rules
 MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_TOKEN_ENV = "AI_SERVICE_TOKEN"
 
@@ -93,11 +109,12 @@ def _route_key(path: str) -> str:
 class EndpointConfig:
     """How one AI endpoint behaves; durations are real-scale seconds (the time scale applies).
 
-    `path`, `required` and `answers` come from the spec's `stand_in` and stay plain tuples and
-    dicts so /v1/stats can show them; `answers` are {"when": {field: regex}, "body": {...}}.
+    `path`, `protocol`, `required` and `answers` come from the spec's `stand_in` and stay plain
+    tuples and dicts so /v1/stats can show them; `answers` are {"when": {field: regex}, "body": {...}}.
     """
 
     path: str
+    protocol: str = "plain"  # plain | openai_chat (OpenAI's chat completions request and answer)
     required: tuple[str, ...] = ()  # non-empty string fields; the first is the request's identity
     answers: tuple[dict[str, Any], ...]
     latency_s: float = 0.5  # the median for lognormal
@@ -113,18 +130,28 @@ class EndpointConfig:
     rate_burst: int = 1  # token bucket size: requests admitted back to back at the full rate
     limit_schedule: tuple[tuple[float, int], ...] = ()  # (at_s, limit): `limit` from at_s on
     fail_when: Mapping[str, str] = field(default_factory=dict)  # {field: regex}: 500 when all match
+    per_output_token_s: float = 0.0  # generation time per output token, after the drawn latency
+    requests_per_minute: int | None = None  # a continuously refilled budget; None: not metered
+    tokens_per_minute: int | None = None
+    tokens: str = "total"  # which tokens tokens_per_minute meters: input | output | total
+    retry_after_on_budget: bool = True  # False: budget refusals carry no Retry-After (as LiteLLM's)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "limit_schedule", _schedule(self.limit_schedule))
         object.__setattr__(self, "fail_when", _patterns("fail_when", self.fail_when))
         if not isinstance(self.path, str) or not self.path.startswith("/"):
             raise ConfigError(f"path must start with '/', got {self.path!r}")
+        if self.protocol not in PROTOCOLS:
+            raise ConfigError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
         if not self.answers:
             raise ConfigError(f"{self.path}: at least one answer rule is needed")
+        offered = set(self.required) | (set(CHAT_FIELDS) if self.chat else set())
         for rule in self.answers:
             _patterns(f"{self.path}: when", rule["when"])
+            if self.chat and not isinstance(rule["body"].get("content"), str):
+                raise ConfigError(f"{self.path}: a chat answer needs a `content` string (the text)")
             templates = [v for v in rule["body"].values() if isinstance(v, str)]
-            unknown = sorted(set().union(*map(_placeholders, templates)) - set(self.required))
+            unknown = sorted(set().union(*map(_placeholders, templates)) - offered)
             if unknown:
                 raise ConfigError(f"{self.path}: an answer names {unknown}, which are not required fields")
         _number("latency_s", self.latency_s)
@@ -145,20 +172,41 @@ class EndpointConfig:
                 raise ConfigError(f"rate_limit_rps must be positive or null, got {self.rate_limit_rps!r}")
         if isinstance(self.rate_burst, bool) or not isinstance(self.rate_burst, int) or self.rate_burst < 1:
             raise ConfigError(f"rate_burst must be an integer >= 1, got {self.rate_burst!r}")
+        _number("per_output_token_s", self.per_output_token_s)
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer or null, got {value!r}")
+        if self.tokens not in TOKEN_KINDS:
+            raise ConfigError(f"tokens must be one of {TOKEN_KINDS}, got {self.tokens!r}")
+        if not isinstance(self.retry_after_on_budget, bool):
+            raise ConfigError(f"retry_after_on_budget must be a boolean, got {self.retry_after_on_budget!r}")
 
     @classmethod
     def from_spec(cls, spec: EndpointSpec) -> EndpointConfig:
         """The endpoint a spec declares, as the stand-in serves it."""
         latency = spec.latency
-        return cls(path=spec.path, required=tuple(spec.stand_in.required),
+        return cls(path=spec.path, protocol=spec.stand_in.protocol, required=tuple(spec.stand_in.required),
                    answers=tuple({"when": dict(a.when), "body": dict(a.body)} for a in spec.stand_in.answers),
                    latency_s=latency.median_s, limit=spec.concurrency, distribution=latency.distribution,
-                   sigma=latency.sigma)
+                   sigma=latency.sigma, per_output_token_s=latency.per_output_token_s,
+                   requests_per_minute=spec.requests_per_minute, tokens_per_minute=spec.tokens_per_minute,
+                   tokens=spec.tokens)
+
+    @property
+    def chat(self) -> bool:
+        return self.protocol == "openai_chat"
 
     @property
     def identity(self) -> str | None:
-        """The field duplicates are counted on: the first required one."""
+        """The field duplicates are counted on: `user` for chat, else the first required one."""
+        if self.chat:
+            return "user"
         return self.required[0] if self.required else None
+
+    @property
+    def budgeted(self) -> bool:
+        return bool(self.requests_per_minute or self.tokens_per_minute)
 
     @property
     def retry_after(self) -> float:
@@ -291,14 +339,21 @@ class Reply:
 class Refusal:
     """A request turned away with 429: which counter it went to and when to come back."""
 
-    counter: str  # rejected_429 (concurrency limit) | rate_limited (token bucket empty)
-    retry_after_s: float  # wall-clock seconds
+    counter: str  # rejected_429 | rate_limited (rate_limit_rps) | rate_limited_requests | rate_limited_tokens
+    retry_after_s: float | None  # wall-clock seconds; None: no Retry-After header
+    message: str = field(default="", compare=False)
+    headers: Mapping[str, str] = field(default_factory=dict, compare=False)  # the budgets' x-ratelimit-*
+
+    @property
+    def kind(self) -> str:
+        """The error type the 429 names: concurrency, requests or tokens."""
+        return {"rejected_429": "concurrency", "rate_limited_tokens": "tokens"}.get(self.counter, "requests")
 
 
 class Endpoint:
-    """Counters, concurrency slots, rate-limit bucket and RNG of one endpoint, behind one lock.
+    """Counters, concurrency slots, rate-limit buckets and RNG of one endpoint, behind one lock.
 
-    `clock` is injectable so the token bucket can be checked against hand-computed times.
+    `clock` is injectable so the buckets can be checked against hand-computed times.
     """
 
     def __init__(self, name: str, config: EndpointConfig, seed: int | None,
@@ -307,7 +362,7 @@ class Endpoint:
         self._config = config
         self._lock = threading.Lock()
         self._rng = random.Random(f"{seed}:{name}") if seed is not None else random.Random()
-        self._counts = dict.fromkeys(COUNTERS, 0)
+        self._counts = dict.fromkeys(COUNTERS + TOKEN_COUNTERS, 0)
         self._served: Counter[str] = Counter()  # 200s per request identity
         self._in_flight = 0
         self._max_in_flight = 0
@@ -315,6 +370,7 @@ class Endpoint:
         self._tokens = float(config.rate_burst)
         self._refilled_at = clock()
         self._applied_at = clock()  # when the config in force was applied (its schedule's zero)
+        self._budgets = Budgets(config.requests_per_minute, config.tokens_per_minute, clock())
 
     @property
     def config(self) -> EndpointConfig:
@@ -322,45 +378,63 @@ class Endpoint:
             return self._config
 
     def reconfigure(self, config: EndpointConfig) -> None:
-        """A new config; a changed rate limit starts from a full bucket, as a new quota would."""
+        """A new config; a changed rate limit or budget starts from a full bucket, as a new quota would."""
         with self._lock:
             if (config.rate_limit_rps, config.rate_burst) != (self._config.rate_limit_rps,
                                                               self._config.rate_burst):
                 self._tokens, self._refilled_at = float(config.rate_burst), self._clock()
             if config.limit_schedule != self._config.limit_schedule:
                 self._applied_at = self._clock()
+            if _budget_of(config) != _budget_of(self._config):
+                self._budgets = Budgets(config.requests_per_minute, config.tokens_per_minute, self._clock())
             self._config = config
 
     def count(self, counter: str) -> None:
         with self._lock:
             self._counts[counter] += 1
 
-    def served(self, identity: str | None) -> None:
-        """A 200 answer: counted in total and per identity (when the endpoint's requests have one)."""
+    def served(self, identity: str | None, input_tokens: int = 0, output_tokens: int = 0) -> None:
+        """A 200 answer: counted in total and per identity (when the endpoint's requests have one),
+        with the tokens it took."""
         with self._lock:
             self._counts["served"] += 1
+            self._counts["tokens_input"] += input_tokens
+            self._counts["tokens_output"] += output_tokens
             if identity is not None:
                 self._served[identity] += 1
 
-    def admit(self, scale: float) -> EndpointConfig | Refusal:
-        """Pass the rate limit and take a concurrency slot, returning the config in force, or
-        count a 429 and say when to retry (atomic). The rate limit is checked first, as an API
-        gateway meters requests before they reach the model servers."""
+    def admit(self, scale: float, input_tokens: int = 0, output_tokens: int = 0) -> EndpointConfig | Refusal:
+        """Pass the budgets, the rate limit and take a concurrency slot, returning the config in
+        force, or count a 429 and say when to retry (atomic). Budgets and the rate limit are
+        checked first, as an API gateway meters requests before they reach the model servers;
+        the token budget charges the request's estimated tokens (`output_tokens` is its
+        estimate). A refused request takes nothing from any bucket."""
         with self._lock:
             config = self._config
             now = self._clock()
+            tokens = metered(config.tokens, input_tokens, output_tokens)
+            self._budgets.refill(now, scale)
+            short = self._budgets.shortfall(tokens, scale)
+            if short is not None:
+                counter = f"rate_limited_{short.kind}"
+                self._counts[counter] += 1
+                wait = short.wait_s if config.retry_after_on_budget else None
+                return Refusal(counter, wait, short.message, self._budgets.headers(scale))
             if config.rate_limit_rps is not None:
                 rate = config.rate_limit_rps / scale  # tokens per wall-clock second
                 self._tokens = min(config.rate_burst, self._tokens + (now - self._refilled_at) * rate)
                 self._refilled_at = now
                 if self._tokens < 1:
                     self._counts["rate_limited"] += 1
-                    return Refusal("rate_limited", (1 - self._tokens) / rate)
+                    return Refusal("rate_limited", (1 - self._tokens) / rate, "request rate limit reached",
+                                   self._budgets.headers(scale))
             if self._in_flight >= config.limit_at((now - self._applied_at) / scale):
                 self._counts["rejected_429"] += 1
-                return Refusal("rejected_429", config.retry_after * scale)
+                return Refusal("rejected_429", config.retry_after * scale, "too many concurrent requests",
+                               self._budgets.headers(scale))
             if config.rate_limit_rps is not None:
                 self._tokens -= 1
+            self._budgets.take(tokens)
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
             return config
@@ -368,6 +442,21 @@ class Endpoint:
     def release(self) -> None:
         with self._lock:
             self._in_flight -= 1
+
+    def correct(self, admitted: EndpointConfig, input_tokens: int, estimate: int, actual: int,
+                scale: float) -> None:
+        """Replace the output tokens estimated at admission with the answer's actual ones (unless
+        the budget was changed meanwhile: a new budget never took the charge)."""
+        with self._lock:
+            if _budget_of(admitted) == _budget_of(self._config):
+                self._budgets.correct(metered(admitted.tokens, input_tokens, estimate),
+                                      metered(admitted.tokens, input_tokens, actual), self._clock(), scale)
+
+    def budget_headers(self, scale: float) -> dict[str, str]:
+        """OpenAI's x-ratelimit-* headers as the budgets stand now (empty without budgets)."""
+        with self._lock:
+            self._budgets.refill(self._clock(), scale)
+            return self._budgets.headers(scale)
 
     def plan(self, config: EndpointConfig, payload: Mapping[str, Any]) -> tuple[str, float]:
         """Draw the outcome (ok | error | hang) and the real-scale latency of one request; a
@@ -385,7 +474,7 @@ class Endpoint:
     def reset(self) -> None:
         """Zero the counters; the peak restarts from the requests still in flight."""
         with self._lock:
-            self._counts = dict.fromkeys(COUNTERS, 0)
+            self._counts = dict.fromkeys(COUNTERS + TOKEN_COUNTERS, 0)
             self._served.clear()
             self._max_in_flight = self._in_flight
 
@@ -399,26 +488,76 @@ class Endpoint:
                     "config": asdict(self._config)}
 
 
+def _budget_of(config: EndpointConfig) -> tuple[int | None, int | None, str]:
+    """The settings a budget's buckets are made from: changing one starts a new quota."""
+    return config.requests_per_minute, config.tokens_per_minute, config.tokens
+
+
 class BadRequest(ValueError):
     """A request body the endpoint cannot answer (400)."""
 
 
-def parse_request(config: EndpointConfig, body: bytes) -> dict[str, Any]:
-    """The JSON body, checked for the fields the endpoint's spec insists on: the required ones
-    non-empty strings, the ones an answer rule matches strings when present."""
+def _decode(body: bytes) -> dict[str, Any]:
     try:
         payload = json.loads(body or b"null")
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"body is not JSON: {exc}") from exc
     if not isinstance(payload, dict):
         raise BadRequest("body must be a JSON object")
+    return payload
+
+
+def _check_fields(config: EndpointConfig, payload: Mapping[str, Any]) -> None:
+    """The required fields non-empty strings, the ones an answer rule matches strings when present."""
     for name in config.required:
         if not isinstance(payload.get(name), str) or not payload[name]:
             raise BadRequest(f"{name} must be a non-empty string")
     for name in {name for rule in config.answers for name in rule["when"]}:
         if not isinstance(payload.get(name, ""), str):
             raise BadRequest(f"{name} must be a string")
+
+
+def _max_tokens(payload: Mapping[str, Any]) -> int | None:
+    value = payload.get("max_tokens")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise BadRequest("max_tokens must be a positive integer")
+    return value
+
+
+def parse_request(config: EndpointConfig, body: bytes) -> dict[str, Any]:
+    """The JSON body, checked for the fields the endpoint's spec insists on."""
+    payload = _decode(body)
+    _check_fields(config, payload)
+    _max_tokens(payload)
     return payload
+
+
+def parse_chat(body: bytes) -> tuple[dict[str, Any], str]:
+    """An OpenAI chat completions request: the fields its answer rules see (`model`, `user` and
+    the last user message as `content`, plus `max_tokens` when given) and its whole prompt text."""
+    payload = _decode(body)
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list")
+    for message in messages:
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise BadRequest("each message must have a string role and a string content")
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    if not users:
+        raise BadRequest("messages must include a user message")
+    for name in ("model", "user"):
+        if not isinstance(payload.get(name), str) or not payload[name]:
+            raise BadRequest(f"{name} must be a non-empty string")
+    temperature = payload.get("temperature")
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, int | float)
+                                    or not 0 <= temperature <= 2):
+        raise BadRequest("temperature must be a number in [0, 2]")
+    fields = {"model": payload["model"], "user": payload["user"], "content": users[-1]}
+    max_tokens = _max_tokens(payload)
+    if max_tokens is not None:
+        fields["max_tokens"] = max_tokens
+    return fields, "".join(m["content"] for m in messages)
 
 
 def _echo(payload: Mapping[str, Any]) -> dict[str, Any]:
@@ -434,6 +573,65 @@ def answer(config: EndpointConfig, payload: dict[str, Any]) -> dict[str, Any]:
             body = {k: v.format_map(payload) if isinstance(v, str) else v for k, v in rule["body"].items()}
             return {**_echo(payload), **body}
     raise BadRequest("no answer rule of the endpoint matches the request")
+
+
+def _strings(values: Iterable[Any]) -> str:
+    return "".join(v for v in values if isinstance(v, str))
+
+
+@dataclass(frozen=True)
+class Call:
+    """One valid request and the answer it gets, with the tokens both take: what the budgets
+    charge at admission (`max_tokens`, else the answer's) and what they are corrected to."""
+
+    payload: dict[str, Any]  # the fields answer rules, fail_when and the identity read
+    body: dict[str, Any]  # the 200 answer
+    input_tokens: int
+    output_tokens: int  # the answer's actual tokens
+    max_tokens: int | None = None
+
+    @property
+    def output_estimate(self) -> int:
+        return self.output_tokens if self.max_tokens is None else self.max_tokens
+
+
+def prepare(config: EndpointConfig, body: bytes) -> Call:
+    """Parse a request as its endpoint's protocol reads it and make its answer (raises BadRequest).
+
+    A plain request's prompt is its string fields and its answer's tokens the answer body's
+    strings; a chat answer is the rule's `content`, cut to `max_tokens` (finish_reason `length`)."""
+    if not config.chat:
+        payload = parse_request(config, body)
+        result = answer(config, payload)
+        return Call(payload, result, tokens_of(_strings(payload.values())),
+                    tokens_of(_strings(result.values())), payload.get("max_tokens"))
+    fields, prompt = parse_chat(body)
+    _check_fields(config, fields)
+    text = str(answer(config, fields)["content"])
+    max_tokens = fields.get("max_tokens")
+    completion, finish = tokens_of(text), "stop"
+    if max_tokens is not None and completion > max_tokens:
+        text, completion, finish = text[:max_tokens * 4], max_tokens, "length"
+    prompt_tokens = tokens_of(prompt)
+    result = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+              "model": fields["model"],
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                           "finish_reason": finish}],
+              "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                        "total_tokens": prompt_tokens + completion}}
+    return Call(fields, result, prompt_tokens, completion, max_tokens)
+
+
+def _refused(refusal: Refusal) -> Reply:
+    """A 429 as OpenAI words it: the error's type says which limit refused (concurrency, requests
+    or tokens); `Retry-After` when the refusal says when to come back."""
+    code = "too_many_requests" if refusal.kind == "concurrency" else "rate_limit_exceeded"
+    error = {"type": refusal.kind, "code": code, "message": refusal.message,
+             "retry_after_s": refusal.retry_after_s}
+    headers = dict(refusal.headers)
+    if refusal.retry_after_s is not None:
+        headers["Retry-After"] = _seconds(refusal.retry_after_s)
+    return Reply(429, {"error": error}, headers)
 
 
 def _seconds(value: float) -> str:
@@ -471,29 +669,34 @@ class StandIn:
         if not self.authorized(authorization):
             endpoint.count("unauthorized")
             return Reply(401, {"error": "unauthorized"}, {"WWW-Authenticate": "Bearer"})
-        declared = endpoint.config  # its path, required fields and answers never change at run time
+        declared = endpoint.config  # its path, protocol, fields and answers never change at run time
         try:
-            payload = parse_request(declared, body)
-            result = answer(declared, payload)
+            call = prepare(declared, body)
         except BadRequest as exc:
             endpoint.count("bad_requests")
             return Reply(400, {"error": "bad_request", "detail": str(exc)})
         scale = self.time_scale
-        config = endpoint.admit(scale)
+        config = endpoint.admit(scale, call.input_tokens, call.output_estimate)
         if isinstance(config, Refusal):
-            error = "rate_limited" if config.counter == "rate_limited" else "too_many_requests"
-            return Reply(429, {"error": error, "retry_after_s": config.retry_after_s},
-                         {"Retry-After": _seconds(config.retry_after_s)})
+            return _refused(config)
         try:
-            return self._serve(endpoint, config, scale, payload, result)
+            reply = self._serve(endpoint, config, scale, call)
         finally:
             endpoint.release()
+        if config.budgeted:
+            reply = replace(reply, headers={**reply.headers, **endpoint.budget_headers(scale)})
+        return reply
 
-    def _serve(self, endpoint: Endpoint, config: EndpointConfig, scale: float,
-               payload: dict[str, Any], result: dict[str, Any]) -> Reply:
+    def _serve(self, endpoint: Endpoint, config: EndpointConfig, scale: float, call: Call) -> Reply:
+        """The latency, then the outcome; an answer also takes its time per output token, and its
+        actual tokens replace the estimate charged (a failed call keeps its charge, as providers count
+        failed requests too)."""
+        payload = call.payload
         outcome, duration = endpoint.plan(config, payload)
         if outcome == "hang":
             endpoint.count("hangs")
+        elif outcome == "ok":
+            duration += config.per_output_token_s * call.output_tokens
         if self.stopping.wait(duration * scale):
             return Reply(503, {"error": "shutting_down"})
         if outcome == "hang":
@@ -501,8 +704,10 @@ class StandIn:
         if outcome == "error":
             endpoint.count("errors_5xx")
             return Reply(500, {"error": "internal_error", **_echo(payload)})
-        endpoint.served(payload[config.identity] if config.identity else None)
-        return Reply(200, result)
+        endpoint.correct(config, call.input_tokens, call.output_estimate, call.output_tokens, scale)
+        endpoint.served(payload[config.identity] if config.identity else None, call.input_tokens,
+                        call.output_tokens)
+        return Reply(200, call.body)
 
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = {name: ep.snapshot(self.time_scale) for name, ep in self.endpoints.items()}
@@ -574,11 +779,15 @@ class _Collector:
                                           "200 answers beyond the first per request since the last reset"),
                                          ("latency_seconds",
                                           "Configured (median) latency after the time scale"))}
+        tokens = CounterMetricFamily("ai_service_tokens", "Actual tokens of served answers (input, output)",
+                                     labels=["endpoint", "kind"])
         stats = self._standin.stats()
         for name in self._standin.endpoints:
             snapshot = stats[name]
             for counter in COUNTERS:
                 requests.add_metric([name, counter], snapshot[counter])
+            for counter in TOKEN_COUNTERS:
+                tokens.add_metric([name, counter.removeprefix("tokens_")], snapshot[counter])
             gauges["in_flight"].add_metric([name], snapshot["in_flight"])
             gauges["max_in_flight"].add_metric([name], snapshot["max_in_flight"])
             gauges["limit"].add_metric([name], snapshot["limit_in_force"])
@@ -586,7 +795,7 @@ class _Collector:
             gauges["latency_seconds"].add_metric([name], snapshot["config"]["scaled_latency_s"])
         scale = GaugeMetricFamily("ai_service_time_scale", "Factor applied to every duration",
                                   value=self._standin.time_scale)
-        return [requests, *gauges.values(), scale]
+        return [requests, tokens, *gauges.values(), scale]
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -64,6 +64,8 @@ class Latency(_Model):
     distribution: Literal["fixed", "lognormal"] = "fixed"
     median_s: PositiveFloat
     p99_s: PositiveFloat | None = None
+    # Generation time per output token, after the drawn time to the first token (chat answers).
+    per_output_token_s: Annotated[float, Field(ge=0)] = 0.0
 
     @property
     def sigma(self) -> float:
@@ -87,6 +89,9 @@ class Answer(_Model):
 class StandIn(_Model):
     """How the project's stand-in service answers this endpoint (a real API ignores it)."""
 
+    # plain: JSON in, the answer rule's body out; openai_chat: OpenAI's chat completions shape,
+    # the rule body's `content` as the assistant's text.
+    protocol: Literal["plain", "openai_chat"] = "plain"
     required: list[str] = []
     answers: Annotated[list[Answer], Field(min_length=1)]
 

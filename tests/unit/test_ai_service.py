@@ -179,7 +179,7 @@ def test_excess_concurrency_gets_429_with_retry_after(start: Start, name: str) -
     assert codes == [200] * 4 + [429] * 8
     rejected = [r for r in responses if r.status_code == 429]
     assert all(float(r.headers["Retry-After"]) == pytest.approx(2.0 * SCALE) for r in rejected)
-    assert rejected[0].json()["error"] == "too_many_requests"
+    assert rejected[0].json()["error"]["type"] == "concurrency"
     endpoint = stats(base)[name]
     assert (endpoint["served"], endpoint["rejected_429"]) == (4, 8)
     assert endpoint["max_in_flight"] == 4
@@ -437,7 +437,7 @@ def test_rate_limit_switched_on_over_http_answers_429_with_retry_after(start: St
                  timeout=5).raise_for_status()
     codes = [timed_post(url(base, name), valid(name))[0] for _ in range(3)]
     assert [r.status_code for r in codes] == [200, 200, 429]
-    assert codes[2].json()["error"] == "rate_limited"
+    assert codes[2].json()["error"]["type"] == "requests"
     assert 9.0 < float(codes[2].headers["Retry-After"]) <= 10.0
     endpoint = stats(base)[name]
     assert (endpoint["served"], endpoint["rate_limited"], endpoint["rejected_429"]) == (2, 1, 0)
