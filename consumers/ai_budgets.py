@@ -13,7 +13,7 @@ The buckets are not locked: the endpoint that owns them calls them under its own
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TOKEN_KINDS = ("input", "output", "total")  # which tokens a token budget meters
 
@@ -90,7 +90,7 @@ class Shortfall:
 
     kind: str  # requests | tokens
     wait_s: float | None
-    message: str
+    message: str = field(default="", compare=False)
 
 
 class Budgets:
