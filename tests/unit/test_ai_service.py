@@ -35,7 +35,7 @@ from consumers.ai_service import (
     serve,
 )
 from consumers.concurrency_limit import AdaptiveLimit
-from consumers.pipeline_spec import load
+from consumers.pipeline_spec import EndpointSpec, load
 from tests.recorded_tries import Tries
 
 SCALE = 0.1
@@ -462,6 +462,8 @@ def test_put_config_refuses_invalid_changes_as_a_whole(start: Start) -> None:
                 {"moderate": {"limit": 3}, "classify": 5},
                 {"rate_limit_rps": 0}, {"rate_limit_rps": "fast"}, {"rate_burst": 0},
                 {"rate_burst": 1.5}, {"summarize": {"path": "/v1/other"}},
+                {"requests_per_minute": 0}, {"tokens_per_minute": 1.5}, {"tokens": "both"},
+                {"retry_after_on_budget": "no"}, {"per_output_token_s": -1}, {"protocol": "openai_chat"},
                 {"endpoint": "check", "required": []}):
         assert requests.put(config, json=bad, timeout=5).status_code == 400, bad
     current = stats(base)
@@ -500,7 +502,9 @@ def test_metrics_expose_the_counters(start: Start) -> None:
     for name in ("ai_service_in_flight", "ai_service_max_in_flight", 'ai_service_limit{endpoint="moderate"}',
                  'ai_service_duplicate_served{endpoint="check"} 0.0',
                  'outcome="rejected_429"', 'outcome="rate_limited"', 'outcome="errors_5xx"',
-                 'outcome="hangs"'):
+                 'outcome="hangs"', 'outcome="rate_limited_requests"', 'outcome="rate_limited_tokens"',
+                 'ai_service_tokens_total{endpoint="check",kind="input"} 6.0',  # 21 characters
+                 'ai_service_tokens_total{endpoint="check",kind="output"} 3.0'):  # "r-1approved"
         assert name in text, name
 
 
@@ -627,3 +631,187 @@ def test_a_try_is_recorded_before_it_waits_for_a_permit_and_timed_from_its_send(
     second = max(ends, key=lambda t: t.started)
     assert second.started - recorded_last >= 0.25  # it waited for the first call's permit
     assert 0.3 <= second.ended - second.started < 0.6  # its own call only
+
+
+# Budgets, as providers meter them: hand-computed on an injected clock, then over HTTP.
+
+def test_a_requests_budget_admits_a_full_bucket_then_one_call_per_refill() -> None:
+    clock = FakeClock()
+    endpoint = Endpoint("check", replace(CONFIGS["check"], limit=100, requests_per_minute=60), seed=1,
+                        clock=clock)
+    scale = 0.5  # 60 per minute is 1 per real-scale second: 2 per wall second at 0.5x
+    assert all(isinstance(endpoint.admit(scale), EndpointConfig) for _ in range(60))
+    refused = endpoint.admit(scale)
+    assert refused == Refusal("rate_limited_requests", 0.5)
+    assert isinstance(refused, Refusal) and refused.kind == "requests"
+    assert refused.headers == {"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "0",
+                               "x-ratelimit-reset-requests": "30s"}  # 60 at 2 per second
+    clock.now = 0.5
+    assert isinstance(endpoint.admit(scale), EndpointConfig)
+    assert endpoint.admit(scale) == Refusal("rate_limited_requests", 0.5)
+    clock.now = 0.75  # half a request back
+    assert endpoint.admit(scale) == Refusal("rate_limited_requests", 0.25)
+    snapshot = endpoint.snapshot(scale)
+    assert (snapshot["rate_limited_requests"], snapshot["rejected_429"], snapshot["in_flight"]) == (3, 0, 61)
+
+
+def test_a_tokens_budget_charges_the_estimate_and_is_corrected_to_the_answer() -> None:
+    clock = FakeClock()
+    config = replace(CONFIGS["check"], tokens_per_minute=600)  # 10 tokens per second at 1x
+    endpoint = Endpoint("check", config, seed=1, clock=clock)
+    assert isinstance(endpoint.admit(1.0, input_tokens=100, output_tokens=400), EndpointConfig)
+    assert endpoint.budget_headers(1.0) == {"x-ratelimit-limit-tokens": "600",
+                                            "x-ratelimit-remaining-tokens": "100",
+                                            "x-ratelimit-reset-tokens": "50s"}  # 500 at 10/s
+    refused = endpoint.admit(1.0, input_tokens=100, output_tokens=100)  # 200 needed, 100 there
+    assert refused == Refusal("rate_limited_tokens", 10.0)
+    assert isinstance(refused, Refusal) and refused.kind == "tokens"
+    clock.now = 2.0  # 120 tokens; the answer took 40 output tokens of the 400 estimated
+    endpoint.correct(config, input_tokens=100, estimate=400, actual=40, scale=1.0)
+    assert endpoint.budget_headers(1.0)["x-ratelimit-remaining-tokens"] == "480"
+    assert endpoint.budget_headers(1.0)["x-ratelimit-reset-tokens"] == "12s"
+    endpoint.reconfigure(replace(config, tokens="input"))  # a new quota: full, and prompts only
+    assert isinstance(endpoint.admit(1.0, input_tokens=100, output_tokens=10_000), EndpointConfig)
+    endpoint.correct(config, input_tokens=100, estimate=400, actual=0, scale=1.0)  # the old budget's
+    assert endpoint.budget_headers(1.0)["x-ratelimit-remaining-tokens"] == "500"
+    too_large = endpoint.admit(1.0, input_tokens=601)
+    assert too_large == Refusal("rate_limited_tokens", None)  # waiting never helps: no Retry-After
+    assert endpoint.snapshot(1.0)["rate_limited_tokens"] == 2
+
+
+def test_a_budget_refusal_carries_no_retry_after_when_configured_so() -> None:
+    config = replace(CONFIGS["check"], requests_per_minute=1, retry_after_on_budget=False)
+    endpoint = Endpoint("check", config, seed=1, clock=FakeClock())
+    assert isinstance(endpoint.admit(1.0), EndpointConfig)
+    assert endpoint.admit(1.0) == Refusal("rate_limited_requests", None)
+
+
+def test_a_request_refused_for_concurrency_takes_nothing_from_the_budgets() -> None:
+    config = replace(CONFIGS["check"], limit=1, requests_per_minute=60, tokens_per_minute=60)
+    endpoint = Endpoint("check", config, seed=1, clock=FakeClock())
+    assert isinstance(endpoint.admit(1.0, 5, 5), EndpointConfig)
+    refused = endpoint.admit(1.0, 5, 5)
+    assert refused == Refusal("rejected_429", 0.5) and isinstance(refused, Refusal)
+    assert refused.kind == "concurrency"
+    assert refused.headers == {"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "59",
+                               "x-ratelimit-reset-requests": "1s", "x-ratelimit-limit-tokens": "60",
+                               "x-ratelimit-remaining-tokens": "50", "x-ratelimit-reset-tokens": "10s"}
+
+
+def _reset_s(header: str) -> float:
+    """An x-ratelimit-reset-* value in seconds (these tests only see `…ms` and `…s`)."""
+    return float(header[:-2]) / 1000 if header.endswith("ms") else float(header[:-1])
+
+
+def test_budgets_over_http_refuse_by_kind_with_openais_headers(start: Start) -> None:
+    base = start(check={"latency_s": 0.01, "requests_per_minute": 2})  # 1 per 3 wall seconds at 0.1x
+    answers = [timed_post(f"{base}/v1/check", CHECK)[0] for _ in range(3)]
+    assert [r.status_code for r in answers] == [200, 200, 429]
+    assert [r.headers["x-ratelimit-remaining-requests"] for r in answers] == ["1", "0", "0"]
+    assert {r.headers["x-ratelimit-limit-requests"] for r in answers} == {"2"}
+    assert "x-ratelimit-limit-tokens" not in answers[0].headers  # only the declared budgets
+    refused = answers[2]
+    assert refused.json()["error"]["type"] == "requests"
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 2.5 < float(refused.headers["Retry-After"]) <= 3.0  # one request at 1/3 per second
+    assert 5.5 < _reset_s(refused.headers["x-ratelimit-reset-requests"]) <= 6.0  # two of them
+    requests.put(f"{base}/v1/config", json={"check": {"retry_after_on_budget": False}},
+                 timeout=5).raise_for_status()
+    quiet = timed_post(f"{base}/v1/check", CHECK)[0]
+    assert quiet.status_code == 429 and "Retry-After" not in quiet.headers
+    assert quiet.headers["x-ratelimit-remaining-requests"] == "0"
+    requests.put(f"{base}/v1/config", json={"check": {"requests_per_minute": None, "tokens_per_minute": 5,
+                                                      "retry_after_on_budget": True}},
+                 timeout=5).raise_for_status()
+    too_large = timed_post(f"{base}/v1/check", CHECK)[0]  # 6 + 3 tokens, more than a minute's 5
+    assert too_large.status_code == 429 and "Retry-After" not in too_large.headers
+    assert too_large.json()["error"]["type"] == "tokens"
+    assert "x-ratelimit-limit-requests" not in too_large.headers
+    assert too_large.headers["x-ratelimit-limit-tokens"] == "5"
+    endpoint = stats(base)["check"]
+    assert {k: endpoint[k] for k in ("served", "rate_limited_requests", "rate_limited_tokens", "rejected_429",
+                                     "tokens_input", "tokens_output")} == \
+        {"served": 2, "rate_limited_requests": 2, "rate_limited_tokens": 1, "rejected_429": 0,
+         "tokens_input": 12, "tokens_output": 6}
+
+
+CHAT = EndpointConfig(
+    path="/v1/chat/completions", protocol="openai_chat", latency_s=0.05, per_output_token_s=0.01,
+    requests_per_minute=6, tokens_per_minute=60,  # 0.1 requests and 1 token per wall second at 1x
+    answers=({"when": {"content": r"(?i)\brefund\b"}, "body": {"content": "We are sorry, {user}."}},
+             {"when": {}, "body": {"content": "Noted."}}))
+MESSAGES = [{"role": "system", "content": "Be brief."},  # 9 characters
+            {"role": "user", "content": "I want a refund now"}]  # 19: the prompt is 28, 7 tokens
+
+
+@pytest.fixture
+def chat() -> Iterator[str]:
+    """A service with one OpenAI-compatible chat endpoint at real time scale."""
+    server = serve(ServiceConfig({"chat": CHAT}, time_scale=1.0), host="127.0.0.1", port=0)
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_chat_request_gets_an_openai_answer_with_usage(chat: str) -> None:
+    request = {"model": "stand-in-1", "messages": MESSAGES, "user": "u-1", "max_tokens": 20,
+               "temperature": 0.2}
+    response, elapsed = timed_post(chat, request)
+    assert response.status_code == 200
+    assert elapsed >= 0.05 + 5 * 0.01  # time to first token, then 5 output tokens
+    body = response.json()
+    assert body["id"].startswith("chatcmpl-") and abs(body["created"] - time.time()) < 5
+    assert {k: body[k] for k in ("object", "model")} == {"object": "chat.completion", "model": "stand-in-1"}
+    # "We are sorry, u-1." is 18 characters: 5 tokens
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "We are sorry, u-1."},
+                                "finish_reason": "stop"}]
+    assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
+    # Charged 7 + 20 (max_tokens) at admission, corrected to 7 + 5: 48 of 60 left, refilled
+    # at 1 per second, so about 12 s until full.
+    assert response.headers["x-ratelimit-remaining-tokens"] == "48"
+    assert 11.5 < _reset_s(response.headers["x-ratelimit-reset-tokens"]) <= 12.0
+    assert response.headers["x-ratelimit-remaining-requests"] == "5"
+    short = requests.post(chat, json={**request, "max_tokens": 2}, timeout=5).json()
+    assert short["choices"][0]["message"]["content"] == "We are s"  # 2 tokens of 4 characters
+    assert short["choices"][0]["finish_reason"] == "length"
+    assert short["usage"] == {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}
+    other = requests.post(chat, json={"model": "m", "user": "u-2",
+                                      "messages": [{"role": "user", "content": "hello"}]}, timeout=5).json()
+    assert other["choices"][0]["message"]["content"] == "Noted."
+    assert other["usage"] == {"prompt_tokens": 2, "completion_tokens": 2, "total_tokens": 4}
+    base = chat.removesuffix("/v1/chat/completions")
+    endpoint = stats(base)["chat"]
+    assert {k: endpoint[k] for k in ("served", "duplicate_served", "tokens_input", "tokens_output")} == \
+        {"served": 3, "duplicate_served": 1, "tokens_input": 16, "tokens_output": 9}  # u-1 twice
+
+
+@pytest.mark.parametrize(("change", "detail"), [
+    ({"user": None}, "user must be a non-empty string"),
+    ({"messages": []}, "messages must be a non-empty list"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "messages must include a user message"),
+    ({"messages": [{"role": "user"}]}, "string content"),
+    ({"max_tokens": 0}, "max_tokens must be a positive integer"),
+    ({"temperature": 3}, "temperature"),
+    ({"model": ""}, "model must be a non-empty string"),
+])
+def test_a_malformed_chat_request_is_refused(chat: str, change: dict[str, Any], detail: str) -> None:
+    request = {"model": "m", "messages": MESSAGES, "user": "u-1", **change}
+    response = requests.post(chat, json={k: v for k, v in request.items() if v is not None}, timeout=5)
+    assert response.status_code == 400 and detail in response.json()["detail"]
+
+
+def test_a_spec_declares_budgets_the_chat_protocol_and_time_per_token() -> None:
+    spec = EndpointSpec.model_validate({
+        "connection": "ai", "path": "/v1/chat/completions", "concurrency": 8,
+        "requests_per_minute": 500, "tokens_per_minute": 30000, "tokens": "output",
+        "latency": {"distribution": "lognormal", "median_s": 0.4, "p99_s": 2.0, "per_output_token_s": 0.02},
+        "stand_in": {"protocol": "openai_chat", "answers": [{"body": {"content": "ok {user}"}}]}})
+    config = EndpointConfig.from_spec(spec)
+    assert (config.protocol, config.identity, config.requests_per_minute, config.tokens_per_minute,
+            config.tokens, config.per_output_token_s, config.retry_after_on_budget) == \
+        ("openai_chat", "user", 500, 30000, "output", 0.02, True)
+    assert not CONFIGS["check"].budgeted and CONFIGS["check"].protocol == "plain"
+    with pytest.raises(ConfigError, match="needs a `content` string"):
+        replace(CHAT, answers=({"when": {}, "body": {"text": "hi"}},))
+    with pytest.raises(ConfigError, match="not required fields"):
+        replace(CHAT, answers=({"when": {}, "body": {"content": "{temperature}"}},))
