@@ -25,15 +25,19 @@ Budgets meter like a provider (`consumers.ai_budgets`): `requests_per_minute` an
 refilled buckets checked before the concurrency limit. A request is charged its prompt's tokens
 plus `max_tokens` (else its answer's) and corrected to the actual tokens once answered; a
 refusal is 429 with an OpenAI error of type `requests` or `tokens` (a concurrency refusal says
-`concurrency`) and `Retry-After` unless `retry_after_on_budget` is off, as LiteLLM's proxy
-answers. Every answer of a budgeted endpoint carries OpenAI's `x-ratelimit-*` headers. An
+`concurrency`) and a `Retry-After` (none with `retry_after_on_budget: false`, as LiteLLM's proxy
+answers). Every answer of a budgeted endpoint carries OpenAI's `x-ratelimit-*` headers. An
 endpoint whose `stand_in` says `protocol: openai_chat` speaks OpenAI's chat completions
-(`messages` in, `choices` and `usage` out; the `user` field is the request's identity), and
-takes a time to first token plus `per_output_token_s` per token it writes. `GET /v1/stats` reports what was
-served per endpoint name, including the highest concurrency seen (how tests verify that a
-consumer fleet never exceeds the API's limit) and how many requests were served more than once
-(`duplicate_served`: the calls a client paid for twice, counted on the service's side). A
-request's identity is its endpoint's first required field (`request_id`, `message_id`, ...).
+(`messages` in, `choices` and `usage` out) and takes a time to first token (the spec's latency)
+plus `per_output_token_s` per token it writes.
+
+`GET /v1/stats` reports what was served per endpoint name, including the highest concurrency
+seen (how tests verify that a consumer fleet never exceeds the API's limit), the refusals by
+kind (`rejected_429`, `rate_limited`, `rate_limited_requests`, `rate_limited_tokens`), the
+tokens served (`tokens_input`, `tokens_output`) and how many requests were served more than
+once (`duplicate_served`: the calls a client paid for twice, counted on the service's side). A
+request's identity is its endpoint's first required field (`request_id`, `message_id`, ...),
+or a chat request's `user`.
 
     python -m consumers.ai_service --pipelines all --time-scale 0.1 --port 8600
 """
