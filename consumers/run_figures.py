@@ -15,7 +15,8 @@ from typing import Any
 import psycopg2
 
 from consumers.pipeline import Pipeline
-from measure import figures
+from consumers.pipeline_spec import HttpWork, PipelineSpec
+from measure import capacity, figures
 
 
 def rows(database_url: str, sql: str, params: tuple | dict = ()) -> list[tuple]:
@@ -43,7 +44,7 @@ WHERE run_id = %(run)s AND stage = %(final_stage)s ORDER BY completed_at
 """
 
 OK_CALLS_SQL = """
-SELECT stage, kafka_partition, extract(epoch FROM ended_at - started_at) FROM ai_attempts
+SELECT stage, kafka_partition, extract(epoch FROM started_at), extract(epoch FROM ended_at) FROM ai_attempts
 WHERE run_id = %(run)s AND outcome = 'ok'
 """
 
@@ -72,17 +73,33 @@ def completion_times(database_url: str, run_id: str, final_stage: str) -> list[f
     return [float(r[0]) for r in found]
 
 
+def limits_of(spec: PipelineSpec, concurrency: int | None = None, time_scale: float = 1.0,
+              tokens_per_call: dict[str, float] | None = None) -> capacity.Limits:
+    """The capacity's inputs a spec declares: each endpoint's concurrency (`concurrency` when the
+    run set one limit for every endpoint, as the stand-in is configured) and per-minute budgets,
+    and the endpoint each AI stage calls."""
+    return capacity.Limits(
+        {name: capacity.Endpoint(concurrency or e.concurrency, e.requests_per_minute, e.tokens_per_minute,
+                                 e.tokens) for name, e in spec.endpoints.items()},
+        {name: s.work.endpoint for name, s in spec.stages.items() if isinstance(s.work, HttpWork)},
+        time_scale, tokens_per_call or {})
+
+
 def standard_figures(database_url: str, run_id: str, final_stage: str, produced: int, ai_limit: int,
-                     per_partition: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
+                     per_partition: list[int], limits: capacity.Limits | None = None
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
     """measure.figures.run_figures of a run from its rows, and the rows' extras the benchmark
     adds (completion times, 'ok' calls, latencies, the span's ends); `final_stage` is the spec's
-    completing stage."""
+    completing stage, `limits` the endpoints' (`limits_of`; by default one per stage at ai_limit)."""
     run = {"run": run_id}
     status = dict(rows(database_url, "SELECT status, count(*) FROM requests WHERE run_id = %s "
                         "GROUP BY status", (run_id,)))
     first, last = (_float(v) for v in rows(database_url, SPAN_SQL, run)[0])
     times = completion_times(database_url, run_id, final_stage)
-    calls = [(stage, partition, float(s)) for stage, partition, s in rows(database_url, OK_CALLS_SQL, run)]
+    spans = [(stage, partition, float(started), float(ended))
+             for stage, partition, started, ended in rows(database_url, OK_CALLS_SQL, run)]
+    calls = [(stage, partition, ended - started) for stage, partition, started, ended in spans]
+    band = figures.steady_band(times)
     per_stage: dict[str, list[float]] = defaultdict(list)
     for stage, _, seconds in calls:
         per_stage[stage].append(seconds)
@@ -95,7 +112,9 @@ def standard_figures(database_url: str, run_id: str, final_stage: str, produced:
         produced=produced, status=status, span=figures.span_s(first, last),
         steady_throughput_rps=figures.steady_rate(times),
         service_s={stage: statistics.fmean(s) for stage, s in per_stage.items()}, ai_limit=ai_limit,
-        duplicate_ai_calls=figures.duplicate_calls(repeated), skew_max_over_mean=max_over_mean,
+        ok_calls={stage: len(s) for stage, s in per_stage.items()},
+        band_work=capacity.band_work(((stage, a, b) for stage, _, a, b in spans), band), band=band,
+        limits=limits, duplicate_ai_calls=figures.duplicate_calls(repeated), skew_max_over_mean=max_over_mean,
         skew_cv=cv, skew_records=sum(per_partition), skew_partitions=len(per_partition),
         latency_s={q: figures.percentile(e2e, q) for q in figures.QUANTILES})
     extras = {"first_produced_s": first, "last_terminal_s": last, "completion_times": times,
@@ -112,5 +131,6 @@ def burst_figures(pipeline: Pipeline, run_id: str, count: int, ai_limit: int,
     sent = run.send(count)
     run.wait_terminal(count, timeout_s)
     per_partition = sent.per_partition(pipeline.config.partitions)
-    return standard_figures(pipeline.database_url, run_id, pipeline.topics.spec.completing_stage,
-                            len(sent.request_ids), ai_limit, per_partition)[0]
+    spec = pipeline.topics.spec
+    return standard_figures(pipeline.database_url, run_id, spec.completing_stage, len(sent.request_ids),
+                            ai_limit, per_partition, limits_of(spec, ai_limit, pipeline.config.time_scale))[0]

@@ -12,12 +12,15 @@ turns them into figures, so a figure cannot mean two things.
 - steady_throughput_rps: completions per second on the plateau: the least-squares slope of the
   completion count against time over the completions between the 20th and 80th percentile
   (final-stage results, `stage_results.completed_at`); no ramp-up, no tail.
-- service_s: per AI stage, the mean seconds of its successful calls ('ok' attempts, started ->
-  ended): what one call occupies of a consumer's slot, which includes writing the attempt row
-  ahead of the request (consumers/ai_client.py), a few ms against the call.
-- capacity_rps: the endpoints' concurrency limit / service_s of the bottleneck stage (the one
-  with the longest mean call, which has the lowest capacity under one limit per endpoint).
-- utilization: steady_throughput_rps / capacity_rps.
+- service_s: per AI stage, the mean seconds of its successful calls ('ok' attempts, sent ->
+  ended): what one call occupies of an endpoint's slot.
+- calls_per_request: per AI stage, its successful calls (of every request) / completed requests.
+- capacity_rps, binding_limit, capacity_candidates: the binding limit over every endpoint's
+  concurrency and per-minute budgets, in completed requests/s (measure/capacity.py);
+  bottleneck_stage: the AI stage that calls the binding endpoint.
+- utilization: the share of the binding limit used inside the steady band, counted on the
+  binding endpoint's calls (measure/capacity.py); in expectation steady_throughput_rps /
+  capacity_rps.
 - latency p50/p95/p99 (ms): completed requests, `produced_at` -> `notified_at` (the result
   reached the user), linear interpolation between the two closest ranks (PostgreSQL's
   `percentile_cont`, Spark's `percentile`).
@@ -66,6 +69,8 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from measure import capacity as capacity_of
+
 TERMINAL = ("completed", "rejected", "dead_lettered")
 CALL_OUTCOMES = ("ok", "started")
 QUANTILES = (0.5, 0.95, 0.99)
@@ -91,6 +96,16 @@ def span_s(first_produced_s: float | None, last_terminal_s: float | None) -> flo
 
 def throughput_rps(completed: int, span: float | None) -> float:
     return completed / span if span and span > 0 else 0.0
+
+
+def steady_band(times: Sequence[float]) -> tuple[float, float] | None:
+    """The plateau: from the STEADY_BAND's first to its last completion; None with fewer than
+    MIN_STEADY_POINTS completions."""
+    if len(times) < MIN_STEADY_POINTS:
+        return None
+    ordered = sorted(times)
+    lo, hi = (round(share * (len(ordered) - 1)) for share in STEADY_BAND)
+    return ordered[lo], ordered[hi]
 
 
 def steady_rate(times: Sequence[float]) -> float:
@@ -192,33 +207,28 @@ def lag_trend(samples: Sequence[tuple[float, float]]) -> float:
     return statistics.linear_regression([t for t, _ in samples], [lag for _, lag in samples]).slope
 
 
-def capacity(ai_limit: int, service_s: Mapping[str, float]) -> tuple[str, float] | None:
-    """(bottleneck stage, requests/s it can serve): limit / its mean service time."""
-    if not service_s:
-        return None
-    stage = max(service_s, key=lambda s: service_s[s])
-    return (stage, ai_limit / service_s[stage]) if service_s[stage] > 0 else None
-
-
-def utilization(rps: float, capacity_rps: float | None) -> float | None:
-    return rps / capacity_rps if capacity_rps else None
-
-
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
 def run_figures(*, produced: int, status: Mapping[str, int], span: float | None,
                 steady_throughput_rps: float, service_s: Mapping[str, float], ai_limit: int,
-                duplicate_ai_calls: int, skew_max_over_mean: float | None, skew_cv: float | None,
+                ok_calls: Mapping[str, int], band_work: Mapping[str, tuple[float, int]],
+                band: tuple[float, float] | None, duplicate_ai_calls: int,
+                skew_max_over_mean: float | None, skew_cv: float | None,
                 latency_s: Mapping[float, float | None], skew_records: int = 0,
-                skew_partitions: int = 0) -> dict[str, Any]:
+                skew_partitions: int = 0, limits: capacity_of.Limits | None = None) -> dict[str, Any]:
     """The standard figures of one run from its aggregates (span from `span_s`, steady
-    throughput from `steady_rate`, latency_s: quantile -> seconds; the skew's records and
-    partitions give its hashing bound, None when not given)."""
+    throughput from `steady_rate`, the band from `steady_band` and the work inside it from
+    capacity.band_work, ok_calls: successful calls per AI stage, latency_s: quantile -> seconds;
+    the skew's records and partitions give its hashing bound, None when not given). `limits`:
+    the endpoints' limits; by default one endpoint per AI stage at `ai_limit`."""
     completed = status.get("completed", 0)
-    cap = capacity(ai_limit, service_s)
-    capacity_rps = cap[1] if cap else None
+    limits = limits or capacity_of.Limits.uniform(ai_limit, sorted({*service_s, *ok_calls}))
+    calls = capacity_of.calls_per_request(ok_calls, completed)
+    cap = capacity_of.capacity(limits, service_s, calls)
+    binding = cap.binding.endpoint if cap.binding else None
+    used = capacity_of.utilization(cap, limits, band_work, band[1] - band[0] if band else None)
     return {
         "produced": produced,
         "completed": completed,
@@ -228,10 +238,14 @@ def run_figures(*, produced: int, status: Mapping[str, int], span: float | None,
         "throughput_rps": round(throughput_rps(completed, span), 3),
         "steady_throughput_rps": round(steady_throughput_rps, 3),
         "service_s": {stage: round(s, 5) for stage, s in sorted(service_s.items())},
+        "calls_per_request": {stage: round(c, 4) for stage, c in sorted(calls.items())},
         "ai_limit": ai_limit,
-        "bottleneck_stage": cap[0] if cap else None,
-        "capacity_rps": _round(capacity_rps, 3),
-        "utilization": _round(utilization(steady_throughput_rps, capacity_rps), 4),
+        "bottleneck_stage": next((s for s, e in sorted(limits.stage_endpoint.items())
+                                  if e == binding and s in calls), None),
+        "binding_limit": cap.binding_limit,
+        "capacity_rps": _round(cap.rps, 3),
+        "capacity_candidates": cap.as_dict()["candidates"],
+        "utilization": _round(used, 4),
         "duplicate_ai_calls": duplicate_ai_calls,
         "skew_max_over_mean": _round(skew_max_over_mean, 3),
         "skew_cv": _round(skew_cv, 3),
@@ -244,16 +258,20 @@ def run_figures(*, produced: int, status: Mapping[str, int], span: float | None,
 
 def from_analysis(document: Mapping[str, Any], *, produced: int, ai_limit: int,
                   skew_max_over_mean: float | None, skew_cv: float | None, skew_records: int = 0,
-                  skew_partitions: int = 0) -> dict[str, Any]:
+                  skew_partitions: int = 0, limits: capacity_of.Limits | None = None) -> dict[str, Any]:
     """run_figures of a run from the Spark analysis' document (spark/pipeline_analysis.py) and
     its style topic's skew (spark/partition_load.py): what the gate decides on."""
     latency = document["latency_s"]["end_to_end"].get("notified", {})
+    band = document["steady_band"]
     return run_figures(
         produced=produced, status=document["status"], span=document["span_s"],
         steady_throughput_rps=document["steady_throughput_rps"], service_s=document["service_s"],
-        ai_limit=ai_limit, duplicate_ai_calls=document["duplicates"]["total"],
+        ai_limit=ai_limit, ok_calls=document["ok_calls"],
+        band_work={stage: (w["busy_s"], w["calls"]) for stage, w in document["band_work"].items()},
+        band=tuple(band) if band else None, duplicate_ai_calls=document["duplicates"]["total"],
         skew_max_over_mean=skew_max_over_mean, skew_cv=skew_cv, skew_records=skew_records,
-        skew_partitions=skew_partitions, latency_s={q: latency.get(f"p{round(q * 100)}") for q in QUANTILES})
+        skew_partitions=skew_partitions, latency_s={q: latency.get(f"p{round(q * 100)}") for q in QUANTILES},
+        limits=limits)
 
 
 Schedule = Sequence[tuple[float, float]]  # (from_s, capacity_rps), in time order, the first from 0
@@ -288,11 +306,10 @@ def utilization_in_force(times: Sequence[float], calls: Iterable[tuple[float, fl
                          limits: Schedule) -> float | None:
     """Completion times, the successful calls' (start, end) and `limits` (the concurrency in
     force, calls) are in seconds since the first produce."""
-    if len(times) < MIN_STEADY_POINTS:
+    band = steady_band(times)
+    if band is None:
         return None
-    ordered = sorted(times)
-    lo, hi = (round(share * (len(ordered) - 1)) for share in STEADY_BAND)
-    start, end = ordered[lo], ordered[hi]
+    start, end = band
     busy = sum(max(0.0, min(ended, end) - max(started, start)) for started, ended in calls)
     slots = servable(limits, start, end)
     return busy / slots if slots > 0 else None

@@ -13,7 +13,12 @@ figures with that module, as `bench/figures.py` does from SQL. Per run it comput
   ranks (Spark `percentile` = PostgreSQL `percentile_cont` = `measure.figures.percentile`):
   completed requests from `produced_at` to `finished_at` ('finished') and to `notified_at`
   ('notified': the terminal route's events were acknowledged); per stage of
-  the 'ok' attempts (`ended_at - started_at`), with their mean: the stage's service time;
+  the 'ok' attempts (`ended_at - started_at`), with their mean: the stage's service time, and
+  their count (`ok_calls`);
+- the steady band (`measure.figures.steady_band`, from the final stage's completion times) and
+  per AI stage the work of its 'ok' calls inside it (`band_work`: call-seconds inside the band
+  and calls ended inside it, as `measure.capacity.band_work` counts them): what the capacity's
+  utilization is counted on;
 - member load: AI call attempts per group member (all outcomes, and 'ok' ones);
 - duplicate AI calls per stage (outcomes in `measure.figures.CALL_OUTCOMES`);
 - rebalance windows: each 'revoke' or 'lost' event opens a window in its consumer group that
@@ -149,6 +154,17 @@ def repeated_calls(attempts: DataFrame) -> DataFrame:
     return per_request.where(F.col("calls") > 1)
 
 
+def band_work(attempts: DataFrame, band: tuple[float, float]) -> DataFrame:
+    """Per stage, the 'ok' calls' seconds inside the band (epoch s) and the calls ended inside it
+    (measure.capacity.band_work)."""
+    start, end = (F.lit(round(b * 1_000_000)) for b in band)
+    started, ended = _micros("started_at"), _micros("ended_at")
+    inside = F.greatest(F.lit(0), F.least(ended, end) - F.greatest(started, start)) / F.lit(1_000_000.0)
+    return (attempts.where(F.col("outcome") == "ok").groupBy("stage")
+            .agg(F.sum(inside).alias("busy_s"),
+                 F.count(F.when((ended >= start) & (ended <= end), 1)).alias("calls")))
+
+
 def last_terminal_us(frames: RunFrames) -> int | None:
     """When the last request reached its terminal state (epoch microseconds): a completed or
     rejected one's finished_at, a dead-lettered one's latest dead letter."""
@@ -229,6 +245,9 @@ def analyse(frames: RunFrames, run_id: str, *, bucket_seconds: int = 1,
         repeated.setdefault(r["stage"], []).append(r["calls"])
     duplicates = {stage: figures.duplicate_calls(calls) for stage, calls in repeated.items()}
     stages = {r["stage"]: _quantiles(r) for r in collect_sorted(stage_latency(frames.attempts), "stage")}
+    band = figures.steady_band(times)
+    work = {} if band is None else {r["stage"]: {"busy_s": r["busy_s"], "calls": r["calls"]}
+                                    for r in collect_sorted(band_work(frames.attempts, band), "stage")}
     return {
         "run_id": run_id,
         "bucket_seconds": bucket_seconds,
@@ -242,6 +261,9 @@ def analyse(frames: RunFrames, run_id: str, *, bucket_seconds: int = 1,
         "throughput_rps": figures.throughput_rps(status.get("completed", 0), span),
         "steady_throughput_rps": figures.steady_rate(times),
         "service_s": {stage: q["mean"] for stage, q in stages.items()},
+        "ok_calls": {stage: q["count"] for stage, q in stages.items()},
+        "steady_band": list(band) if band else None,
+        "band_work": work,
         "completions": {stage: [{"bucket_start": job_io.utc_iso(b["bucket_start"]),
                                  "completions": b["completions"]}
                                 for b in per_bucket if b["stage"] == stage]

@@ -86,7 +86,19 @@ def test_figures_recomputed_from_the_database(stack: Stack, smoke: tuple[Path, d
                                "WHERE run_id = %s AND stage = 'generate' AND outcome = 'ok'", run)
         capacity = summary["params"]["concurrency"] / float(mean_generate)
         assert s["capacity_rps"] == pytest.approx(capacity, abs=0.001), name
-        assert s["utilization"] == pytest.approx(s["steady_throughput_rps"] / capacity, abs=0.001), name
+        assert s["binding_limit"] == "generate.concurrency", name
+        # utilization: generate's call-seconds inside the steady band (the 20th to the 80th
+        # percentile completion) over the slot-seconds the concurrency gives it
+        times = sorted(float(t) for (t,) in query(
+            db, "SELECT extract(epoch FROM completed_at) FROM stage_results WHERE run_id = %s "
+            "AND stage = 'generate'", run))
+        lo, hi = times[round(0.2 * (len(times) - 1))], times[round(0.8 * (len(times) - 1))]
+        busy = scalar(db, "SELECT sum(greatest(0, least(extract(epoch FROM ended_at), %s) - "
+                      "greatest(extract(epoch FROM started_at), %s))) FROM ai_attempts WHERE run_id = %s "
+                      "AND stage = 'generate' AND outcome = 'ok'", hi, lo, run)
+        used = float(busy) / (summary["params"]["concurrency"] * (hi - lo))
+        assert s["utilization"] == pytest.approx(used, abs=0.001), name
+        assert s["utilization"] <= 1.0, name
         per_partition: dict[tuple[str, int], list[float]] = {}
         for stage, partition, seconds in query(
                 db, "SELECT stage, kafka_partition, extract(epoch FROM ended_at - started_at) "

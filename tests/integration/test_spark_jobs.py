@@ -412,6 +412,8 @@ def assert_agree(bench_side: dict, spark_side: dict) -> None:
             assert spark_side[key] == pytest.approx(value, abs=ROUNDING[key]), key
         elif key == "service_s":
             assert spark_side[key] == pytest.approx(value, abs=1e-5), key
+        elif key == "capacity_candidates":
+            assert spark_side[key] == pytest.approx(value, abs=1e-3), key
         else:
             assert spark_side[key] == value, key
 
@@ -430,6 +432,7 @@ def test_bench_and_spark_agree_on_a_synthetic_run(stack: Stack, spark: SparkSess
     assert_agree(bench_side, spark_side)
     assert (bench_side["lost"], bench_side["duplicate_ai_calls"]) == (2, 8)  # 43 - 41 settled; see insert_run
     assert bench_side["bottleneck_stage"] == "generate" and bench_side["steady_throughput_rps"] > 0
+    assert bench_side["binding_limit"] == "generate.concurrency"
 
 
 @pytest.fixture(scope="module")

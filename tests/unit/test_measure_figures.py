@@ -91,13 +91,6 @@ def test_hot_partitions_are_strictly_above_threshold_times_the_mean() -> None:
     assert figures.hot_partitions([0, 0], 2.0) == []
 
 
-def test_capacity_is_the_limit_over_the_bottleneck_stages_mean_call() -> None:
-    assert figures.capacity(16, {"check": 0.025, "generate": 0.16}) == ("generate", pytest.approx(100.0))
-    assert figures.capacity(64, {"check": 0.5}) == ("check", 128.0)
-    assert figures.capacity(16, {}) is None
-    assert figures.capacity(16, {"generate": 0.0}) is None
-
-
 def test_consumer_lag_counts_from_the_low_watermark_when_nothing_was_committed() -> None:
     assert figures.consumer_lag(low=10, high=50, committed=45) == 5
     assert figures.consumer_lag(low=10, high=50, committed=-1001) == 40  # OFFSET_INVALID
@@ -128,15 +121,19 @@ def test_the_hashing_bound_separates_small_samples_from_a_sticky_partitioner() -
     assert figures.hashing_skew_bound(100_000, 64) < 1.15  # large samples: the bound closes in on 1
 
 
-def test_utilization() -> None:
-    assert figures.utilization(90.0, 100.0) == 0.9
-    assert figures.utilization(90.0, None) is None
+def test_steady_band_runs_from_the_20th_to_the_80th_percentile_completion() -> None:
+    # 11 completions: ranks 2 and 8 bound the band
+    times = [0.0, 0.1, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 50.0, 90.0]
+    assert figures.steady_band(list(reversed(times))) == (2.0, 8.0)
+    assert figures.steady_band(times[:9]) is None
 
 
 def test_run_figures_assembles_every_figure() -> None:
     got = figures.run_figures(
         produced=15, status={"completed": 12, "rejected": 1, "checking": 1}, span=2.0,
         steady_throughput_rps=10.0, service_s={"generate": 0.2, "check": 0.02}, ai_limit=4,
+        ok_calls={"check": 15, "generate": 12}, band=(1.0, 3.0),
+        band_work={"generate": (6.0, 30), "check": (1.0, 40)},
         duplicate_ai_calls=1, skew_max_over_mean=1.25, skew_cv=0.2,
         latency_s={0.5: 0.5, 0.95: 0.95, 0.99: None}, skew_records=4, skew_partitions=2)
     assert got == {
@@ -144,9 +141,13 @@ def test_run_figures_assembles_every_figure() -> None:
         "lost": 2,  # 15 produced, 13 settled
         "span_s": 2.0, "throughput_rps": 6.0,  # 12 / 2 s
         "steady_throughput_rps": 10.0,
-        "service_s": {"check": 0.02, "generate": 0.2}, "ai_limit": 4,
-        "bottleneck_stage": "generate", "capacity_rps": 20.0,  # 4 / 0.2 s
-        "utilization": 0.5,  # 10 / 20
+        "service_s": {"check": 0.02, "generate": 0.2},
+        "calls_per_request": {"check": 1.25, "generate": 1.0},  # 15 and 12 calls for 12 completed
+        "ai_limit": 4,
+        # check: 4 / (0.02 s x 1.25) = 160 rps; generate: 4 / (0.2 s x 1) = 20 rps
+        "bottleneck_stage": "generate", "binding_limit": "generate.concurrency", "capacity_rps": 20.0,
+        "capacity_candidates": {"check.concurrency": 160.0, "generate.concurrency": 20.0},
+        "utilization": 0.75,  # generate's 6 call-seconds in the 2 s band / (4 slots x 2 s)
         "duplicate_ai_calls": 1, "skew_max_over_mean": 1.25, "skew_cv": 0.2,
         "skew_hashing_bound": 2.0,  # 4 records over 2 partitions: all 4 on one happens 1 in 8 times
         "p50_ms": 500.0, "p95_ms": 950.0, "p99_ms": None,
@@ -155,10 +156,10 @@ def test_run_figures_assembles_every_figure() -> None:
 
 def test_run_figures_without_successful_calls_has_no_capacity() -> None:
     got = figures.run_figures(produced=3, status={}, span=None, steady_throughput_rps=0.0, service_s={},
-                              ai_limit=4, duplicate_ai_calls=0, skew_max_over_mean=None, skew_cv=None,
-                              latency_s={})
+                              ai_limit=4, ok_calls={}, band_work={}, band=None, duplicate_ai_calls=0,
+                              skew_max_over_mean=None, skew_cv=None, latency_s={})
     assert (got["lost"], got["throughput_rps"]) == (3, 0.0)
-    assert (got["capacity_rps"], got["utilization"]) == (None, None)
+    assert (got["capacity_rps"], got["utilization"], got["binding_limit"]) == (None, None, None)
     assert got["p99_ms"] is None and got["bottleneck_stage"] is None
 
 

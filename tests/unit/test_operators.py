@@ -207,10 +207,14 @@ def test_trials_refuse_bad_settings_before_deploying(monkeypatch: pytest.MonkeyP
 # --- gate --------------------------------------------------------------------------------------
 
 def analysis(steady: float) -> dict:
-    """A Spark analysis document: 320 completed, generate calls of 0.16 s (capacity 100 rps at 16)."""
+    """A Spark analysis document: 320 completed, generate calls of 0.16 s (capacity 100 rps at 16),
+    each request one call a stage; on a 2 s plateau generate's calls keep steady / 100 of its 16
+    slots busy (steady x 0.32 call-seconds)."""
     notified = {"count": 320, "mean": 0.4, "p50": 0.3, "p95": 0.5, "p99": 0.6}
     return {"status": {"completed": 320}, "span_s": 4.0, "steady_throughput_rps": steady,
             "service_s": {"check": 0.03, "generate": 0.16}, "duplicates": {"total": 0, "by_stage": {}},
+            "ok_calls": {"check": 320, "generate": 320}, "steady_band": [1.0, 3.0],
+            "band_work": {"generate": {"busy_s": steady * 0.32, "calls": round(2 * steady)}},
             "latency_s": {"end_to_end": {"notified": notified}, "stages": {}}}
 
 

@@ -252,6 +252,15 @@ def test_stage_latency_counts_successful_attempts_only(spark: SparkSession) -> N
     assert rows["generate"]["mean"] == pytest.approx(1.5)
 
 
+def test_band_work_counts_ok_call_seconds_inside_the_band_and_calls_ended_in_it(spark: SparkSession) -> None:
+    # band 1.5 -> 3.5 s: check's ok calls 0-1 (0 s), 1-3 (1.5 s, ended), 3-6 (0.5 s), 0-4 (2 s);
+    # generate's 0-2 (0.5 s, ended), 2-3 (1 s, ended); the timeout does not count
+    band = (at(1.5).timestamp(), at(3.5).timestamp())
+    rows = by(collect(pipeline_analysis.band_work(run_frames(spark).attempts, band)), "stage")
+    assert (rows["check"]["busy_s"], rows["check"]["calls"]) == (pytest.approx(4.0), 1)
+    assert (rows["generate"]["busy_s"], rows["generate"]["calls"]) == (pytest.approx(1.5), 2)
+
+
 def test_member_load_and_duplicate_calls(spark: SparkSession) -> None:
     frames = run_frames(spark)
     load = by(collect(pipeline_analysis.member_load(frames.attempts)), "member")
@@ -301,6 +310,8 @@ def test_analyse_document(spark: SparkSession) -> None:
     assert (doc["span_s"], doc["throughput_rps"]) == (pytest.approx(6.0), pytest.approx(0.5))
     assert doc["steady_throughput_rps"] == 0.0  # 4 generate completions: too few for a plateau
     assert doc["service_s"] == {"check": pytest.approx(2.5), "generate": pytest.approx(1.5)}
+    assert doc["ok_calls"] == {"check": 4, "generate": 2}
+    assert (doc["steady_band"], doc["band_work"]) == (None, {})  # too few completions for a plateau
     assert doc["duplicates"] == {"total": 3, "by_stage": {"check": 2, "generate": 1}}
     assert doc["rebalances"]["cost_seconds"] == 5
     assert doc["rebalances"]["events"] == {"assign": 3, "lost": 1, "max_poll_exceeded": 1, "revoke": 3}

@@ -1,0 +1,241 @@
+"""A pipeline's capacity: the binding limit over every AI endpoint a request reaches.
+
+Each endpoint e has a concurrency and may have per-minute budgets (real-scale minutes, as the
+spec declares them; at time scale k a minute lasts 60 k wall-clock seconds). A request makes
+calls_e successful calls on it on average, each taking service_e seconds (the mean of its
+successful calls, wall clock) and tokens_e tokens (the kind its budget counts). Each limit
+allows, in requests/s:
+
+    concurrency       concurrency_e / (service_e x calls_e)
+    requests budget   requests_per_minute_e / (60 k) / calls_e
+    tokens budget     tokens_per_minute_e / (60 k) / (tokens_e x calls_e)
+
+capacity = the lowest of them over every endpoint; the limit giving it is the binding one,
+named `<endpoint>.<dimension>` (`summarize.concurrency`, `draft.tokens_per_minute`). Where
+several stages call one endpoint, their terms add up (service x calls, calls, tokens x calls).
+
+The requests counted are completed requests, and calls_e counts every successful call on the
+endpoint (of requests later rejected or dead-lettered too) per completed request: the
+throughput (completions per second) and the capacity count the same requests, and the calls a
+blocked post cost its moderation endpoint are charged to the posts that went through. Fan-out
+counts each branch on its own endpoint; an endpoint that a share of the requests reach has
+calls_e below 1.
+
+A budget whose tokens per call were not measured is left out and named in `unmeasured`: the
+capacity is then an upper bound, which makes a utilization read low, never past 1.
+
+utilization: the share of the binding limit the run used on the plateau (the steady band of
+measure.figures): the binding endpoint's call-seconds inside the band / (concurrency x band)
+for a concurrency, its calls ended inside the band / (budget x band) for a requests budget, and
+those calls' tokens for a tokens budget. In expectation it is steady_throughput_rps /
+capacity_rps; it counts calls rather than completions because completions of a fan-out join
+catch up inside the band (a post summarised early waits for its labels) and heavy-tailed calls
+make a completion slope noisy: text_moderation read 1.046 and 1.087 of a capacity its calls
+never exceeded. Counted on calls, a limit the service enforces keeps it at most 1.
+
+Plain Python, like measure.sizing: the benchmark's SQL side, the Spark analysis and the gate
+share it, and every result carries its reasoning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+DIMENSIONS = ("concurrency", "requests_per_minute", "tokens_per_minute")
+TOKEN_KINDS = ("input", "output", "total")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One AI endpoint's limits: calls at once, and budgets per real-scale minute (None: none)."""
+
+    concurrency: int
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens: str = "total"  # which tokens tokens_per_minute counts: input, output or total
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every endpoint's limits, the endpoint each AI stage calls, the run's time scale and the
+    measured tokens per call of the endpoints (of the kind their budget counts)."""
+
+    endpoints: Mapping[str, Endpoint]
+    stage_endpoint: Mapping[str, str]
+    time_scale: float = 1.0
+    tokens_per_call: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def uniform(cls, concurrency: int, stages: Iterable[str]) -> Limits:
+        """One endpoint per stage, named after it, each with `concurrency` and no budgets: what a
+        caller that knows only the run's concurrency limit can say."""
+        names = list(stages)
+        return cls({s: Endpoint(concurrency) for s in names}, {s: s for s in names})
+
+    def with_concurrency(self, endpoint: str, concurrency: float) -> Limits:
+        """The same limits with one endpoint's concurrency replaced (a limit schedule's piece)."""
+        changed = {**self.endpoints, endpoint: Endpoint(
+            concurrency, self.endpoints[endpoint].requests_per_minute,
+            self.endpoints[endpoint].tokens_per_minute, self.endpoints[endpoint].tokens)}
+        return Limits(changed, self.stage_endpoint, self.time_scale, self.tokens_per_call)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    endpoint: str
+    dimension: str
+    rps: float | None  # None: not measured (no calls, or no tokens per call)
+    reasoning: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.endpoint}.{self.dimension}"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    rps: float | None
+    binding: Candidate | None
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def binding_limit(self) -> str | None:
+        return self.binding.name if self.binding else None
+
+    @property
+    def unmeasured(self) -> list[str]:
+        return [c.name for c in self.candidates if c.rps is None]
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: the capacity, the binding limit and every candidate with its figure."""
+        return {"capacity_rps": self.rps, "binding_limit": self.binding_limit,
+                "candidates": {c.name: None if c.rps is None else round(c.rps, 3) for c in self.candidates},
+                "reasoning": [c.reasoning for c in self.candidates], "unmeasured": self.unmeasured}
+
+
+def calls_per_request(ok_calls: Mapping[str, int], completed: int) -> dict[str, float]:
+    """Successful calls of each stage per completed request (see the module docstring)."""
+    return {stage: n / completed for stage, n in ok_calls.items()} if completed > 0 else {}
+
+
+def tokens_per_call(kind: str, served: int, tokens_input: int, tokens_output: int) -> float | None:
+    """Tokens of the kind a budget counts per served call, from the service's counters."""
+    if served <= 0:
+        return None
+    counted = {"input": tokens_input, "output": tokens_output, "total": tokens_input + tokens_output}[kind]
+    return counted / served
+
+
+def _per_endpoint(limits: Limits, values: Mapping[str, float]) -> dict[str, float]:
+    """A per-stage figure summed over the stages of each endpoint."""
+    summed: dict[str, float] = {}
+    for stage, value in values.items():
+        endpoint = limits.stage_endpoint.get(stage)
+        if endpoint is not None:
+            summed[endpoint] = summed.get(endpoint, 0.0) + value
+    return summed
+
+
+def candidates(limits: Limits, service_s: Mapping[str, float],
+               calls: Mapping[str, float]) -> list[Candidate]:
+    """Every limit of every endpoint the requests reached, with the requests/s it allows."""
+    busy = _per_endpoint(limits, {s: service_s.get(s, 0.0) * c for s, c in calls.items()})
+    reach = _per_endpoint(limits, calls)
+    minute = 60 * limits.time_scale
+    found = []
+    for name, e in limits.endpoints.items():
+        n = reach.get(name, 0.0)
+        if n <= 0:
+            continue  # no request reached it in this run: it limits nothing measured
+        work = busy.get(name, 0.0)
+        found.append(Candidate(name, "concurrency", e.concurrency / work if work > 0 else None,
+                               f"{name}.concurrency: {e.concurrency} / ({work / n:.5g} s x {n:.4g} calls) "
+                               f"= {e.concurrency / work:.4g} rps" if work > 0
+                               else f"{name}.concurrency: no call time measured"))
+        if e.requests_per_minute:
+            rps = e.requests_per_minute / minute / n
+            found.append(Candidate(name, "requests_per_minute", rps,
+                                   f"{name}.requests_per_minute: {e.requests_per_minute} / {minute:g} s / "
+                                   f"{n:.4g} calls = {rps:.4g} rps"))
+        if e.tokens_per_minute:
+            tokens = limits.tokens_per_call.get(name)
+            rps = e.tokens_per_minute / minute / (tokens * n) if tokens else None
+            found.append(Candidate(name, "tokens_per_minute", rps,
+                                   f"{name}.tokens_per_minute: {e.tokens_per_minute} / {minute:g} s / "
+                                   f"({tokens:.5g} {e.tokens} tokens x {n:.4g} calls) = {rps:.4g} rps"
+                                   if rps is not None else
+                                   f"{name}.tokens_per_minute: {e.tokens} tokens per call not measured"))
+    return found
+
+
+def capacity(limits: Limits, service_s: Mapping[str, float], calls: Mapping[str, float]) -> Capacity:
+    """The binding limit and the requests/s it allows (see the module docstring)."""
+    found = candidates(limits, service_s, calls)
+    measured = [c for c in found if c.rps is not None]
+    binding = min(measured, key=lambda c: c.rps or 0.0) if measured else None
+    return Capacity(binding.rps if binding else None, binding, tuple(found))
+
+
+def capacity_schedule(limits: Limits, service_s: Mapping[str, float], calls: Mapping[str, float],
+                      endpoint: str, concurrency: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(from_s, capacity rps) for a concurrency schedule of one endpoint, (from_s, limit):
+    measure.figures' capacity schedule, every other limit held."""
+    pieces = []
+    for at, limit in concurrency:
+        rps = capacity(limits.with_concurrency(endpoint, limit), service_s, calls).rps
+        if rps is None:
+            raise ValueError(f"no capacity with {endpoint} at {limit}: nothing measured")
+        pieces.append((at, rps))
+    return pieces
+
+
+def band_work(calls: Iterable[tuple[str, float, float]], band: tuple[float, float] | None
+              ) -> dict[str, tuple[float, int]]:
+    """Per stage, (call-seconds inside the band, calls ended inside it) of successful calls given
+    as (stage, started, ended) in the band's clock."""
+    work: dict[str, tuple[float, int]] = {}
+    if band is None:
+        return work
+    start, end = band
+    for stage, started, ended in calls:
+        busy, count = work.get(stage, (0.0, 0))
+        work[stage] = (busy + max(0.0, min(ended, end) - max(started, start)),
+                       count + (start <= ended <= end))
+    return work
+
+
+def utilization(cap: Capacity, limits: Limits, work: Mapping[str, tuple[float, int]],
+                band_s: float | None) -> float | None:
+    """The share of the binding limit used inside the steady band (see the module docstring)."""
+    binding = cap.binding
+    if binding is None or not band_s or band_s <= 0:
+        return None
+    stages = [s for s, e in limits.stage_endpoint.items() if e == binding.endpoint]
+    busy = sum(work.get(s, (0.0, 0))[0] for s in stages)
+    ended = sum(work.get(s, (0.0, 0))[1] for s in stages)
+    e = limits.endpoints[binding.endpoint]
+    minute = 60 * limits.time_scale
+    if binding.dimension == "concurrency":
+        return busy / (e.concurrency * band_s)
+    if binding.dimension == "requests_per_minute" and e.requests_per_minute:
+        return ended / (e.requests_per_minute / minute * band_s)
+    tokens = limits.tokens_per_call.get(binding.endpoint)
+    if e.tokens_per_minute and tokens:
+        return ended * tokens / (e.tokens_per_minute / minute * band_s)
+    return None
+
+
+def served_check(cap: Capacity, calls: Mapping[str, float], limits: Limits, served: int | None,
+                 window_s: float | None) -> dict[str, Any] | None:
+    """What the service counted on the binding endpoint over a window (its `served` counter)
+    against the calls/s the binding limit allows there (capacity x calls per request on it)."""
+    binding = cap.binding
+    if binding is None or binding.rps is None or served is None or not window_s or window_s <= 0:
+        return None
+    allowed = binding.rps * _per_endpoint(limits, calls).get(binding.endpoint, 0.0)
+    rate = served / window_s
+    return {"endpoint": binding.endpoint, "served": served, "window_s": round(window_s, 3),
+            "served_rps": round(rate, 3), "limit_calls_rps": round(allowed, 3),
+            "share_of_limit": round(rate / allowed, 4) if allowed > 0 else None}
