@@ -18,9 +18,15 @@ Benchmark-only figures:
   it shows whether that partition bounded the run.
 - refetch_amplification: bytes librdkafka received for the AI stages' topics (its statistics
   count re-fetched data) / bytes of distinct records on those topics.
-- physical_minimum_s, span_over_minimum, overload_share (measure.figures), against the nominal
-  capacity: the concurrency in force over the bottleneck endpoint's mean latency at the run's
-  time scale.
+- physical_minimum_s, span_over_minimum, overload_share (measure.figures): the completed
+  requests at the capacity in force (measure.capacity with this run's mean calls and calls per
+  request, the concurrency of the scheduled endpoint following its schedule), plus one chain of
+  AI calls at the spec's latencies.
+- served_on_binding: what the stand-in's own counters say of the binding endpoint: its `served`
+  calls per second over the span beside the calls per second the binding limit allows there
+  (measure.capacity.served_check), set beside the utilization, which is counted on our calls
+  inside the steady band. The counters are totals since the burst began, so the span is the
+  window they can give.
 - for a limit that changes during the run (`adaptive`): the limit the fleet discovered (its
   `ai_limits` rows) beside the one the service had in force, utilization_in_force and a
   recovery_s per change (measure.figures), against the capacity with the bottleneck's measured
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -38,8 +45,8 @@ from confluent_kafka import Consumer, TopicPartition
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
 from consumers.presets import PresetParams
-from consumers.run_figures import rows, standard_figures
-from measure import figures
+from consumers.run_figures import limits_of, rows, standard_figures
+from measure import capacity, figures
 
 POLL_S = 0.2  # the longest one read of topic_bytes waits
 
@@ -104,24 +111,42 @@ def overhead_ms(extras: dict[str, Any], q: float) -> float | None:
     return _ms(figures.percentile([e2e - ai for e2e, ai in extras["latency"] if ai is not None], q))
 
 
+def bench_limits(p: PresetParams, service: Mapping[str, Mapping[str, Any]] | None = None) -> capacity.Limits:
+    """The endpoints' limits in a benchmark run: the spec's budgets, the run's concurrency for each
+    endpoint (the stand-in is configured so), its time scale, and the tokens per call of the kind
+    each tokens budget counts where the stand-in's counters (`/v1/stats`) have them."""
+    tokens = {}
+    for name, e in p.spec.endpoints.items():
+        counted = (service or {}).get(name, {})
+        if e.tokens_per_minute and "tokens_input" in counted and "tokens_output" in counted:
+            per_call = capacity.tokens_per_call(e.tokens, counted.get("served", 0), counted["tokens_input"],
+                                                counted["tokens_output"])
+            if per_call is not None:
+                tokens[name] = per_call
+    return limits_of(p.spec, p.concurrency, p.time_scale, tokens)
+
+
 def phase_figures(database_url: str, run_id: str, topics: Topics, produced: int, ai_limit: int,
-                  per_partition: list[int]) -> dict[str, Any]:
-    """The standard figures of one phase of a scenario (its own run id) and its overhead."""
+                  per_partition: list[int], limits: capacity.Limits | None = None) -> dict[str, Any]:
+    """The standard figures of one phase of a scenario (its own run id) and its overhead;
+    `limits` by default the spec's with `ai_limit` for every endpoint (bench_limits adds the time
+    scale the budgets need)."""
     standard, extras = standard_figures(database_url, run_id, topics.spec.completing_stage, produced,
-                                        ai_limit, per_partition)
+                                        ai_limit, per_partition, limits or limits_of(topics.spec, ai_limit))
     return {"run_id": run_id, **standard, "overhead_p50_ms": overhead_ms(extras, 0.5),
             "overhead_p99_ms": overhead_ms(extras, 0.99)}
 
 
 def scenario_figures(database_url: str, kafka: KafkaConnection, run_id: str, topics: Topics, produced: int,
-                     ai_limit: int, per_partition: list[int] | None = None) -> dict[str, Any]:
+                     ai_limit: int, per_partition: list[int] | None = None,
+                     limits: capacity.Limits | None = None) -> dict[str, Any]:
     """Every figure of one scenario run: the standard ones and the benchmark's own.
     `per_partition`: the run's requests per partition of the measured topic as the source saw
     them land, when the topic also holds another phase's; by default the topic's offsets."""
     if per_partition is None:
         per_partition = kafka.partition_counts(topics.name(topics.spec.load.measure))
     standard, extras = standard_figures(database_url, run_id, topics.spec.completing_stage, produced,
-                                        ai_limit, per_partition)
+                                        ai_limit, per_partition, limits or limits_of(topics.spec, ai_limit))
     first, last = extras["first_produced_s"], extras["last_terminal_s"]
     rebalances = rows(database_url, "SELECT count(*) FROM rebalance_events WHERE run_id = %s AND "
                        "event IN ('revoke', 'lost', 'max_poll_exceeded') AND at BETWEEN "
@@ -151,18 +176,27 @@ def _relative(schedule: list[list[float]], p: PresetParams, applied_at: float,
 
 def limit_figures(result: dict[str, Any], p: PresetParams, schedule: list[list[float]],
                   applied_at: float) -> dict[str, Any]:
-    """The span against the physical minimum and the share of calls refused with 429."""
-    call_s = p.slowest_call_s * p.time_scale
+    """The span against the physical minimum, the share of calls refused with 429, and the
+    stand-in's served calls on the binding endpoint (see the module docstring)."""
+    limits = bench_limits(p, result["ai_service"])
+    service_s, calls = result["service_s"], result["calls_per_request"]
     first = result["first_produced_s"] or applied_at
-    capacity = [(max(0.0, at), limit / call_s) for at, limit in _relative(schedule, p, applied_at, first)]
-    minimum = figures.physical_minimum_s(result["produced"], capacity, p.spec.ai_path_s * p.time_scale)
+    concurrency = [(max(0.0, at), limit) for at, limit in _relative(schedule, p, applied_at, first)]
+    in_force = (capacity.capacity_schedule(limits, service_s, calls, p.bottleneck, concurrency)
+                if calls else None)
+    minimum = None if in_force is None else figures.physical_minimum_s(
+        result["completed"], in_force, p.spec.ai_path_s * p.time_scale)
     service = result["ai_service"].values()
     refused = sum(e["rejected_429"] + e["rate_limited"] for e in service)
-    calls = refused + sum(e["served"] + e["errors_5xx"] + e["hangs"] for e in service)
-    share = figures.overload_share(refused, calls)
-    return {"physical_minimum_s": round(minimum, 3),
-            "span_over_minimum": _rounded(figures.span_over_minimum(result["span_s"], minimum), 4),
-            "ai_calls": calls, "ai_429": refused, "overload_share": _rounded(share, 5)}
+    calls_made = refused + sum(e["served"] + e["errors_5xx"] + e["hangs"] for e in service)
+    share = figures.overload_share(refused, calls_made)
+    binding = capacity.capacity(limits, service_s, calls)
+    served = result["ai_service"].get(binding.binding.endpoint, {}).get("served") if binding.binding else None
+    return {"physical_minimum_s": _rounded(minimum, 3),
+            "span_over_minimum": None if minimum is None else _rounded(
+                figures.span_over_minimum(result["span_s"], minimum), 4),
+            "ai_calls": calls_made, "ai_429": refused, "overload_share": _rounded(share, 5),
+            "served_on_binding": capacity.served_check(binding, calls, limits, served, result["span_s"])}
 
 
 def _rounded(value: float | None, digits: int) -> float | None:

@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.table import Table
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-COLUMNS = ("brokers", "throughput_rps", "steady_throughput_rps", "capacity_rps", "utilization", "lost",
-           "duplicate_ai_calls", "rebalances", "skew_max_over_mean", "skew_cv", "p50_ms", "p95_ms",
-           "p99_ms", "overhead_p99_ms", "refetch_amplification", "span_s", "physical_minimum_s",
-           "span_over_minimum", "ai_429", "overload_share")
+COLUMNS = ("brokers", "throughput_rps", "steady_throughput_rps", "capacity_rps", "binding_limit",
+           "utilization", "lost", "duplicate_ai_calls", "rebalances", "skew_max_over_mean", "skew_cv",
+           "p50_ms", "p95_ms", "p99_ms", "overhead_p99_ms", "refetch_amplification", "span_s",
+           "physical_minimum_s", "span_over_minimum", "ai_429", "overload_share")
 STEADY_COLUMNS = ("rate_rps", "lost", "p50_ms", "p99_ms", "overhead_p50_ms", "overhead_p99_ms",
                   "late_wakeups", "latest_wakeup_ms", "cpu_busy_pct", "cpu_steal_pct")
 
@@ -139,6 +139,14 @@ def _adaptive(scenario: dict[str, Any], figure: str) -> str:
     return ", ".join(f"{r['recovery_s']} ({r['recovery_real_s']})" for r in adaptive["recoveries"])
 
 
+def _served(scenario: dict[str, Any]) -> str:
+    """The stand-in's served calls/s on the binding endpoint over the span, of what its limit allows."""
+    check = scenario.get("served_on_binding")
+    if not check:
+        return "-"
+    return f"{check['served_rps']} of {check['limit_calls_rps']} ({check['share_of_limit']})"
+
+
 def print_table(summary: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=f"run {summary['run_id']}  time scale {summary['time_scale']}  "
@@ -149,6 +157,7 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
     scenarios = list(summary["scenarios"].values())
     for column in COLUMNS:
         table.add_row(column, *(str(s.get(column)) for s in scenarios))
+    table.add_row("stand-in served/s on the binding endpoint over the span", *(_served(s) for s in scenarios))
     for stage in sorted({stage for s in scenarios for stage in s.get("busiest_partition", {})}):
         table.add_row(f"busiest {stage} partition: requests / AI s", *(_busiest(s, stage) for s in scenarios))
     for column in STEADY_COLUMNS:

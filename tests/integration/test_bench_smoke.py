@@ -14,8 +14,8 @@ from bench import run as bench_run
 from tests.integration.pipeline_fixtures import query, scalar
 from tests.stack import Stack
 
-SCENARIO_FIELDS = {"throughput_rps", "steady_throughput_rps", "capacity_rps", "utilization", "lost",
-                   "duplicate_ai_calls",
+SCENARIO_FIELDS = {"throughput_rps", "steady_throughput_rps", "capacity_rps", "binding_limit", "utilization",
+                   "lost", "duplicate_ai_calls",
                    "rebalances", "skew_max_over_mean", "skew_cv", "p50_ms", "p95_ms", "p99_ms",
                    "overhead_p99_ms", "refetch_amplification"}
 
