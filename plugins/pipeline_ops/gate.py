@@ -80,7 +80,7 @@ def _values(trials: Sequence[Mapping[str, Any]], key: str) -> list[float] | None
 
 def summarise(trials: Sequence[Mapping[str, Any]], confidence: float = 0.95) -> dict[str, Any]:
     """The trials' figures as the report and the UI show them: intervals of the means, totals
-    of the counts, the worst skew."""
+    of the counts, the worst skew, the binding limits."""
     def bounds(key: str) -> dict[str, Any] | None:
         values = _values(trials, key)
         return mean_bounds(values, confidence).as_dict() if values and len(values) > 1 else None
@@ -93,6 +93,8 @@ def summarise(trials: Sequence[Mapping[str, Any]], confidence: float = 0.95) -> 
         "lost": sum(t["lost"] for t in trials),
         "duplicate_ai_calls": sum(t["duplicate_ai_calls"] for t in trials),
         "skew_max_over_mean": max(skews) if skews else None,
+        # which limit bound the capacity (measure.capacity), each that did in some trial
+        "binding_limits": sorted({t["binding_limit"] for t in trials if t.get("binding_limit")}),
     }
 
 

@@ -1,5 +1,6 @@
-"""The tuning run's report: capacity, throughput and utilization with their intervals, the gate's
-checks and each trial's figures, as text and JSON, and plots of the trials.
+"""The tuning run's report: capacity (with the limit that binds it), throughput and utilization
+with their intervals, the gate's checks and each trial's figures, as text and JSON, and plots of
+the trials.
 
 Files go to `results/<run id>/` (or $PIPELINE_RESULTS_DIR): gate.json, gate.txt,
 completions.png (cumulative completions of the pipeline's completing stage in each trial against
@@ -23,7 +24,8 @@ from consumers.pipeline_spec import PipelineSpec
 RESULTS = Path(os.environ.get("PIPELINE_RESULTS_DIR",
                               Path(__file__).resolve().parents[2] / "results"))
 TRIAL_COLUMNS = (("steady_throughput_rps", "steady rps"), ("throughput_rps", "span rps"),
-                 ("capacity_rps", "capacity"), ("utilization", "utilization"), ("lost", "lost"),
+                 ("capacity_rps", "capacity"), ("binding_limit", "binding"), ("utilization", "utilization"),
+                 ("lost", "lost"),
                  ("duplicate_ai_calls", "dup calls"), ("skew_max_over_mean", "skew"), ("p99_ms", "p99 ms"))
 
 
@@ -46,10 +48,12 @@ def headline(figures: dict[str, Any]) -> list[str]:
     """Capacity, throughput and utilization over the trials, with their intervals."""
     summary, trials = figures["summary"], figures["trials"]
     first = trials[0]
+    binding = ", ".join(summary.get("binding_limits") or []) or first.get("binding_limit") or "-"
     service = first["service_s"].get(first["bottleneck_stage"]) if first["bottleneck_stage"] else None
     lines = [
-        f"  capacity     {interval(summary['capacity_rps'], 1)} rps  ({first['ai_limit']} concurrent calls / "
-        f"{service if service is not None else '-'} s mean {first['bottleneck_stage'] or '-'} call)",
+        f"  capacity     {interval(summary['capacity_rps'], 1)} rps  (binding limit {binding}; "
+        f"{first['ai_limit']} concurrent calls, {service if service is not None else '-'} s mean "
+        f"{first['bottleneck_stage'] or '-'} call)",
         f"  throughput   {interval(summary['steady_throughput_rps'], 1)} rps steady, "
         f"{interval(summary['throughput_rps'], 1)} rps over the span",
         f"  utilization  {interval(summary['utilization'])}  (mean [95% lower, 95% upper bound], "
@@ -76,7 +80,8 @@ def text(candidate: dict[str, Any], decision: dict[str, Any]) -> str:
                      f"required {check['required']}")
     lines.append("  trials: " + "  ".join(label for _, label in TRIAL_COLUMNS))
     for trial in figures["trials"]:
-        lines.append(f"    {trial['run_id']}: " + "  ".join(f"{trial[key]}" for key, _ in TRIAL_COLUMNS))
+        shown = (f"{trial.get(key, '-')}" for key, _ in TRIAL_COLUMNS)  # older trials name no binding limit
+        lines.append(f"    {trial['run_id']}: " + "  ".join(shown))
     lines.append("  skew per trial: max/mean, diagnosis (spark/partition_load.py, measure/skew.py)")
     for trial in figures["trials"]:
         lines.append(f"    {trial['run_id']}: {skew_line(trial)}")

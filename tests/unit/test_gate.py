@@ -190,3 +190,27 @@ def test_the_page_shows_each_decisions_pipeline_and_offers_a_filter() -> None:
     assert 'href="?pipeline=text_moderation"' in html  # the filter
     assert 'data-pipeline="text_moderation">text_moderation: <strong>v2 (flow)</strong>' in html
     assert 'value="text_moderation:0"' in html and 'value="text_moderation:3"' in html  # rollback targets
+
+
+def test_the_binding_limit_is_named_in_the_summary_the_page_and_the_report() -> None:
+    from pipeline_ops import report
+
+    trials = [{**trial(), "binding_limit": "summarize.concurrency", "ai_limit": 64,
+               "bottleneck_stage": "summarize", "service_s": {"summarize": 1.52}, "run_id": f"t{n}",
+               "skew_max_over_mean": 1.2} for n in (1, 2)]
+    trials.append({**trials[0], "binding_limit": "moderate.requests_per_minute", "run_id": "t3"})
+    summary = summarise(trials)
+    assert summary["binding_limits"] == ["moderate.requests_per_minute", "summarize.concurrency"]
+    assert summarise([trial(), trial()])["binding_limits"] == []  # trials from before the binding limit
+
+    row = (1, "tuning-x-v1", 1, "flow", "text_moderation", None, True, [], {"summary": summary}, {},
+           datetime(2026, 1, 1, tzinfo=UTC))
+    html = ui._templates.get_template("gate.html").render(
+        decisions=ui.decisions(DecisionRows([row])), actives=[], pipelines=["text_moderation"], pipeline=None,
+        history=[], alarms=[], versions=[], capacity=[], latest=None, plots=[], results_dir="results",
+        api_base="", rollback_dag="pipeline_rollback")
+    assert "bound by\n          moderate.requests_per_minute, summarize.concurrency" in html
+
+    (capacity_line, *_) = report.headline({"summary": summary, "trials": trials})
+    assert "binding limit moderate.requests_per_minute, summarize.concurrency" in capacity_line
+    assert "64 concurrent calls, 1.52 s mean summarize call" in capacity_line
