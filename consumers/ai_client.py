@@ -14,7 +14,10 @@ others meanwhile, so the request can be dead-lettered, else `AIWaiting`, as for 
 dependency. A call that spent `max_attempts` tries without that (429s, refused connections, the
 circuit open) raises `AIWaiting` too. A 2xx that is not JSON raises `AIBadAnswer`. With a
 `consumers.concurrency_limit.AdaptiveLimit`, each try first takes a permit from it and tells it
-how the try ended, so the calls in flight follow the limit the service shows.
+how the try ended, so the calls in flight follow the limit the service shows. With a
+`consumers.rate_budget.RateBudget`, each try first spends its share of the minute's requests and
+tokens. A 429 is read by its kind (`refusal_kind`): a budget spent goes to the budget, a full
+service to the limit, so a minute's budget running out never halves the concurrency.
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import urllib3
 
 from consumers.circuit import Circuit
 from consumers.concurrency_limit import NOT_SENT, AdaptiveLimit
+from consumers.rate_budget import REQUESTS, TOKENS, RateBudget, strings_of, tokens_of
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,36 @@ class Try:
 # everyone) or a refused connection (no service at all) does not.
 REQUEST_FAILURES = ("http_5xx", "timeout")
 BAD_ANSWER = "bad_answer"
+CONCURRENCY = "concurrency"
+
+
+def refusal_kind(body: bytes, headers: Mapping[str, str]) -> str:
+    """What a 429 says ran out: `requests` or `tokens` (a minute's budget, said by the error's
+    `type` as OpenAI-compatible APIs give it, or by a remaining count of 0 in the rate-limit
+    headers), else `concurrency` (a service full of calls at once)."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    kind = error.get("type") if isinstance(error, dict) else None
+    if kind in (REQUESTS, TOKENS, CONCURRENCY):
+        return kind
+    for kind in (REQUESTS, TOKENS):
+        if headers.get(f"x-ratelimit-remaining-{kind}", "").strip() in ("0", "0.0"):
+            return kind
+    return CONCURRENCY
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What one POST came back with."""
+
+    status: int | None
+    body: dict
+    outcome: str
+    retry_after_s: float | None = None
+    refusal: str | None = None  # a 429's kind (refusal_kind)
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 class AIUnavailable(RuntimeError):
@@ -118,10 +153,11 @@ class AIClient:
 
     def __init__(self, endpoint: Endpoint, policy: RetryPolicy | None = None,
                  pool_size: int = 64, seed: int | None = None, limiter: AdaptiveLimit | None = None,
-                 circuit: Circuit | None = None) -> None:
+                 circuit: Circuit | None = None, rate_budget: RateBudget | None = None) -> None:
         self.endpoint = endpoint
         self.policy = policy or RetryPolicy()
         self.limiter = limiter
+        self.rate_budget = rate_budget
         self.circuit = circuit
         self._pool = urllib3.PoolManager(num_pools=1, maxsize=pool_size, retries=False)
         self._headers = {"Content-Type": "application/json",
@@ -179,18 +215,30 @@ class AIClient:
         clock jumps, and a step mid-call would make a latency of an hour, or a negative one)."""
         if observer is not None:
             observer.started(attempt, time.time())
+        budget = self.rate_budget
+        estimate = budget.estimate(payload) if budget is not None else 0
+        if budget is not None:
+            budget.take(estimate)
         # (renewed as the try goes out: its thread may have waited to run since it was granted)
         permit = self.limiter.renew(self.limiter.acquire()) if self.limiter is not None else None
-        outcome, retry_after = NOT_SENT, None
+        reply = Reply(None, {}, NOT_SENT)
         try:
             started, sent = time.time(), time.monotonic()
-            status, body, outcome, retry_after = self._post(payload)
-            return status, body, outcome, retry_after, started, time.monotonic() - sent
+            reply = self._post(payload)
+            took = time.monotonic() - sent
         finally:
             if permit is not None:
-                self.limiter.release(permit, outcome, retry_after)
+                counts = reply.outcome != "http_429" or reply.refusal == CONCURRENCY
+                self.limiter.release(permit, reply.outcome if counts else NOT_SENT, reply.retry_after_s)
+        if budget is not None:
+            if reply.outcome == "ok":
+                budget.observe(reply.headers)
+                budget.settle(estimate, reply.body, tokens_of("".join(strings_of(payload))))
+            elif reply.refusal in (REQUESTS, TOKENS):
+                budget.refused(reply.refusal, reply.retry_after_s, reply.headers)
+        return reply.status, reply.body, reply.outcome, reply.retry_after_s, started, took
 
-    def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict, str, float | None]:
+    def _post(self, payload: dict[str, Any]) -> Reply:
         """One POST within the endpoint's timeout as a whole (see `_read_within`)."""
         deadline = time.monotonic() + self.endpoint.timeout_s
         try:
@@ -199,21 +247,22 @@ class AIClient:
                                           timeout=urllib3.Timeout(total=self.endpoint.timeout_s))
             data = _read_within(response, deadline)
         except urllib3.exceptions.NewConnectionError:  # refused (a TimeoutError in urllib3 2)
-            return None, {}, "connection_error", None
+            return Reply(None, {}, "connection_error")
         except urllib3.exceptions.TimeoutError:
-            return None, {}, "timeout", None
+            return Reply(None, {}, "timeout")
         except urllib3.exceptions.HTTPError:  # reset, or broken off mid-answer
-            return None, {}, "connection_error", None
-        status = response.status
+            return Reply(None, {}, "connection_error")
+        status, headers = response.status, {k.lower(): v for k, v in response.headers.items()}
         if status < 300:
             try:
                 body = json.loads(data)
             except (UnicodeDecodeError, json.JSONDecodeError):
-                return status, {}, BAD_ANSWER, None
-            return status, body, "ok", None
+                return Reply(status, {}, BAD_ANSWER)
+            return Reply(status, body, "ok", headers=headers)
         if status == 429:
-            return status, {}, "http_429", _retry_after(response.headers.get("Retry-After"))
-        return status, {}, ("http_5xx" if status >= 500 else "http_4xx"), None
+            return Reply(status, {}, "http_429", _retry_after(headers.get("retry-after")),
+                         refusal_kind(data, headers), headers)
+        return Reply(status, {}, "http_5xx" if status >= 500 else "http_4xx")
 
     def close(self) -> None:
         self._pool.clear()

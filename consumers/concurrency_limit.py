@@ -22,9 +22,9 @@ ended. A 429 for a call sent before the latest cut is stale: that cut already an
   the calls on their way back could explain, the service shrank: the limit is halved, as AIMD
   does, no call is sent until the calls in flight are under it, and probing finds the rest. A
   service that halves costs three or four 429s, not one per call in flight.
-- **Queueing.** With the median latency of the last window over `latency_tolerance` times its
-  baseline (the lowest window median of the last BASELINE_WINDOWS), calls wait at the service:
-  the limit is halved, and does not grow while the median is over GROWTH_TOLERANCE of the
+- **Queueing.** With the median latency of the last two windows over `latency_tolerance` times
+  the baseline (the lowest window median of the last BASELINE_WINDOWS), calls wait at the
+  service: the limit is halved, and does not grow while the median is over GROWTH_TOLERANCE of the
   baseline.
 
 Budget refusals (a minute's requests or tokens spent) are not concurrency and never reach it:
@@ -84,11 +84,12 @@ class AdaptiveLimit:
         self._probe_from: int | None = None  # the limit a probe step was taken from
         self._probe: Permit | None = None  # the first call of that step, once sent
         self._probe_at = -math.inf  # when the next step may be taken
-        self._probe_wait = 0.0  # latencies to wait after a refused probe (doubles)
+        self._probe_wait = 0.0  # latencies to wait after a refused probe (doubles until it shrinks)
         self._episode_at, self._episode_level = -math.inf, 0  # the first refusal under the floor
         self._trip: float | None = None  # mean round trip of a 429
         self._latencies: deque[float] = deque(maxlen=WINDOW)
         self._fresh = 0  # latencies since the last window median
+        self._windows = 0
         self._medians: deque[float] = deque(maxlen=BASELINE_WINDOWS)
         self._noted = -1
         # (at, limit, in flight) of each change until collected (the fleet writes them down);
@@ -166,10 +167,15 @@ class AdaptiveLimit:
         if permit is self._probe:
             self._admitted(now)
         if self._fresh >= WINDOW:
-            self._fresh = 0
-            median = statistics.median(self._latencies)
-            self._medians.append(median)
-            if median > self.latency_tolerance * min(self._medians):
+            # Calls end shortest first: the first window after a burst starts, or after the
+            # calls sent change, takes the fast ones of many and the slow ones of few. So the
+            # first window is no baseline, and one window over the tolerance is no queue.
+            self._fresh, self._windows = 0, self._windows + 1
+            if self._windows == 1:
+                return
+            self._medians.append(self._latency())
+            if len(self._medians) > 2 and min(self._medians[-1], self._medians[-2]) \
+                    > self.latency_tolerance * min(self._medians):
                 self._cut(BACKOFF * self._limit, now)
                 self._probe_at = now + self._latency()
 
@@ -193,7 +199,7 @@ class AdaptiveLimit:
             self._episode_at, self._episode_level = now, self._floor
         elif permit.level <= self._episode_level - self._in_transit():
             self._cut(BACKOFF * self._episode_level, now)
-            self._episode_at, self._probe_at = -math.inf, now
+            self._episode_at, self._probe_at, self._probe_wait = -math.inf, now, 0.0
             return
         # The calls still in flight are what the service holds of ours (the refused one's own
         # level says less when calls went out together: the first of eight was refused at 1).
@@ -205,7 +211,6 @@ class AdaptiveLimit:
         self._floor = int(self._limit)
         self._probe_from, self._probe = None, None
         self._step = min(2 * self._step, max(1.0, STEP_SHARE * self._limit))
-        self._probe_wait = 0.0
         self._probe_at = now
 
     # -- time moves on

@@ -33,6 +33,7 @@ from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline_config import ENDPOINTS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
 from consumers.pipeline_spec import HttpWork
 from consumers.producer import KeyedProducer
+from consumers.rate_budget import RateBudget
 from consumers.share_member import ShareMember
 from consumers.stages import StageContext
 from consumers.window_pool import WindowPool
@@ -128,7 +129,7 @@ class Fleet:
                                       key_strategy=s.key_strategy, batch_records=s.producer_batch_records)
         self.ctx = StageContext(
             stage=s.member.stage, topics=events.Topics(s.prefix, spec),
-            storage=self.storage, producer=self.producer, ai=self._client(s.ai_url, concurrency),
+            storage=self.storage, producer=self.producer, ai=self._client(s.ai_url, concurrency, spec),
             claim_lease_s=s.claim_lease_s,
             windows=WindowPool(concurrency) if s.member.mode == "flow" else None,
         )
@@ -139,14 +140,21 @@ class Fleet:
         self._threads: list[threading.Thread] = []
         self._recorder: threading.Thread | None = None
 
-    def _client(self, url: str | None, pool: int) -> AIClient | None:
+    def _client(self, url: str | None, pool: int, spec: pipeline_spec.PipelineSpec) -> AIClient | None:
+        """The stage's AI client: told the endpoint's concurrency and per-minute budgets (a
+        minute shortened by the time scale), or, adaptive, told nothing and left to learn them
+        from the endpoint's refusals and rate-limit headers."""
         if not url:
             return None
         s = self.settings
+        declared = spec.endpoints[s.ai_endpoint]
         limiter = (AdaptiveLimit(maximum=pool) if s.adaptive
                    else AdaptiveLimit.fixed(s.ai_calls) if s.ai_calls else None)
+        budget = (RateBudget() if s.adaptive
+                  else RateBudget(declared.requests_per_minute, declared.tokens_per_minute,
+                                  minute_s=60.0 * s.member.time_scale))
         return AIClient(Endpoint(url, s.ai_timeout_s, s.ai_auth_header), s.retry, pool_size=pool,
-                        limiter=limiter, circuit=Circuit())
+                        limiter=limiter, circuit=Circuit(), rate_budget=budget)
 
     def start(self) -> Fleet:
         for member in self.members:

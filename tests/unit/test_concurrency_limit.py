@@ -217,7 +217,7 @@ def test_a_refusal_of_a_try_sent_before_the_latest_cut_does_not_cut_again() -> N
     assert limit.limit == 15
 
 
-def test_a_window_median_over_twice_its_baseline_halves_the_limit() -> None:
+def test_two_window_medians_over_twice_their_baseline_halve_the_limit() -> None:
     clock = Clock()
     limit = AdaptiveLimit(initial=64, clock=clock, maximum=64)
 
@@ -227,10 +227,12 @@ def test_a_window_median_over_twice_its_baseline_halves_the_limit() -> None:
             clock.now += latency
             limit.release(permit, OK)
 
+    window_at(0.5)  # the first window: calls end fastest first, no baseline
     window_at(1.0)
     window_at(1.9)  # within the tolerance of 2
+    window_at(2.2)  # one window over it: a slow window, not yet a queue
     assert limit.limit == 64
-    window_at(2.2)  # queueing
+    window_at(2.5)  # two in a row: queueing
     assert limit.limit == 32
     window_at(4.0)
     assert limit.limit == 16

@@ -19,12 +19,14 @@ import urllib3
 
 from consumers import events, pipeline_spec, stages
 from consumers.ai_client import (
+    CONCURRENCY,
     AIBadAnswer,
     AIClient,
     AIUnavailable,
     AIWaiting,
     Endpoint,
     EndpointDown,
+    Reply,
     RetryPolicy,
 )
 from consumers.circuit import Circuit
@@ -62,11 +64,12 @@ class ScriptedClient(AIClient):
         self.sent = 0
         self.payloads: list[dict[str, Any]] = []
 
-    def _post(self, payload: dict[str, Any]) -> tuple[int | None, dict, str, float | None]:
+    def _post(self, payload: dict[str, Any]) -> Reply:
         self.sent += 1
         self.payloads.append(payload)
         outcome = self.outcomes.popleft()
-        return STATUS[outcome], self.body if outcome == "ok" else {}, outcome, None
+        return Reply(STATUS[outcome], self.body if outcome == "ok" else {}, outcome,
+                     refusal=CONCURRENCY if outcome == "http_429" else None)
 
 
 class FakeStorage:
