@@ -97,7 +97,8 @@ def steady_phase(pipeline: Pipeline, p: presets.PresetParams, timeout_s: float) 
         steady.wait_terminal(count, timeout_s, progress=True)
     return {"rate_rps": round(STEADY_SHARE * p.ai_capacity_rps, 3),
             **figures.phase_figures(pipeline.database_url, steady.run_id, pipeline.topics,
-                                    len(sent.request_ids), p.concurrency, sent.per_partition(p.partitions)),
+                                    len(sent.request_ids), p.concurrency, sent.per_partition(p.partitions),
+                                    limits=figures.bench_limits(p)),
             **noise.figures}
 
 
@@ -148,11 +149,13 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, stack: Stack
         # One more statistics emission from every member: its last snapshot is written at close.
         time.sleep(1.5 * STATS_INTERVAL_MS / 1000)
     console.print(f"{name}: {counts} in {time.time() - schedule_at:.1f}s")
-    result.update(figures.scenario_figures(stack.database_url, stack.kafka.default, pipeline.run_id,
-                                           pipeline.topics, len(sent.request_ids), p.concurrency,
-                                           sent.per_partition(p.partitions)))
+    # The stand-in's own counters first: the capacity's tokens per call and its check come from them.
     served = requests.get(f"{stack.ai_url}/v1/stats", timeout=10).json()
     result["ai_service"] = {k: v for k, v in served.items() if k in p.spec.endpoints}
+    result.update(figures.scenario_figures(stack.database_url, stack.kafka.default, pipeline.run_id,
+                                           pipeline.topics, len(sent.request_ids), p.concurrency,
+                                           sent.per_partition(p.partitions),
+                                           limits=figures.bench_limits(p, result["ai_service"])))
     result.update(figures.limit_figures(result, p, [(0.0, p.concurrency), *schedule], schedule_at))
     if schedule:
         result["adaptive"] = figures.adaptive_figures(stack.database_url, pipeline.run_id, result, p,
