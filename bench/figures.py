@@ -38,6 +38,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -49,6 +50,7 @@ from consumers.run_figures import limits_of, rows, standard_figures
 from measure import capacity, figures
 
 POLL_S = 0.2  # the longest one read of topic_bytes waits
+BUDGET_SETTINGS = ("requests_per_minute", "tokens_per_minute", "tokens")
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -116,14 +118,20 @@ def bench_limits(p: PresetParams, service: Mapping[str, Mapping[str, Any]] | Non
     endpoint (the stand-in is configured so), its time scale, and the tokens per call of the kind
     each tokens budget counts where the stand-in's counters (`/v1/stats`) have them."""
     tokens = {}
-    for name, e in p.spec.endpoints.items():
+    limits = limits_of(p.spec, p.concurrency, p.time_scale)
+    endpoints = dict(limits.endpoints)
+    for name in p.spec.endpoints:
         counted = (service or {}).get(name, {})
-        if e.tokens_per_minute and "tokens_input" in counted and "tokens_output" in counted:
-            per_call = capacity.tokens_per_call(e.tokens, counted.get("served", 0), counted["tokens_input"],
-                                                counted["tokens_output"])
+        # The budgets in force are the stand-in's (a run may set them over the spec's).
+        config = {**p.endpoint_settings.get(name, {}), **counted.get("config", {})}
+        budgets = replace(endpoints[name], **{k: config[k] for k in BUDGET_SETTINGS if k in config})
+        endpoints[name] = budgets
+        if budgets.tokens_per_minute and "tokens_input" in counted and "tokens_output" in counted:
+            per_call = capacity.tokens_per_call(budgets.tokens, counted.get("served", 0),
+                                                counted["tokens_input"], counted["tokens_output"])
             if per_call is not None:
                 tokens[name] = per_call
-    return limits_of(p.spec, p.concurrency, p.time_scale, tokens)
+    return replace(limits, endpoints=endpoints, tokens_per_call=tokens)
 
 
 def phase_figures(database_url: str, run_id: str, topics: Topics, produced: int, ai_limit: int,

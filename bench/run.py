@@ -23,6 +23,7 @@ results/<run-id>/.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import time
@@ -209,6 +210,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--flow-members", type=int, default=4)
     p.add_argument("--pipeline", default=pipeline_spec.REFERENCE, help="the pipeline spec to benchmark")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--stand-in", type=json.loads, default={}, metavar="JSON",
+                   help='stand-in settings per endpoint over the spec\'s, e.g. a budget that binds: '
+                        '\'{"summarize": {"requests_per_minute": 1800, "retry_after_on_budget": false}}\'')
     p.add_argument("--steady", default="flow", help="scenarios that first take a steady load (comma list)")
     p.add_argument("--durable-stack", default="durable",
                    help="the local stack (STACK name) started for `durable` when the main one has one broker")
@@ -270,7 +274,8 @@ def main(argv: list[str] | None = None) -> Path:
                          ".local/<stack>/stack.env")
     params = presets.PresetParams(partitions=args.partitions, concurrency=args.concurrency,
                                   time_scale=args.scale, burst=args.burst or 20 * args.concurrency,
-                                  flow_members=args.flow_members, pipeline=args.pipeline)
+                                  flow_members=args.flow_members, pipeline=args.pipeline,
+                                  endpoint_settings=args.stand_in)
     steady = set(args.steady.split(",")) if args.steady else set()
     bench_id = new_run_id("bench")
     results: dict[str, dict[str, Any]] = {}

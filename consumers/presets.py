@@ -20,7 +20,8 @@ share        UUID keys and share-group members (KIP-932, `consumers.share_member
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from consumers import pipeline_spec
@@ -48,6 +49,8 @@ class PresetParams:
     flow_members: int = 4
     replication_factor: int = 1
     pipeline: str = pipeline_spec.REFERENCE
+    # Stand-in settings per endpoint on top of the spec's (e.g. a per-minute budget that binds)
+    endpoint_settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def spec(self) -> pipeline_spec.PipelineSpec:
@@ -76,11 +79,11 @@ class PresetParams:
     def stand_in_settings(self, bottleneck_factor: float = 1.0) -> dict[str, Any]:
         """`PUT /v1/config` of the stand-in: every endpoint at its spec's latency (the slowest
         one's times `bottleneck_factor`, to make a slower candidate), this concurrency, no
-        injected faults, no limit schedule, this time scale."""
+        injected faults, no limit schedule, this time scale, and `endpoint_settings` over it."""
         factors = {self.bottleneck: bottleneck_factor}
         return {"time_scale": self.time_scale,
                 **{name: {"latency_s": e.latency.median_s * factors.get(name, 1.0), "limit": self.concurrency,
-                          "error_rate": 0.0, "limit_schedule": []}
+                          "error_rate": 0.0, "limit_schedule": [], **self.endpoint_settings.get(name, {})}
                    for name, e in self.spec.endpoints.items()}}
 
 
