@@ -50,6 +50,7 @@ BACKOFF = 0.5  # the cut when the service shrank or queues
 ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
 ADMIT_SHARE = 0.05  # ... until a 429 has measured the round trip: this share of the latency
 TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
+RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
 WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
 BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
 GROWTH_TOLERANCE = 1.5
@@ -86,7 +87,9 @@ class AdaptiveLimit:
         self._probe_at = -math.inf  # when the next step may be taken
         self._probe_wait = 0.0  # latencies to wait after a refused probe (doubles until it shrinks)
         self._episode_at, self._episode_level = -math.inf, 0  # the first refusal under the floor
+        self._answered: deque[tuple[float, int]] = deque(maxlen=WINDOW)  # (sent, level) of served calls
         self._trip: float | None = None  # mean round trip of a 429
+        self._trips: deque[float] = deque(maxlen=RECENT_TRIPS)
         self._latencies: deque[float] = deque(maxlen=WINDOW)
         self._fresh = 0  # latencies since the last window median
         self._windows = 0
@@ -163,6 +166,8 @@ class AdaptiveLimit:
 
     def _served(self, permit: Permit, now: float) -> None:
         self._latencies.append(now - permit.at)
+        # (the calls still in flight with it too: one sent first in a burst has a level of 1)
+        self._answered.append((permit.at, max(permit.level, self._in_flight + 1)))
         self._fresh += 1
         if permit is self._probe:
             self._admitted(now)
@@ -182,6 +187,7 @@ class AdaptiveLimit:
     def _refused(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
         trip = now - permit.at
         self._trip = trip if self._trip is None else self._trip + TRIP_WEIGHT * (trip - self._trip)
+        self._trips.append(trip)
         if permit.generation != self._generation:
             return  # sent before the latest cut, which answered it already
         latency = self._latency()
@@ -194,9 +200,13 @@ class AdaptiveLimit:
             return
         # Not a probe: the service no longer holds the level settled on, or the calls on their
         # way back to us (counted here, gone there) were fewer than when it settled. Refused
-        # again within a latency, further under that level than those calls: it shrank.
+        # again within a latency, further under the highest level the service answered lately
+        # than those calls: it shrank. (Not the level settled on: a probe taken for admitted
+        # while calls on their way back had freed its place raises that past what it holds.)
         if now - self._episode_at > latency:
-            self._episode_at, self._episode_level = now, self._floor
+            self._episode_at = now
+            self._episode_level = max((level for at, level in self._answered if at >= now - 2 * latency),
+                                      default=self._floor)
         elif permit.level <= self._episode_level - self._in_transit():
             self._cut(BACKOFF * self._episode_level, now)
             self._episode_at, self._probe_at, self._probe_wait = -math.inf, now, 0.0
@@ -251,10 +261,12 @@ class AdaptiveLimit:
         return statistics.median(self._latencies) if self._latencies else 0.0
 
     def _admit_wait(self) -> float:
-        """How long a probe goes unrefused before it was admitted: a few 429 round trips, or a
-        share of the latency until one has been measured."""
+        """How long a probe goes unrefused before it was admitted: a few 429 round trips, and
+        no less than the longest of the recent ones (on a loaded machine a refusal waits for a
+        CPU here as long as it took to come), or a share of the latency until one has been
+        measured."""
         if self._trip is not None:
-            return ADMIT_TRIPS * self._trip
+            return max(ADMIT_TRIPS * self._trip, max(self._trips))
         return ADMIT_SHARE * self._latency() if self._latencies else math.inf
 
     def _cut(self, value: float, now: float) -> None:
