@@ -12,16 +12,19 @@ ended. A 429 for a call sent before the latest cut is stale: that cut already an
 
 - **Probing up.** While callers want more than the limit allows, the limit is raised by a
   step; a call sent above the level last settled on is a probe. A service refuses a call as
-  soon as it sees it, so a probe out for a few 429 round trips unrefused (or answered) was
-  admitted: the next step follows at once, doubling up to a sixteenth of the limit. A refused
-  probe goes back to the level settled on, and the next probe waits, twice longer after each
-  refused one, up to PROBE_EVERY latencies: at a steady limit that is the price, one 429 every
-  PROBE_EVERY latencies, and a limit that came back is found within as long.
+  soon as it sees it, so a probe out for a few 429 round trips unrefused (or answered) while
+  other calls keep ending (in a stall its refusal may be late) was admitted: the next step
+  follows at once, doubling up to a sixteenth of the limit. A refused probe goes back to the
+  level settled on (at most the highest the service answered lately), and the next probe
+  waits, twice longer after each refused one, up to PROBE_EVERY latencies: at a steady limit
+  that is the price, one 429 every PROBE_EVERY latencies, and a limit that came back is found
+  within as long.
 - **Shrinking.** A refusal at or under the level settled on (not a probe's) cuts the limit to
-  the calls still in flight. Refused again within a latency, further under that level than
-  the calls on their way back could explain, the service shrank: the limit is halved, as AIMD
-  does, no call is sent until the calls in flight are under it, and probing finds the rest. A
-  service that halves costs three or four 429s, not one per call in flight.
+  the calls still in flight. Refused again within a latency, further under the highest level
+  the service answered lately than the calls on their way back could explain, it shrank: the
+  limit is halved, as AIMD does, no call is sent until the calls in flight are under it, and
+  probing finds the rest. A service that halves costs three or four 429s, not one per call in
+  flight.
 - **Queueing.** With the median latency of the last two windows over `latency_tolerance` times
   the baseline (the lowest window median of the last BASELINE_WINDOWS), calls wait at the
   service: the limit is halved, and does not grow while the median is over GROWTH_TOLERANCE of the
@@ -51,6 +54,7 @@ ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
 ADMIT_SHARE = 0.05  # ... until a 429 has measured the round trip: this share of the latency
 TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
 RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
+STALL_ENDS = 8  # calls' share of the latency without one ending: stalled, no probe admitted
 WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
 BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
 GROWTH_TOLERANCE = 1.5
@@ -79,6 +83,7 @@ class AdaptiveLimit:
         self._limit = float(initial)
         self._in_flight = 0
         self._waiting = 0
+        self._ended_at = -math.inf  # when a call last ended
         self._generation = 0
         self._floor = initial  # the level last settled on: a call above it is a probe
         self._step = 1.0
@@ -154,6 +159,7 @@ class AdaptiveLimit:
         with self._cond:
             now = self._clock()
             self._in_flight -= 1
+            self._ended_at = now
             if outcome == OVERLOAD:
                 self._refused(permit, now, retry_after_s)
             elif outcome == OK:
@@ -193,8 +199,10 @@ class AdaptiveLimit:
         latency = self._latency()
         if permit.level > self._floor:
             # A probe's step went past what the service holds: back to the level settled on
-            # (the step's other calls, on their way to the same answer, are stale by then).
-            self._cut(self._floor, now)
+            # (the step's other calls, on their way to the same answer, are stale by then), at
+            # most the highest the service answered lately (steps taken for admitted while its
+            # refusals were late raised the level settled on past what it holds).
+            self._cut(min(self._floor, self._answered_level(now, latency)), now)
             self._probe_wait = min(PROBE_EVERY, 2 * self._probe_wait or FIRST_PROBE_WAIT)
             self._probe_at = now + max(retry_after_s or 0.0, self._probe_wait * latency)
             return
@@ -204,9 +212,7 @@ class AdaptiveLimit:
         # than those calls: it shrank. (Not the level settled on: a probe taken for admitted
         # while calls on their way back had freed its place raises that past what it holds.)
         if now - self._episode_at > latency:
-            self._episode_at = now
-            self._episode_level = max((level for at, level in self._answered if at >= now - 2 * latency),
-                                      default=self._floor)
+            self._episode_at, self._episode_level = now, self._answered_level(now, latency)
         elif permit.level <= self._episode_level - self._in_transit():
             self._cut(BACKOFF * self._episode_level, now)
             self._episode_at, self._probe_at, self._probe_wait = -math.inf, now, 0.0
@@ -215,6 +221,11 @@ class AdaptiveLimit:
         # level says less when calls went out together: the first of eight was refused at 1).
         self._cut(self._in_flight, now)
         self._probe_at = now + max(retry_after_s or 0.0, max(self._probe_wait, FIRST_PROBE_WAIT) * latency)
+
+    def _answered_level(self, now: float, latency: float) -> int:
+        """The highest level the service answered among the calls sent in the last two
+        latencies (the level settled on when none was)."""
+        return max((level for at, level in self._answered if at >= now - 2 * latency), default=self._floor)
 
     def _admitted(self, now: float) -> None:
         """The probe step was taken by the service: the next one at once, twice as large."""
@@ -228,7 +239,7 @@ class AdaptiveLimit:
     def _tick(self, now: float, wanted: bool) -> None:
         """What time alone decides: a probe out unrefused long enough, the next step when
         callers want one."""
-        if self._probe is not None and now - self._probe.at >= self._admit_wait():
+        if self._probe is not None and now - self._probe.at >= self._admit_wait() and not self._stalled(now):
             self._admitted(now)
         if self._probe_from is not None or not wanted or now < self._probe_at or not self._latencies:
             return  # (before any answer, a step would be blind)
@@ -244,6 +255,13 @@ class AdaptiveLimit:
         if self._probe_from is None and self._probe_at > self._clock():
             return self._probe_at
         return None
+
+    def _stalled(self, now: float) -> bool:
+        """No call has ended for STALL_ENDS calls' share of the latency: this process or the
+        service is held up (a loaded machine), and a probe's refusal may be on its way however
+        long it has been out."""
+        gap = STALL_ENDS * self._latency() / max(self._in_flight, 1)
+        return now - self._ended_at > max(gap, self._admit_wait())
 
     def _in_transit(self) -> int:
         """Calls a level may count that the service does not hold: those answered and on their

@@ -151,6 +151,17 @@ def test_a_probe_unrefused_for_four_429_round_trips_was_admitted() -> None:
     assert (limit.spare(), limit.limit) == (1, 18)  # admitted: 17 settled on, the next step
 
 
+def test_a_probe_is_not_taken_for_admitted_while_no_call_ends() -> None:
+    clock = Clock()
+    limit, permits = saturated(clock, 16, latency=1.0)
+    permits += take(limit, 1)  # the probe, at 17; no call has ended since t = 1
+    clock.now = 1.6  # 8 calls' share of the latency (8 / 17 s) without one ending: a stall,
+    assert (limit.spare(), limit.limit) == (0, 17)  # in which its refusal may be late
+    limit.release(permits.pop(0), OK)  # a call ends: answers flow, the probe was admitted
+    permits += take(limit, 1)
+    assert (limit.spare(), limit.limit) == (1, 18)
+
+
 def test_a_retry_after_holds_the_next_probe() -> None:
     clock = Clock()
     limit, _ = saturated(clock, 16, latency=1.0)
