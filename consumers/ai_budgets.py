@@ -4,8 +4,8 @@ Providers meter several budgets at once (ARCHITECTURE.md section 10): OpenAI req
 tokens per minute, Anthropic as continuously refilled buckets. Each budget here is such a
 bucket: it holds the per-minute value and refills at value/60 per real-scale second, so a
 burst of a whole minute's allowance passes at once and then one request per refill interval.
-Tokens are counted from text length (ceil(characters / 4)), not with a tokenizer: the stand-in
-needs the load's shape, not a model's exact count.
+Tokens are counted from text length (`consumers.rate_budget.tokens_of`, the clients' estimate
+too), not with a tokenizer: the stand-in needs the load's shape, not a model's exact count.
 
 The buckets are not locked: the endpoint that owns them calls them under its own lock.
 """
@@ -16,11 +16,6 @@ import math
 from dataclasses import dataclass, field
 
 TOKEN_KINDS = ("input", "output", "total")  # which tokens a token budget meters
-
-
-def tokens_of(text: str) -> int:
-    """Tokens of a text as the stand-in counts them: one per four characters, rounded up."""
-    return math.ceil(len(text) / 4)
 
 
 def metered(kind: str, input_tokens: int, output_tokens: int) -> int:

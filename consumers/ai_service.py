@@ -67,8 +67,9 @@ from urllib.parse import urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from consumers.ai_budgets import TOKEN_KINDS, Budgets, metered, tokens_of
+from consumers.ai_budgets import TOKEN_KINDS, Budgets, metered
 from consumers.pipeline_spec import EndpointSpec, PipelineSpec, SpecError, available, load
+from consumers.rate_budget import tokens_of
 
 log = logging.getLogger(__name__)
 

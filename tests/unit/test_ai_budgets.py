@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.ai_budgets import Bucket, Budgets, Shortfall, metered, openai_duration, tokens_of
+from consumers.ai_budgets import Bucket, Budgets, Shortfall, metered, openai_duration
+from consumers.rate_budget import tokens_of
 
 
 @pytest.mark.parametrize(("seconds", "text"), [
