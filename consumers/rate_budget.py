@@ -76,7 +76,8 @@ class Bucket:
     def wait_for(self, need: float, now: float) -> float:
         """Seconds until `need` can be taken (0: now)."""
         self.refill(now)
-        short = max(0.0, min(need, self.size) - self.level)
+        short = min(need, self.size) - self.level
+        short = short if short > 1e-9 else 0.0  # (a refill timed to the need lands a rounding short)
         return max(self.held_until - now, short * self.window_s / self.size)
 
 
@@ -112,16 +113,20 @@ class RateBudget:
     def take(self, tokens: int) -> None:
         """Spend one request and `tokens` for a try about to be sent, waiting while either
         budget is short."""
-        while True:
-            with self._lock:
-                now = self._clock()
-                needs = {REQUESTS: 1.0, TOKENS: float(tokens)}
-                wait = max((b.wait_for(needs[kind], now) for kind, b in self._buckets.items()), default=0.0)
-                if wait <= 0:
-                    for kind, bucket in self._buckets.items():
-                        bucket.level -= needs[kind]
-                    return
+        while (wait := self.try_take(tokens)) > 0:
             time.sleep(wait)
+
+    def try_take(self, tokens: int) -> float:
+        """Spend one request and `tokens` if both budgets have them (0), else the seconds until
+        they will."""
+        with self._lock:
+            now = self._clock()
+            needs = {REQUESTS: 1.0, TOKENS: float(tokens)}
+            wait = max((b.wait_for(needs[kind], now) for kind, b in self._buckets.items()), default=0.0)
+            if wait <= 0:
+                for kind, bucket in self._buckets.items():
+                    bucket.level -= needs[kind]
+            return wait
 
     def settle(self, estimated: int, answer: Mapping[str, Any], prompt_tokens: int) -> None:
         """The answer is in: its tokens (`usage`, or its text's length) replace the estimate."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from consumers.concurrency_limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
+from consumers.rate_budget import REQUESTS, RateBudget
 
 
 class Clock:
@@ -271,7 +272,8 @@ def pareto(median: float, alpha: float) -> Draw:
 
 
 def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: float = 0.005,
-             jitter: float = 0.5, retry_after: float | None = None, seed: int = 7) -> dict:
+             jitter: float = 0.5, retry_after: float | None = None, seed: int = 7,
+             per_minute: int | None = None, budget_retry_after: bool = True) -> dict:
     """A service refusing past its concurrency limit (which follows `schedule`) as soon as a
     call reaches it and serving the others in a latency drawn by `draw`, fed by a caller with
     unlimited work through the limiter; returns what happened (`done`: when the caller got
@@ -282,12 +284,30 @@ def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: f
     call acquired at t reaches the service at t + lag; a call the service ends at t frees its
     place there at t but is released by the caller at t + lag, so the caller's count of calls
     in flight includes those on their way, as a real client's does. A 429 carries `retry_after`
-    (None: no Retry-After)."""
+    (None: no Retry-After).
+
+    With `per_minute`, the service also meters requests per minute as a continuously refilled
+    bucket, checked first: a call past it is refused as a spent budget (with a Retry-After
+    until the next request unless not `budget_retry_after`), and every answer announces the
+    budget in OpenAI's headers. The caller spends a `RateBudget` learned from those before
+    each call, as the AI client does, and tells it of budget refusals instead of the limit."""
     rng, trips = random.Random(seed), random.Random(seed + 4)
     clock = Clock()
     limit = AdaptiveLimit(clock=clock)
+    budget = RateBudget(clock=clock)
+    bucket = {"level": float(per_minute or 0), "at": 0.0}
+
+    def announced(t: float) -> dict[str, str]:
+        if not per_minute:
+            return {}
+        bucket["level"] = min(per_minute, bucket["level"] + (t - bucket["at"]) * per_minute / 60)
+        bucket["at"] = t
+        return {"x-ratelimit-limit-requests": str(per_minute),
+                "x-ratelimit-remaining-requests": str(int(bucket["level"])),
+                "x-ratelimit-reset-requests": f"{(per_minute - bucket['level']) * 60 / per_minute:.3f}s"}
     events: list[tuple[float, int, str, Permit, bool]] = []
-    state: dict = {"serving": 0, "calls": 0, "refused": 0, "done": [], "refused_at": [], "busy": []}
+    state: dict = {"serving": 0, "calls": 0, "refused": 0, "spent": 0, "done": [], "refused_at": [],
+                   "busy": [], "wake": -math.inf}
 
     def service_limit(t: float) -> int:
         return [lim for at, lim in schedule if t >= at][-1]
@@ -296,12 +316,21 @@ def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: f
         return lag * trips.uniform(1 - jitter, 1 + jitter)
 
     def arrive(t: float, call: int, permit: Permit) -> None:
+        headers = announced(t)
+        if per_minute and bucket["level"] < 1:
+            state["refused"] += 1
+            state["spent"] += 1
+            wait = (1 - bucket["level"]) * 60 / per_minute if budget_retry_after else None
+            heapq.heappush(events, (t + 0.001 + trip(), call, "spent", permit, (wait, headers)))
+            return
         if state["serving"] >= service_limit(t):
             state["refused"] += 1
             state["refused_at"].append(t)
             heapq.heappush(events, (t + 0.001 + trip(), call, "refused", permit, False))
             return
         state["serving"] += 1
+        if per_minute:
+            bucket["level"] -= 1
         end = t + draw(rng)
         state["busy"].append((t, end))
         heapq.heappush(events, (end, call, "free", permit, True))
@@ -309,6 +338,12 @@ def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: f
 
     def send(t: float) -> None:
         while limit.spare():
+            wait = budget.try_take(0)
+            if wait > 0:
+                if state["wake"] <= t:  # one wake-up pending at a time
+                    state["wake"] = t + wait
+                    heapq.heappush(events, (t + wait, 0, "wake", None, None))
+                return
             permit = limit.acquire()
             state["calls"] += 1
             heapq.heappush(events, (t + trip(), state["calls"], "arrive", permit, False))
@@ -321,7 +356,7 @@ def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: f
             tick = clock.now = min(t, tick + 0.01)
             send(clock.now)
             continue
-        t, call, what, permit, _ = heapq.heappop(events)
+        t, call, what, permit, ok = heapq.heappop(events)
         clock.now = tick = t
         if what == "arrive":
             arrive(t, call, permit)
@@ -330,7 +365,11 @@ def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: f
         elif what == "answer":
             state["done"].append(t)
             limit.release(permit, OK)
-        else:
+            budget.observe(announced(t))
+        elif what == "spent":
+            limit.release(permit, NOT_SENT)  # a spent budget is no concurrency refusal
+            budget.refused(REQUESTS, *ok)
+        elif what == "refused":
             limit.release(permit, OVERLOAD, retry_after)
         send(t)
     return {**state, "limit": limit}
@@ -411,3 +450,18 @@ def test_finds_limits_far_from_where_it_starts(service_limit: int, lag: float) -
     in_transit = math.ceil(2 * lag * service_limit)
     assert service_limit - 1 <= run["limit"].limit <= service_limit + 1 + in_transit
     assert busy_share(run["busy"], 20, 40, service_limit) >= 0.95
+
+
+@pytest.mark.parametrize("budget_retry_after", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_minute_budget_that_binds_is_paced_and_never_cuts_the_concurrency(shape: str,
+                                                                            budget_retry_after: bool) -> None:
+    draw, mean = SHAPES[shape]
+    # 64 at once would serve 64 / mean calls a second (21 to 53); 600 a minute is 10.
+    run = simulate([(0, 64)], until=400, draw=draw, per_minute=600, budget_retry_after=budget_retry_after)
+    # The bucket's first 600 go at once; from then on, at least 95 % of 10 a second.
+    assert completions(run["done"], 200, 400) >= 0.95 * 10 * 200
+    # Budget refusals at most 2 % of the calls (the answers announce what is left), and none
+    # of them taken for a full service: the limit stays where the calls in flight need it.
+    assert run["spent"] <= 0.02 * run["calls"], (run["spent"], run["calls"])
+    assert run["limit"].limit >= 10 * mean
