@@ -212,3 +212,13 @@ def test_recovery_is_when_the_last_window_of_completions_reaches_90_percent_of_t
 def test_overload_share() -> None:
     assert figures.overload_share(3, 300) == 0.01
     assert figures.overload_share(0, 0) is None
+
+
+def test_utilization_in_force_counts_no_more_calls_at_once_than_the_slots_in_force() -> None:
+    # Two slots; the caller times each call 0.1 s longer than the service held it (its way
+    # there and back), so three calls overlap from 1.0 to 1.1, 2.0 to 2.1, ...: each 1.1 s,
+    # two at a time, back to back. Summed plainly, 2 x 1.1 s every second of 2 slot-seconds:
+    # 1.1. At most two at once: 1.0.
+    calls = [(float(k), k + 1.1) for k in range(40) for _ in range(2)]
+    times = [end for _, end in calls]
+    assert figures.utilization_in_force(times, calls, [(0.0, 2.0)]) == pytest.approx(1.0)
