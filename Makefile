@@ -11,8 +11,10 @@ SPARK ?= local
 MVN := mvn -q -B -s infra/maven-settings.xml
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-.PHONY: deps venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats faults test test-unit lint airflow
+.PHONY: deps venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats faults test test-unit test-fast lint airflow
 
 deps: venv jars postgres-server browser
 
@@ -97,11 +99,19 @@ lint: venv
 test-unit: venv
 	.venv/bin/pytest tests/unit -q
 
+# ruff and the unit tests on two workers: no services, about a minute.
+test-fast: venv
+	.venv/bin/ruff check . && .venv/bin/pytest tests/unit -q $(XDIST)
+
 # The whole suite against a three-broker test stack (ports +10000, Spark on a standalone master)
 # and a secured three-broker stack beside it (SASL_SSL, ports +22000; the secured tests read
-# .local/secure/stack.env), both stopped afterwards whatever the outcome.
+# .local/secure/stack.env), both stopped afterwards whatever the outcome. The tests run on
+# TEST_WORKERS workers (tests/conftest.py says which modules share one), then the `serial` ones,
+# which stop a service of the stack, alone.
 test: deps
 	@STACK=test SECURITY=plaintext SPARK=cluster $(PY) -m infra.stack up --brokers 3 && \
 	  STACK=secure SECURITY=sasl_ssl SPARK=local $(PY) -m infra.stack up --brokers 3; rc=$$?; \
-	if [ $$rc -eq 0 ]; then $(TEST_ENV) && .venv/bin/ruff check . && .venv/bin/pytest -q -rs --durations=25; rc=$$?; fi; \
+	if [ $$rc -eq 0 ]; then $(TEST_ENV) && .venv/bin/ruff check . && { \
+	  .venv/bin/pytest -q -rs --durations=25 $(XDIST) -m "not serial"; rc=$$?; \
+	  .venv/bin/pytest -q -rs --durations=5 -m serial || rc=1; }; [ $$? -eq 0 ] || rc=1; fi; \
 	STACK=secure $(PY) -m infra.stack down; STACK=test $(PY) -m infra.stack down; exit $$rc

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from infra.layout import Layout
-from tests.stack import Stack
+from tests.stack import REPO, Stack
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +27,42 @@ def cluster(stack: Stack) -> Stack:
     if stack.brokers < 3:
         pytest.skip(f"needs the three-broker cluster; this stack has {stack.brokers}")
     return stack
+
+
+# `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup): every module is one
+# unit of work, kept whole on one worker in its own order, except that the modules driving the
+# stack's Airflow form one unit. They share its metadata database, its port (a standalone Airflow
+# of their own each) and the promotion history that their checks read, and an Airflow scheduler
+# would also take up the tasks of an `airflow dags test` run of a DAG it finds unpaused.
+AIRFLOW_MODULES = tuple(f"tests/integration/{name}.py" for name in
+                        ("test_triage", "test_redrive", "test_airflow_ui", "test_dags"))
+# The longest units go first, so that neither worker is left with a long one at the end. The
+# Airflow unit is the longest by far; the benchmark and the other modules holding the stack's AI
+# stand-in and Spark master (tests/integration/conftest.py) come while the Airflow unit is still
+# on Airflow's start and on triage, which need neither. Third comes a short module: a worker
+# takes its next unit as soon as its first test ends, and the Airflow worker keeps that unit
+# until the whole Airflow unit is done.
+FIRST = ("tests/integration/test_bench_smoke.py", "tests/unit/test_confidence.py",
+         "tests/integration/test_spark_cluster.py", "tests/integration/test_supervised_fleet.py",
+         "tests/integration/test_secured.py", "tests/integration/test_pipeline.py",
+         "tests/integration/test_spark_jobs.py", "tests/integration/test_share_group.py",
+         "tests/integration/test_spark_diagnosis.py", "tests/integration/test_bad_input.py",
+         "tests/integration/test_delivery.py")
+
+
+def _module(item: pytest.Item) -> str:
+    return item.path.relative_to(REPO).as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        module = _module(item)
+        if module in AIRFLOW_MODULES:
+            return 0, AIRFLOW_MODULES.index(module)
+        return (1 + FIRST.index(module) if module in FIRST else 1 + len(FIRST)), 0
+
+    for item in items:
+        group = "airflow" if _module(item) in AIRFLOW_MODULES else _module(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=rank)  # stable: a module's tests keep their order

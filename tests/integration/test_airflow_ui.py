@@ -127,7 +127,7 @@ def wait_for_run(api: Api, run_id: str, timeout_s: float, dag_id: str = DAG_ID) 
     deadline = time.monotonic() + timeout_s
     run = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
     while run["state"] not in ("success", "failed") and time.monotonic() < deadline:
-        time.sleep(5)
+        time.sleep(1)
         run = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
     if run["state"] != "success":
         tasks = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
@@ -205,6 +205,7 @@ def gate_frame(page: Any, airflow: str) -> Any:
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 600)
+@pytest.mark.usefixtures("stand_in")
 def test_trigger_tuning_from_the_form_and_act_on_the_gate_decision(stack: Stack, airflow: str, password: str,
                                                                     api: Api, pause_kept: None,
                                                                     page: Any) -> None:

@@ -14,6 +14,10 @@ from bench import run as bench_run
 from tests.integration.pipeline_fixtures import query, scalar
 from tests.stack import Stack
 
+# The benchmark reconfigures the stack's AI stand-in and checks its Spark master: alone on both
+# for the whole module (the smoke run included); its timeout counts a wait for a DAG run to end.
+pytestmark = [pytest.mark.usefixtures("stand_in_for_module"), pytest.mark.timeout(1200)]
+
 SCENARIO_FIELDS = {"throughput_rps", "steady_throughput_rps", "capacity_rps", "binding_limit", "utilization",
                    "lost", "duplicate_ai_calls",
                    "rebalances", "skew_max_over_mean", "skew_cv", "p50_ms", "p95_ms", "p99_ms",

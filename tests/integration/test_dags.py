@@ -5,6 +5,8 @@ spec refused before anything is provisioned) and the rollback DAG run against th
 from __future__ import annotations
 
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,7 @@ def checks(reasons: list[dict]) -> dict[str, dict]:
     return {r["name"]: r for r in reasons}
 
 
+@pytest.mark.usefixtures("stand_in")
 def test_tuning_measures_trials_promotes_a_good_candidate_and_rejects_a_poor_one(stack: Stack) -> None:
     # Whatever an earlier run left active was measured under other conditions: the good
     # candidate gets a target and tolerance the loaded test machine meets; the poor one is held
@@ -150,6 +153,7 @@ def test_tuning_measures_trials_promotes_a_good_candidate_and_rejects_a_poor_one
     assert active_version(stack) == version != rejected
 
 
+@pytest.mark.usefixtures("stand_in")
 def test_re_measuring_the_active_version_compares_with_its_history_and_raises_an_alarm(
         stack: Stack) -> None:
     # Runs after the test above, which left flow active with a measurement under these conditions.
@@ -173,6 +177,7 @@ def test_re_measuring_the_active_version_compares_with_its_history_and_raises_an
     assert active_version(stack) == version  # an alarm, not a rollback
 
 
+@pytest.mark.usefixtures("stand_in")
 def test_tuning_measures_and_promotes_a_candidate_of_another_pipeline(stack: Stack) -> None:
     reference_active = active_version(stack)
     run = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", pipeline="text_moderation", **PASSABLE,
@@ -207,10 +212,13 @@ def test_a_broken_spec_is_refused_before_anything_is_provisioned(stack: Stack, t
     monkeypatch.setenv("PIPELINES_DIR", str(tmp_path))  # run_dag's `airflow dags test` reads it
     versions = query(stack.database_url, "SELECT count(*) FROM configurations")
 
-    tuning = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", pipeline="text_moderation"))
     prefix = unique("refused")
-    provisioning = stack.run_dag("kafka_provision_topics", conf=json.dumps(
-        {"pipeline": "text_moderation", "prefix": prefix}))
+    with ThreadPoolExecutor(2) as runs:  # two DAGs, each refusing on its own: side by side
+        tuning_run = runs.submit(stack.run_dag, "pipeline_tuning",
+                                 conf=tuning_conf("flow", pipeline="text_moderation"))
+        provisioning_run = runs.submit(stack.run_dag, "kafka_provision_topics", conf=json.dumps(
+            {"pipeline": "text_moderation", "prefix": prefix}))
+        tuning, provisioning = tuning_run.result(), provisioning_run.result()
 
     for run in (tuning, provisioning):
         assert run.state == "failed"
@@ -237,14 +245,21 @@ def test_rollback_dag_activates_a_version_and_back_with_the_reason(stack: Stack)
     assert rows == [(active, other, "rollback", "dag test: back"),
                     (other, active, "rollback", "dag test: away")]
 
-    refused = stack.run_dag("pipeline_rollback", conf=json.dumps({"version": active, "reason": "no-op"}))
+    # Two refusals, which change nothing, side by side; a DAG test run's logical date is its
+    # start to the second, so the second starts a second later.
+    with ThreadPoolExecutor(2) as runs:
+        refused_run = runs.submit(stack.run_dag, "pipeline_rollback",
+                                  conf=json.dumps({"version": active, "reason": "no-op"}))
+        time.sleep(1.1)
+        elsewhere_run = runs.submit(stack.run_dag, "pipeline_rollback", conf=json.dumps(
+            {"pipeline": "text_moderation", "version": other, "reason": "the wrong pipeline"}))
+        refused, elsewhere = refused_run.result(), elsewhere_run.result()
     assert refused.state == "failed" and "already active" in refused.output
-    elsewhere = stack.run_dag("pipeline_rollback", conf=json.dumps(
-        {"pipeline": "text_moderation", "version": other, "reason": "the wrong pipeline"}))
     assert elsewhere.state == "failed", elsewhere.output[-4000:]
     assert f"version {other} is a configuration of genai_image, not of text_moderation" in elsewhere.output
 
 
+@pytest.mark.usefixtures("stand_in")
 def test_capacity_dag_runs_steps_and_keeps_the_result_beside_the_configuration(stack: Stack) -> None:
     conf = {"candidate": "flow", "partitions": 8, "concurrency": 8, "flow_members": 2, "time_scale": 0.05,
             "burst": 80, "step_s": 5, "max_steps": 2}

@@ -76,6 +76,7 @@ def test_copies_of_a_request_sent_back_to_back_call_each_ai_once(stack: Stack, a
     assert skipped["check"] == requests  # every second copy saw the result and did not call
 
 
+@pytest.mark.serial  # stops the stack's PostgreSQL: with no other test running
 def test_a_database_outage_is_waited_out_and_nothing_is_dead_lettered(stack: Stack, ai: AIService) -> None:
     count, rate, outage_s = 240, 30.0, 6.0
     config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from consumers.kafka_connection import KafkaConnection
 from infra import stack as stack_cli
 from tests.integration.kafka_helpers import consume_all, create_topic, produce
@@ -24,6 +26,7 @@ def isr_without(kafka: KafkaConnection, topic: str, node: int, timeout_s: float 
         time.sleep(0.5)
 
 
+@pytest.mark.serial  # stops a broker of the stack: with no other test running
 def test_acks_all_survives_one_broker_down(cluster: Stack) -> None:
     topic = unique("replicated")
     create_topic(cluster.connection, topic, partitions=3, replication=3,

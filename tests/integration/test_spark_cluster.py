@@ -20,6 +20,9 @@ from pipeline_ops.operators import AnalysisSubmitOperator
 from tests.integration.pipeline_fixtures import TIME_SCALE, ai_service
 from tests.stack import REPO, Stack
 
+# Counts the applications that finish on the stack's Spark master: alone on it for the module.
+pytestmark = [pytest.mark.usefixtures("stand_in_for_module"), pytest.mark.timeout(1200)]
+
 BURST = 80
 LOCAL_CONN = "spark_local"
 

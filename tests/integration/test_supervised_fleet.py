@@ -30,6 +30,10 @@ from pipeline_ops.registry import ConfigRegistry
 from tests.integration.pipeline_fixtures import query
 from tests.stack import Stack, unique
 
+# The fleets call the stack's AI stand-in, which DAG runs and the benchmark reconfigure: alone on it
+# for the module.
+pytestmark = [pytest.mark.usefixtures("stand_in_for_module"), pytest.mark.timeout(1200)]
+
 T = TypeVar("T")
 CONFIG = PipelineConfig(partitions=2, replication_factor=1, time_scale=0.05, shutdown_deadline_s=5,
                         stages={"intake": StageConfig("bounded", members=1, batch_size=10),

@@ -150,7 +150,7 @@ def wait_tasks(api: Api, run_id: str, task_ids: tuple[str, ...], timeout_s: floa
             return states
         if time.monotonic() > deadline:
             pytest.fail(f"{task_ids} of {run_id} not in {states_wanted} after {timeout_s}s: {states}")
-        time.sleep(2)
+        time.sleep(0.5)
 
 
 def mine(counts: list[dict[str, Any]], pipeline: str) -> dict[tuple[str, str], int]:

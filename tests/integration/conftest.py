@@ -1,0 +1,48 @@
+"""What integration tests running side by side (`pytest -n 2`, as `make test` runs them) must not
+do at the same time.
+
+The test stack's AI stand-in and Spark master are shared state: a `pipeline_tuning` or
+`pipeline_capacity` run reconfigures the stand-in (time scale, limits) and submits its analysis
+to the master, the benchmark reconfigures the stand-in, resets its counters and checks that the
+master has no application left, the Spark cluster test counts the applications that finished on
+the master, and fleets under supervisord call the stand-in at the latency they expect. Each of
+these holds `stand_in_lock` while it runs: a lock file of the stack, so it holds across the
+workers' processes (and across concurrent sessions on one stack).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+from collections.abc import Iterator
+
+import pytest
+
+from tests.stack import Stack
+
+
+@contextlib.contextmanager
+def stand_in_lock(stack: Stack) -> Iterator[None]:
+    """Exclusive use of the stack's AI stand-in and Spark master, until the block ends."""
+    stack.layout.root.mkdir(parents=True, exist_ok=True)
+    with open(stack.layout.root / "stand-in.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def stand_in(stack: Stack) -> Iterator[None]:
+    """The stack's AI stand-in and Spark master for this test alone."""
+    with stand_in_lock(stack):
+        yield
+
+
+@pytest.fixture(scope="module")
+def stand_in_for_module(stack: Stack) -> Iterator[None]:
+    """The stack's AI stand-in and Spark master for this module alone (its module fixtures too:
+    request it from an autouse module fixture, which pytest sets up before the others)."""
+    with stand_in_lock(stack):
+        yield
