@@ -20,10 +20,11 @@ ended. A 429 for a call sent before the latest cut is stale: that cut already an
   that is the price, one 429 every PROBE_EVERY latencies, and a limit that came back is found
   within as long.
 - **Shrinking.** A refusal at or under the level settled on (not a probe's) cuts the limit to
-  the calls still in flight. Refused again within a latency, further under the highest level
-  the service answered lately than the calls on their way back could explain, it shrank: the
+  the calls still in flight. Refused twice more within a latency, further under the highest
+  level the service answered lately than the calls on their way back could explain (a client
+  on a loaded machine counts calls its threads have not sent yet), it shrank: the
   limit is halved, as AIMD does, no call is sent until the calls in flight are under it, and
-  probing finds the rest. A service that halves costs three or four 429s, not one per call in
+  probing finds the rest. A service that halves costs four or five 429s, not one per call in
   flight.
 - **Queueing.** With the median latency of the last two windows over `latency_tolerance` times
   the baseline (the lowest window median of the last BASELINE_WINDOWS), calls wait at the
@@ -54,6 +55,7 @@ ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
 ADMIT_SHARE = 0.05  # ... until a 429 has measured the round trip: this share of the latency
 TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
 RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
+SHRINK_REFUSALS = 2  # refusals after an episode's first, far under what was answered: it shrank
 STALL_ENDS = 8  # calls' share of the latency without one ending: stalled, no probe admitted
 WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
 BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
@@ -92,6 +94,7 @@ class AdaptiveLimit:
         self._probe_at = -math.inf  # when the next step may be taken
         self._probe_wait = 0.0  # latencies to wait after a refused probe (doubles until it shrinks)
         self._episode_at, self._episode_level = -math.inf, 0  # the first refusal under the floor
+        self._under = 0  # refusals since, further under that level than the calls in transit
         self._answered: deque[tuple[float, int]] = deque(maxlen=WINDOW)  # (sent, level) of served calls
         self._trip: float | None = None  # mean round trip of a 429
         self._trips: deque[float] = deque(maxlen=RECENT_TRIPS)
@@ -212,8 +215,10 @@ class AdaptiveLimit:
         # than those calls: it shrank. (Not the level settled on: a probe taken for admitted
         # while calls on their way back had freed its place raises that past what it holds.)
         if now - self._episode_at > latency:
-            self._episode_at, self._episode_level = now, self._answered_level(now, latency)
+            self._episode_at, self._episode_level, self._under = now, self._answered_level(now, latency), 0
         elif permit.level <= self._episode_level - self._in_transit():
+            self._under += 1
+        if self._under >= SHRINK_REFUSALS:
             self._cut(BACKOFF * self._episode_level, now)
             self._episode_at, self._probe_at, self._probe_wait = -math.inf, now, 0.0
             return

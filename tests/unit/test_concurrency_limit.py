@@ -179,20 +179,21 @@ def test_refusals_further_under_the_settled_limit_than_the_calls_in_transit_halv
     clock = Clock()
     limit, permits = saturated(clock, 16, latency=1.0)  # settled on 16; the service shrinks to 8
     refused = []
-    for end in (1.1, 1.2, 1.3):
+    for end in (1.1, 1.2, 1.3, 1.4):
         clock.now = end
         limit.release(permits.pop(0), OK)
         permits.append(limit.acquire())  # at the limit: not a probe
         refused.append(permits[-1].level)
         clock.now = end + 0.003
         limit.release(permits.pop(), OVERLOAD)
-        if end < 1.3:  # cut to the calls in flight: 15, then 14
+        if end < 1.4:  # cut to the calls in flight: 15, 14, then 13
             assert limit.limit == 15 - round((end - 1.1) * 10)
-    # Refused at 16, 15 and 14 within a latency: the calls in transit (one, and one for the
-    # 15 calls ending a second, each 3 ms on its way) explain 16 - 2 = 14 no longer: halved.
-    assert refused == [16, 15, 14]
+    # Refused at 16, 15, 14 and 13 within a latency: the calls in transit (one, and one for the
+    # 15 calls ending a second, each 3 ms on its way) explain 16 - 2 = 14 no longer; twice
+    # under it after the first, halved.
+    assert refused == [16, 15, 14, 13]
     assert limit.limit == 8
-    assert (limit.in_flight, limit.spare()) == (13, 0)  # nothing sent until under 8
+    assert (limit.in_flight, limit.spare()) == (12, 0)  # nothing sent until under 8
 
 
 def test_a_permit_taken_before_a_cut_is_given_back_unsent_and_waits_for_the_new_limit() -> None:
