@@ -16,8 +16,9 @@ ended. A 429 for a call sent before the latest cut is stale: that cut already an
   other calls keep ending (in a stall its refusal may be late) was admitted: the next step
   follows at once, doubling up to a sixteenth of the limit. A refused probe goes back to the
   level settled on (at most the highest the service answered lately), and the next probe
-  waits, twice longer after each refused one, up to PROBE_EVERY latencies: at a steady limit
-  that is the price, one 429 every PROBE_EVERY latencies, and a limit that came back is found
+  waits, twice longer after each refused one, up to PROBE_EVERY latencies or PROBE_EVERY_S,
+  whichever is sooner: at a steady limit that is the price, one 429 that often (half a percent
+  of the calls at 64 in flight), and a limit that came back is found
   within as long.
 - **Shrinking.** A refusal at or under the level settled on (not a probe's) cuts the limit to
   the calls still in flight. Refused twice more within a latency, further under the highest
@@ -47,7 +48,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 OK, OVERLOAD, NOT_SENT = "ok", "http_429", "not_sent"
-PROBE_EVERY = 1.5  # latencies between probes past a limit the service keeps refusing
+PROBE_EVERY = 3.0  # latencies between probes past a limit the service keeps refusing, ...
+PROBE_EVERY_S = 6.0  # ... and seconds: a limit that came back is found within them
 FIRST_PROBE_WAIT = 0.25  # latencies before the probe after a first refused one
 STEP_SHARE = 1 / 16  # the largest step of a probe, as a share of the limit: what one may cost
 BACKOFF = 0.5  # the cut when the service shrank or queues
@@ -207,7 +209,7 @@ class AdaptiveLimit:
             # refusals were late raised the level settled on past what it holds).
             self._cut(min(self._floor, self._answered_level(now, latency)), now)
             self._probe_wait = min(PROBE_EVERY, 2 * self._probe_wait or FIRST_PROBE_WAIT)
-            self._probe_at = now + max(retry_after_s or 0.0, self._probe_wait * latency)
+            self._probe_at = now + max(retry_after_s or 0.0, self._wait(self._probe_wait))
             return
         # Not a probe: the service no longer holds the level settled on, or the calls on their
         # way back to us (counted here, gone there) were fewer than when it settled. Refused
@@ -225,7 +227,7 @@ class AdaptiveLimit:
         # The calls still in flight are what the service holds of ours (the refused one's own
         # level says less when calls went out together: the first of eight was refused at 1).
         self._cut(self._in_flight, now)
-        self._probe_at = now + max(retry_after_s or 0.0, max(self._probe_wait, FIRST_PROBE_WAIT) * latency)
+        self._probe_at = now + max(retry_after_s or 0.0, self._wait(max(self._probe_wait, FIRST_PROBE_WAIT)))
 
     def _answered_level(self, now: float, latency: float) -> int:
         """The highest level the service answered among the calls sent in the last two
@@ -260,6 +262,10 @@ class AdaptiveLimit:
         if self._probe_from is None and self._probe_at > self._clock():
             return self._probe_at
         return None
+
+    def _wait(self, latencies: float) -> float:
+        """Seconds until the next probe: `latencies`, at most PROBE_EVERY_S."""
+        return min(latencies * self._latency(), PROBE_EVERY_S)
 
     def _stalled(self, now: float) -> bool:
         """No call has ended for STALL_ENDS calls' share of the latency: this process or the
