@@ -12,7 +12,7 @@ MVN := mvn -q -B -s infra/maven-settings.xml
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
 TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+XDIST := -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 .PHONY: deps venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats faults test test-unit test-fast lint airflow
 

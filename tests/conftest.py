@@ -29,11 +29,12 @@ def cluster(stack: Stack) -> Stack:
     return stack
 
 
-# `make test` runs the suite on two workers (pytest-xdist, --dist loadgroup): every module is one
-# unit of work, kept whole on one worker in its own order, except that the modules driving the
-# stack's Airflow form one unit. They share its metadata database, its port (a standalone Airflow
-# of their own each) and the promotion history that their checks read, and an Airflow scheduler
-# would also take up the tasks of an `airflow dags test` run of a DAG it finds unpaused.
+# `make test` runs the suite on two workers (pytest-xdist, `--dist loadscope`, with the units of
+# work below): every module is one unit, kept whole on one worker in its own order, except that
+# the modules driving the stack's Airflow form one unit. They share its metadata database, its
+# port (a standalone Airflow of their own each) and the promotion history that their checks
+# read, and an Airflow scheduler would also take up the tasks of an `airflow dags test` run of a
+# DAG it finds unpaused.
 AIRFLOW_MODULES = tuple(f"tests/integration/{name}.py" for name in
                         ("test_triage", "test_redrive", "test_airflow_ui", "test_dags"))
 # The longest units go first, so that neither worker is left with a long one at the end. The
@@ -50,19 +51,30 @@ FIRST = ("tests/integration/test_bench_smoke.py", "tests/unit/test_confidence.py
          "tests/integration/test_delivery.py")
 
 
-def _module(item: pytest.Item) -> str:
-    return item.path.relative_to(REPO).as_posix()
+def unit_of_work(module: str) -> str:
+    """The unit of work a module's tests belong to (`module`: its path from the repository)."""
+    return "airflow" if module in AIRFLOW_MODULES else module
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """With `--dist loadscope`, the units of work above (xdist's `xdist_group` marks go unread
+    with pytest 9: xdist 3.8 renames the test ids through an attribute pytest no longer has)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of_work(nodeid.split("::", 1)[0])
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> tuple[int, int]:
-        module = _module(item)
+        module = item.path.relative_to(REPO).as_posix()
         if module in AIRFLOW_MODULES:
             return 0, AIRFLOW_MODULES.index(module)
         return (1 + FIRST.index(module) if module in FIRST else 1 + len(FIRST)), 0
 
-    for item in items:
-        group = "airflow" if _module(item) in AIRFLOW_MODULES else _module(item)
-        item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=rank)  # stable: a module's tests keep their order
