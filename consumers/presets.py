@@ -79,11 +79,15 @@ class PresetParams:
     def stand_in_settings(self, bottleneck_factor: float = 1.0) -> dict[str, Any]:
         """`PUT /v1/config` of the stand-in: every endpoint at its spec's latency (the slowest
         one's times `bottleneck_factor`, to make a slower candidate), this concurrency, no
-        injected faults, no limit schedule, this time scale, and `endpoint_settings` over it."""
+        injected faults, no limit schedule, the spec's budgets (a run's earlier settings do not
+        stay), this time scale, and `endpoint_settings` over it."""
         factors = {self.bottleneck: bottleneck_factor}
         return {"time_scale": self.time_scale,
                 **{name: {"latency_s": e.latency.median_s * factors.get(name, 1.0), "limit": self.concurrency,
-                          "error_rate": 0.0, "limit_schedule": [], **self.endpoint_settings.get(name, {})}
+                          "error_rate": 0.0, "limit_schedule": [],
+                          "requests_per_minute": e.requests_per_minute,
+                          "tokens_per_minute": e.tokens_per_minute, "retry_after_on_budget": True,
+                          **self.endpoint_settings.get(name, {})}
                    for name, e in self.spec.endpoints.items()}}
 
 
