@@ -106,8 +106,8 @@ test-fast: venv
 # The whole suite against a three-broker test stack (ports +10000, Spark on a standalone master)
 # and a secured three-broker stack beside it (SASL_SSL, ports +22000; the secured tests read
 # .local/secure/stack.env), both stopped afterwards whatever the outcome. The tests run on
-# TEST_WORKERS workers (tests/conftest.py says which modules share one), then the `serial` ones,
-# which stop a service of the stack, alone.
+# TEST_WORKERS workers (tests/conftest.py says which modules share one), then the `serial` ones
+# alone (they stop a service of the stack, or count what a busy machine changes).
 test: deps
 	@STACK=test SECURITY=plaintext SPARK=cluster $(PY) -m infra.stack up --brokers 3 && \
 	  STACK=secure SECURITY=sasl_ssl SPARK=local $(PY) -m infra.stack up --brokers 3; rc=$$?; \

@@ -46,9 +46,8 @@ AIRFLOW_MODULES = tuple(f"tests/integration/{name}.py" for name in
 FIRST = ("tests/integration/test_bench_smoke.py", "tests/unit/test_confidence.py",
          "tests/integration/test_spark_cluster.py", "tests/integration/test_supervised_fleet.py",
          "tests/integration/test_secured.py", "tests/integration/test_pipeline.py",
-         "tests/integration/test_spark_jobs.py", "tests/integration/test_share_group.py",
-         "tests/integration/test_spark_diagnosis.py", "tests/integration/test_bad_input.py",
-         "tests/integration/test_delivery.py")
+         "tests/integration/test_spark_jobs.py", "tests/integration/test_spark_diagnosis.py",
+         "tests/integration/test_bad_input.py", "tests/integration/test_delivery.py")
 
 
 def unit_of_work(module: str) -> str:
