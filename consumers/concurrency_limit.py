@@ -14,7 +14,10 @@ ended. A 429 for a call sent before the latest cut is stale: that cut already an
   step; a call sent above the level last settled on is a probe. A service refuses a call as
   soon as it sees it, so a probe out for a few 429 round trips unrefused (or answered) while
   other calls keep ending (in a stall its refusal may be late) was admitted: the next step
-  follows at once, doubling up to a sixteenth of the limit. A refused probe goes back to the
+  follows at once, doubling up to a sixteenth of the limit. Above the highest level the
+  service ever served, a probe counts as admitted only once it is served: a late refusal
+  there would take the limit past anything the service has shown (from 65 to 96 within
+  100 ms on a loaded machine). A refused probe goes back to the
   level settled on (at most the highest the service answered lately), and the next probe
   waits, twice longer after each refused one, up to PROBE_EVERY latencies or PROBE_EVERY_S,
   whichever is sooner: at a steady limit that is the price, one 429 that often (half a percent
@@ -88,6 +91,7 @@ class AdaptiveLimit:
         self._in_flight = 0
         self._waiting = 0
         self._ended_at = -math.inf  # when a call last ended
+        self._plateau = 0  # the highest level a served call was sent at
         self._generation = 0
         self._floor = initial  # the level last settled on: a call above it is a probe
         self._step = 1.0
@@ -179,6 +183,7 @@ class AdaptiveLimit:
         self._latencies.append(now - permit.at)
         # (the calls still in flight with it too: one sent first in a burst has a level of 1)
         self._answered.append((permit.at, max(permit.level, self._in_flight + 1)))
+        self._plateau = max(self._plateau, permit.level)
         self._fresh += 1
         if permit is self._probe:
             self._admitted(now)
@@ -246,7 +251,8 @@ class AdaptiveLimit:
     def _tick(self, now: float, wanted: bool) -> None:
         """What time alone decides: a probe out unrefused long enough, the next step when
         callers want one."""
-        if self._probe is not None and now - self._probe.at >= self._admit_wait() and not self._stalled(now):
+        if self._probe is not None and now - self._probe.at >= self._admit_wait() and not self._stalled(now) \
+                and self._probe.level <= self._plateau + self._in_transit():
             self._admitted(now)
         if self._probe_from is not None or not wanted or now < self._probe_at or not self._latencies:
             return  # (before any answer, a step would be blind)

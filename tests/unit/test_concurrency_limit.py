@@ -82,31 +82,36 @@ def test_a_429_brings_the_limit_down_to_the_calls_still_in_flight() -> None:
 
 
 def saturated(clock: Clock, calls: int, latency: float) -> tuple[AdaptiveLimit, list[Permit]]:
-    """A limit of `calls`, all in flight since t=0, one of them served at `latency` and
-    replaced: `calls` in flight, the median latency `latency`."""
+    """A limit of `calls`, all in flight since t=0, the last sent of them served at `latency`
+    and replaced: `calls` in flight, the median latency `latency`, `calls` the highest level
+    served."""
     limit = AdaptiveLimit(initial=calls, clock=clock)
     permits = take(limit, calls)
     clock.now = latency
-    limit.release(permits.pop(0), OK)
+    limit.release(permits.pop(), OK)
     permits.append(limit.acquire())
     return limit, permits
 
 
-def test_a_limit_in_use_is_probed_a_step_at_a_time_each_admitted_after_a_twentieth_of_a_latency() -> None:
+def test_a_limit_in_use_is_probed_a_step_at_a_time_past_the_highest_served_once_served() -> None:
     clock = Clock()
     limit, permits = saturated(clock, 16, latency=1.0)
     # Callers want more and no 429 has measured a round trip: a step of one call, taken for
     # admitted when unrefused for 5 % of the median latency (1 s); the next step is twice as
-    # large, at most a sixteenth of the limit: 17 / 16 = 1.06 calls, then 18.06 / 16 = 1.13.
+    # large, at most a sixteenth of the limit: 17 / 16 = 1.06 calls.
     assert (limit.spare(), limit.limit) == (1, 17)
-    permits += take(limit, 1)  # the probe, at 17
+    permits += take(limit, 1)  # the probe, at 17: within a call of the highest served, 16
     clock.now = 1.049
     assert limit.spare() == 0
     clock.now = 1.05
     assert (limit.spare(), limit.limit) == (1, 18)
+    permits += take(limit, 1)  # at 18, past anything the service has served: once served
+    clock.now = 1.5
+    assert (limit.spare(), limit.limit) == (0, 18)
+    clock.now = 2.05
+    limit.release(permits.pop(), OK)
     permits += take(limit, 1)
-    clock.now = 1.10
-    assert (limit.spare(), limit.limit) == (1, 19)
+    assert (limit.spare(), limit.limit) == (1, 19)  # 18.06 + 18.06 / 16
 
 
 def test_a_limit_not_in_use_is_not_probed() -> None:
