@@ -14,10 +14,10 @@ ended. A 429 for a call sent before the latest cut is stale: that cut already an
   step; a call sent above the level last settled on is a probe. A service refuses a call as
   soon as it sees it, so a probe out for a few 429 round trips unrefused (or answered) while
   other calls keep ending (in a stall its refusal may be late) was admitted: the next step
-  follows at once, doubling up to a sixteenth of the limit. Above the highest level the
-  service ever served, a probe counts as admitted only once it is served: a late refusal
-  there would take the limit past anything the service has shown (from 65 to 96 within
-  100 ms on a loaded machine). A refused probe goes back to the
+  follows at once, doubling up to a sixteenth of the limit. Once the service has refused a
+  call, a probe above the highest level it ever served counts as admitted only once it is
+  served: a late refusal there would take the limit past anything the service has shown (from
+  65 to 96 within 100 ms on a loaded machine). A refused probe goes back to the
   level settled on (at most the highest the service answered lately), and the next probe
   waits, twice longer after each refused one, up to PROBE_EVERY latencies or PROBE_EVERY_S,
   whichever is sooner: at a steady limit that is the price, one 429 that often (half a percent
@@ -61,6 +61,7 @@ ADMIT_SHARE = 0.05  # ... until a 429 has measured the round trip: this share of
 TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
 RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
 SHRINK_REFUSALS = 2  # refusals after an episode's first, far under what was answered: it shrank
+TRANSIT_SPREAD = 2.0  # the calls on their way back, at the most, against their mean
 STALL_ENDS = 8  # calls' share of the latency without one ending: stalled, no probe admitted
 WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
 BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
@@ -252,7 +253,7 @@ class AdaptiveLimit:
         """What time alone decides: a probe out unrefused long enough, the next step when
         callers want one."""
         if self._probe is not None and now - self._probe.at >= self._admit_wait() and not self._stalled(now) \
-                and self._probe.level <= self._plateau + self._in_transit():
+                and (self._trip is None or self._probe.level <= self._plateau + self._in_transit()):
             self._admitted(now)
         if self._probe_from is not None or not wanted or now < self._probe_at or not self._latencies:
             return  # (before any answer, a step would be blind)
@@ -283,9 +284,9 @@ class AdaptiveLimit:
     def _in_transit(self) -> int:
         """Calls a level may count that the service does not hold: those answered and on their
         way back (the limit's calls end limit / latency a second, each a 429 round trip on its
-        way), and one."""
+        way; twice that, as round trips spread), and one."""
         latency = self._latency()
-        return 1 + math.ceil(self._limit * (self._trip or 0.0) / latency) if latency else 1
+        return 1 + math.ceil(TRANSIT_SPREAD * self._limit * (self._trip or 0.0) / latency) if latency else 1
 
     def _queueing(self) -> bool:
         return bool(self._medians) and self._medians[-1] > GROWTH_TOLERANCE * min(self._medians)
