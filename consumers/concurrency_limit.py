@@ -17,12 +17,11 @@ ended. A 429 for a call sent before the latest cut is stale: that cut already an
   follows at once, doubling up to a sixteenth of the limit. Once the service has refused a
   call, a probe above the highest level it ever served counts as admitted only once it is
   served: a late refusal there would take the limit past anything the service has shown (from
-  65 to 96 within 100 ms on a loaded machine). A refused probe goes back to the
-  level settled on (at most the highest the service answered lately), and the next probe
-  waits, twice longer after each refused one, up to PROBE_EVERY latencies or PROBE_EVERY_S,
-  whichever is sooner: at a steady limit that is the price, one 429 that often (half a percent
-  of the calls at 64 in flight), and a limit that came back is found
-  within as long.
+  65 to 96 within 100 ms on a loaded machine). A refused probe goes back to the level settled
+  on, and the next probe waits, twice longer after each refused one, up to PROBE_EVERY
+  latencies or PROBE_EVERY_S, whichever is sooner: at a steady limit that is the price, one
+  429 that often (half a percent of the calls at 64 in flight), and a limit that came back is
+  found within as long.
 - **Shrinking.** A refusal at or under the level settled on (not a probe's) cuts the limit to
   the calls still in flight. Refused twice more within a latency, further under the highest
   level the service answered lately than the calls on their way back could explain (a client
@@ -210,10 +209,10 @@ class AdaptiveLimit:
         latency = self._latency()
         if permit.level > self._floor:
             # A probe's step went past what the service holds: back to the level settled on
-            # (the step's other calls, on their way to the same answer, are stale by then), at
-            # most the highest the service answered lately (steps taken for admitted while its
-            # refusals were late raised the level settled on past what it holds).
-            self._cut(min(self._floor, self._answered_level(now, latency)), now)
+            # (the step's other calls, on their way to the same answer, are stale by then; the
+            # highest answered lately would be lower still, its calls at the step's last levels
+            # not back yet: a return from 32 to 64 fell back to 60 and took 6 s per call back).
+            self._cut(self._floor, now)
             self._probe_wait = min(PROBE_EVERY, 2 * self._probe_wait or FIRST_PROBE_WAIT)
             self._probe_at = now + max(retry_after_s or 0.0, self._wait(self._probe_wait))
             return
