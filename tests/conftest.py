@@ -29,8 +29,8 @@ def cluster(stack: Stack) -> Stack:
     return stack
 
 
-# `make test` runs the suite on two workers (pytest-xdist, `--dist loadscope`, with the units of
-# work below): every module is one unit, kept whole on one worker in its own order, except that
+# `make test TEST_WORKERS=2` runs the suite on two workers (pytest-xdist, `--dist loadscope`, with
+# the units of work below): every module is one unit, kept whole on one worker in its own order, except that
 # the modules driving the stack's Airflow form one unit. They share its metadata database, its
 # port (a standalone Airflow of their own each) and the promotion history that their checks
 # read, and an Airflow scheduler would also take up the tasks of an `airflow dags test` run of a
@@ -69,7 +69,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return ModuleScheduling(config, log)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("dist", "no") != "loadscope":
+        return  # one process: the order as collected
+
     def rank(item: pytest.Item) -> tuple[int, int]:
         module = item.path.relative_to(REPO).as_posix()
         if module in AIRFLOW_MODULES:

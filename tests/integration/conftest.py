@@ -1,5 +1,5 @@
-"""What integration tests running side by side (`pytest -n 2`, as `make test` runs them) must not
-do at the same time.
+"""What integration tests running side by side (`pytest -n 2`, as `make test TEST_WORKERS=2` runs
+them) must not do at the same time.
 
 The test stack's AI stand-in and Spark master are shared state: a `pipeline_tuning` or
 `pipeline_capacity` run reconfigures the stand-in (time scale, limits) and submits its analysis
