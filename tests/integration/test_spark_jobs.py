@@ -413,7 +413,9 @@ def assert_agree(bench_side: dict, spark_side: dict) -> None:
         elif key == "service_s":
             assert spark_side[key] == pytest.approx(value, abs=1e-5), key
         elif key == "capacity_candidates":
-            assert spark_side[key] == pytest.approx(value, abs=1e-3), key
+            # Rounded to 3 decimals on each side: one unit apart, and the float's own error on
+            # top (834.795 against 834.796 failed at exactly 1e-3).
+            assert spark_side[key] == pytest.approx(value, abs=1.5e-3), key
         else:
             assert spark_side[key] == value, key
 
