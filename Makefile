@@ -11,10 +11,10 @@ SPARK ?= local
 MVN := mvn -q -B -s infra/maven-settings.xml
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
-# make test runs pytest in one process unless TEST_WORKERS says more: on two workers the suite took
-# 22 minutes instead of 34 on a quiet 2-core machine, but gate decisions and the UI's waits failed
-# when the machine was busy besides (see tests/conftest.py).
-TEST_WORKERS ?= 1
+# make test runs pytest on TEST_WORKERS workers (TEST_WORKERS=1: one process): on two the suite
+# took 24 minutes from a fresh clone instead of 34 on a quiet 2-core machine; gate decisions and
+# the UI's waits failed when the machine was busy besides (see tests/conftest.py).
+TEST_WORKERS ?= 2
 XDIST := -n 2 --dist loadscope --no-loadscope-reorder
 TEST_RUN := $(if $(filter 1,$(TEST_WORKERS)),.venv/bin/pytest -q -rs --durations=25,\
   ( .venv/bin/pytest -q -rs --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
