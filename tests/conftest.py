@@ -29,12 +29,12 @@ def cluster(stack: Stack) -> Stack:
     return stack
 
 
-# `make test TEST_WORKERS=2` runs the suite on two workers (pytest-xdist, `--dist loadscope`, with
-# the units of work below): every module is one unit, kept whole on one worker in its own order, except that
-# the modules driving the stack's Airflow form one unit. They share its metadata database, its
-# port (a standalone Airflow of their own each) and the promotion history that their checks
-# read, and an Airflow scheduler would also take up the tasks of an `airflow dags test` run of a
-# DAG it finds unpaused.
+# `make test` runs the suite on two workers (pytest-xdist, `--dist loadscope`, TEST_WORKERS=1 for
+# one process), with the units of work below: every module is one unit, kept whole on one worker
+# in its own order, except that the modules driving the stack's Airflow form one unit. They
+# share its metadata database, its port (a standalone Airflow of their own each) and the
+# promotion history that their checks read, and an Airflow scheduler would also take up the
+# tasks of an `airflow dags test` run of a DAG it finds unpaused.
 AIRFLOW_MODULES = tuple(f"tests/integration/{name}.py" for name in
                         ("test_triage", "test_redrive", "test_airflow_ui", "test_dags"))
 # The longest units go first, so that neither worker is left with a long one at the end. The
