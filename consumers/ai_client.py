@@ -33,7 +33,7 @@ import urllib3
 
 from consumers.circuit import Circuit
 from consumers.concurrency_limit import NOT_SENT, AdaptiveLimit
-from consumers.rate_budget import REQUESTS, TOKENS, RateBudget, strings_of, tokens_of
+from consumers.rate_budget import REQUESTS, TOKENS, RateBudget
 
 
 @dataclass(frozen=True)
@@ -216,9 +216,10 @@ class AIClient:
         if observer is not None:
             observer.started(attempt, time.time())
         budget = self.rate_budget
-        estimate = budget.estimate(payload) if budget is not None else 0
+        estimate = None
         if budget is not None:
-            budget.take(estimate)
+            estimate = budget.estimate(payload)
+            budget.take(estimate.total)
         # (renewed as the try goes out: its thread may have waited to run since it was granted)
         permit = self.limiter.renew(self.limiter.acquire()) if self.limiter is not None else None
         reply = Reply(None, {}, NOT_SENT)
@@ -230,10 +231,10 @@ class AIClient:
             if permit is not None:
                 counts = reply.outcome != "http_429" or reply.refusal == CONCURRENCY
                 self.limiter.release(permit, reply.outcome if counts else NOT_SENT, reply.retry_after_s)
-        if budget is not None:
+        if budget is not None and estimate is not None:
             if reply.outcome == "ok":
                 budget.observe(reply.headers)
-                budget.settle(estimate, reply.body, tokens_of("".join(strings_of(payload))))
+                budget.settle(estimate, reply.body)
             elif reply.refusal in (REQUESTS, TOKENS):
                 budget.refused(reply.refusal, reply.retry_after_s, reply.headers)
         return reply.status, reply.body, reply.outcome, reply.retry_after_s, started, took

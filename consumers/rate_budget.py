@@ -59,6 +59,14 @@ def duration_s(value: str | None) -> float | None:
         return sum(float(n) * _UNIT_S[unit] for n, unit in parts) if parts else None
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """A try's tokens as counted before it is sent: its prompt's, and those with the answer's."""
+
+    prompt: int
+    total: int
+
+
 @dataclass
 class Bucket:
     """One budget: `size` per `window_s`, refilled continuously; `level` what is left now."""
@@ -101,14 +109,14 @@ class RateBudget:
         with self._lock:
             return {kind: b.size for kind, b in self._buckets.items()}
 
-    def estimate(self, payload: Mapping[str, Any]) -> int:
+    def estimate(self, payload: Mapping[str, Any]) -> Estimate:
         """A try's tokens before it is sent: its text, and `max_tokens` or the answers' mean."""
         prompt = tokens_of("".join(strings_of(payload)))
         answer = payload.get("max_tokens")
         if not isinstance(answer, int):
             with self._lock:
                 answer = round(self._output_mean or 0.0)
-        return prompt + answer
+        return Estimate(prompt, prompt + answer)
 
     def take(self, tokens: int) -> None:
         """Spend one request and `tokens` for a try about to be sent, waiting while either
@@ -128,20 +136,20 @@ class RateBudget:
                     bucket.level -= needs[kind]
             return wait
 
-    def settle(self, estimated: int, answer: Mapping[str, Any], prompt_tokens: int) -> None:
+    def settle(self, estimate: Estimate, answer: Mapping[str, Any]) -> None:
         """The answer is in: its tokens (`usage`, or its text's length) replace the estimate."""
         usage = answer.get("usage") if isinstance(answer.get("usage"), Mapping) else {}
         output = usage.get("completion_tokens")
         if not isinstance(output, int):
             output = tokens_of("".join(strings_of({k: v for k, v in answer.items() if k != "usage"})))
         total = usage.get("total_tokens")
-        actual = total if isinstance(total, int) else prompt_tokens + output
+        actual = total if isinstance(total, int) else estimate.prompt + output
         with self._lock:
             self._output_mean = output if self._output_mean is None else \
                 self._output_mean + OUTPUT_WEIGHT * (output - self._output_mean)
             bucket = self._buckets.get(TOKENS)
             if bucket is not None:
-                bucket.level = min(bucket.size, bucket.level + estimated - actual)
+                bucket.level = min(bucket.size, bucket.level + estimate.total - actual)
 
     def observe(self, headers: Mapping[str, str]) -> None:
         """What the endpoint announced with an answer: a budget's size, what is left and when

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from consumers.ai_client import CONCURRENCY, refusal_kind
-from consumers.rate_budget import REQUESTS, TOKENS, RateBudget, duration_s
+from consumers.rate_budget import REQUESTS, TOKENS, Estimate, RateBudget, duration_s
 
 
 class Clock:
@@ -39,9 +39,10 @@ def test_tokens_wait_for_the_estimate_and_the_answer_corrects_it(monkeypatch: py
     monkeypatch.setattr("consumers.rate_budget.time.sleep", lambda s: setattr(clock, "now", clock.now + s))
     budget = RateBudget(tokens_per_minute=600, clock=clock)  # 10 tokens a second
     payload = {"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 100}
-    assert budget.estimate(payload) == 4 // 4 + 100 + 100  # "user" 1 token, 400 characters 100, max_tokens
+    # "user" and 400 characters: 404 / 4 = 101 tokens of prompt, and max_tokens 100
+    assert budget.estimate(payload) == Estimate(101, 201)
     budget.take(500)  # 100 left
-    budget.settle(500, {"usage": {"completion_tokens": 20, "total_tokens": 121}}, prompt_tokens=101)
+    budget.settle(Estimate(101, 500), {"usage": {"completion_tokens": 20, "total_tokens": 121}})
     # 500 estimated, 121 used: 379 back, 479 left; a try of 500 waits for 21 tokens: 2.1 s.
     budget.take(500)
     assert clock.now == pytest.approx(2.1)
