@@ -9,9 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import psycopg2
+import pytest
 
 from consumers.storage import LEFT_FOR_OTHERS, Storage, free_connections, sized_pool
 from tests.stack import Stack
+
+# Counts the server's free connections and takes nearly all of them: another worker's tests
+# would change the counts and be refused connections.
+pytestmark = pytest.mark.serial
 
 
 def opened_by(stack: Stack, open_pool: Callable[[int], Storage]) -> list[tuple[int, int]]:
