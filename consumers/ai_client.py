@@ -43,6 +43,7 @@ class Endpoint:
     url: str
     timeout_s: float = 10.0
     auth_header: str | None = None  # full header value, e.g. "Bearer <token>"
+    headers: Mapping[str, str] = field(default_factory=dict)  # the endpoint's own, e.g. an API version
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ class AIClient:
         self.rate_budget = rate_budget
         self.circuit = circuit
         self._pool = urllib3.PoolManager(num_pools=1, maxsize=pool_size, retries=False)
-        self._headers = {"Content-Type": "application/json",
+        self._headers = {"Content-Type": "application/json", **endpoint.headers,
                          **({"Authorization": endpoint.auth_header} if endpoint.auth_header else {})}
         self._rng = random.Random(seed)
 

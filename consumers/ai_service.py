@@ -120,6 +120,9 @@ class EndpointConfig:
 
     path: str
     protocol: str = "plain"  # plain | openai_chat (OpenAI's chat completions request and answer)
+    # openai_chat: the model it serves; chat endpoints on one path are told apart by it, as a
+    # provider serves every model on /v1/chat/completions.
+    model: str | None = None
     required: tuple[str, ...] = ()  # non-empty string fields; the first is the request's identity
     answers: tuple[dict[str, Any], ...]
     latency_s: float = 0.5  # the median for lognormal
@@ -148,6 +151,8 @@ class EndpointConfig:
             raise ConfigError(f"path must start with '/', got {self.path!r}")
         if self.protocol not in PROTOCOLS:
             raise ConfigError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.model is not None and not (self.chat and isinstance(self.model, str) and self.model):
+            raise ConfigError(f"{self.path}: only an openai_chat endpoint names a model (a non-empty string)")
         if not self.answers:
             raise ConfigError(f"{self.path}: at least one answer rule is needed")
         offered = set(self.required) | (set(CHAT_FIELDS) if self.chat else set())
@@ -191,7 +196,8 @@ class EndpointConfig:
     def from_spec(cls, spec: EndpointSpec) -> EndpointConfig:
         """The endpoint a spec declares, as the stand-in serves it."""
         latency = spec.latency
-        return cls(path=spec.path, protocol=spec.stand_in.protocol, required=tuple(spec.stand_in.required),
+        return cls(path=spec.path, protocol=spec.stand_in.protocol, model=spec.model,
+                   required=tuple(spec.stand_in.required),
                    answers=tuple({"when": dict(a.when), "body": dict(a.body)} for a in spec.stand_in.answers),
                    latency_s=latency.median_s, limit=spec.concurrency, distribution=latency.distribution,
                    sigma=latency.sigma, per_output_token_s=latency.per_output_token_s,
@@ -290,7 +296,8 @@ class ServiceConfig:
     @classmethod
     def from_specs(cls, specs: Iterable[PipelineSpec], time_scale: float = 1.0, token: str | None = None,
                    seed: int | None = None, **overrides: Any) -> ServiceConfig:
-        """Every endpoint the specs declare, with `overrides` (EndpointConfig settings) applied to all.
+        """Every endpoint the specs declare a `stand_in` for, with `overrides` (EndpointConfig
+        settings) applied to all.
 
         Specs may share an endpoint when they declare it alike; one name or one path declared
         two ways is refused, naming both specs.
@@ -298,6 +305,8 @@ class ServiceConfig:
         declared: dict[str, tuple[str, EndpointConfig]] = {}  # name -> (first spec, config)
         for spec in specs:
             for name, endpoint in spec.endpoints.items():
+                if endpoint.stand_in is None:  # a real API only
+                    continue
                 config = EndpointConfig.from_spec(endpoint)
                 first, known = declared.setdefault(name, (spec.name, config))
                 if known != config:
@@ -308,12 +317,16 @@ class ServiceConfig:
 
 
 def _refuse_shared_paths(labelled: Iterable[tuple[str, EndpointConfig]]) -> None:
-    """Requests are routed by path, so two endpoints cannot share one."""
-    owners: dict[str, str] = {}
+    """Requests are routed by path, then chat requests by their model: two endpoints share a
+    path only when both are chat endpoints of different models."""
+    by_path: dict[str, list[tuple[str, str | None]]] = {}
     for label, config in labelled:
-        owner = owners.setdefault(_route_key(config.path), label)
-        if owner != label:
-            raise ConfigError(f"{owner} and {label} both serve POST {config.path}")
+        by_path.setdefault(_route_key(config.path), []).append((label, config.model))
+    for path, sharing in by_path.items():
+        models = [model for _, model in sharing]
+        if len(sharing) > 1 and (None in models or len(set(models)) < len(models)):
+            raise ConfigError(f"{' and '.join(label for label, _ in sharing)} both serve POST {path} "
+                              "(chat endpoints share a path only with a different model each)")
 
 
 def _check_time_scale(value: Any) -> None:
@@ -928,11 +941,32 @@ ROUTES: dict[str, dict[str, Route]] = {  # the service's own; each endpoint adds
 }
 
 
-def _ai_route(name: str) -> Route:
-    """POST to one endpoint's path."""
+def _ai_route(names: Mapping[str | None, str]) -> Route:
+    """POST to an endpoint's path: to its one endpoint, or, for chat endpoints that name their
+    models, to the one whose model the request names (404 `model_not_found` for any other)."""
     def route(handler: _Handler, body: bytes) -> None:
-        handler._ai(name, body)
+        if None in names:
+            handler._ai(names[None], body)
+            return
+        try:
+            model = json.loads(body).get("model")
+        except (ValueError, AttributeError):
+            model = None
+        if model in names:
+            handler._ai(names[model], body)
+        else:
+            handler._send_json(Reply(404, {"error": {
+                "type": "invalid_request_error", "code": "model_not_found",
+                "message": f"model {model!r} is not served here (served: {sorted(names)})"}}))
     return route
+
+
+def _ai_routes(endpoints: Mapping[str, Any]) -> dict[str, dict[str, Route]]:
+    """The POST route of each endpoint path."""
+    by_path: dict[str, dict[str | None, str]] = {}
+    for name, endpoint in endpoints.items():
+        by_path.setdefault(_route_key(endpoint.config.path), {})[endpoint.config.model] = name
+    return {path: {"POST": _ai_route(names)} for path, names in by_path.items()}
 
 
 class AIServiceServer(ThreadingHTTPServer):
@@ -943,8 +977,7 @@ class AIServiceServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], standin: StandIn) -> None:
         self.standin = standin
-        self.routes = {**ROUTES, **{_route_key(endpoint.config.path): {"POST": _ai_route(name)}
-                                    for name, endpoint in standin.endpoints.items()}}
+        self.routes = {**ROUTES, **_ai_routes(standin.endpoints)}
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)

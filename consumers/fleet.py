@@ -30,7 +30,7 @@ from consumers.circuit import Circuit
 from consumers.concurrency_limit import AdaptiveLimit
 from consumers.consumer import Member, MemberSettings, StageMember
 from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline_config import ENDPOINTS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
+from consumers.pipeline_config import ENDPOINTS_ENV, KEYS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
 from consumers.pipeline_spec import HttpWork
 from consumers.producer import KeyedProducer
 from consumers.rate_budget import RateBudget
@@ -153,8 +153,9 @@ class Fleet:
         budget = (RateBudget() if s.adaptive
                   else RateBudget(declared.requests_per_minute, declared.tokens_per_minute,
                                   minute_s=60.0 * s.member.time_scale))
-        return AIClient(Endpoint(url, s.ai_timeout_s, s.ai_auth_header), s.retry, pool_size=pool,
-                        limiter=limiter, circuit=Circuit(), rate_budget=budget)
+        endpoint = Endpoint(url, s.ai_timeout_s, s.ai_auth_header, dict(declared.headers))
+        return AIClient(endpoint, s.retry, pool_size=pool, limiter=limiter, circuit=Circuit(),
+                        rate_budget=budget)
 
     def start(self) -> Fleet:
         for member in self.members:
@@ -293,7 +294,8 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
         producer_batch_records=config.producer_batch_records(stage),
         ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
         ai_endpoint=work.endpoint if isinstance(work, HttpWork) else "",
-        ai_timeout_s=config.ai_timeout(stage), ai_auth_header=endpoints.auth_header,
+        ai_timeout_s=config.ai_timeout(stage),
+        ai_auth_header=endpoints.auth_for(work.endpoint) if isinstance(work, HttpWork) else None,
         ai_calls=stage_cfg.ai_calls, adaptive=stage_cfg.adaptive, retry=config.retry(stage),
         shutdown_deadline_s=config.shutdown_deadline_s)
 
@@ -352,7 +354,8 @@ def main() -> None:
     if not args.database_url:
         p.error("set --database-url or DATABASE_URL (or source .local/stack.env)")
     token = os.environ.get(args.ai_token_env) if args.ai_token_env else None
-    endpoints = Endpoints(json.loads(args.ai_endpoints), f"Bearer {token}" if token else None)
+    endpoints = Endpoints(json.loads(args.ai_endpoints), f"Bearer {token}" if token else None,
+                          json.loads(os.environ.get(KEYS_ENV, "{}")))
     try:
         config = config_from_args(args)
     except ValueError as exc:  # a --stage the pipeline does not have, a refused spec

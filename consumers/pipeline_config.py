@@ -18,6 +18,7 @@ from consumers.ai_client import RetryPolicy
 MIN_AI_TIMEOUT_S = 5.0
 WINDOW_MODES = ("flow", "share")
 ENDPOINTS_ENV = "AI_ENDPOINTS"  # how a fleet process is told where the AI endpoints are
+KEYS_ENV = "AI_ENDPOINT_KEYS"  # and each endpoint's key (from its own connection), when it has one
 
 
 @dataclass(frozen=True)
@@ -142,16 +143,25 @@ class PipelineConfig:
 
 @dataclass
 class Endpoints:
-    """Where each AI endpoint is (by the spec's endpoint name), as a deployment configures them."""
+    """Where each AI endpoint is (by the spec's endpoint name), as a deployment configures them,
+    and the key each is called with: its own (`keys`, from its Airflow connection), else the
+    one every endpoint shares (`auth_header`, the stand-in's token)."""
 
     urls: dict[str, str]
     auth_header: str | None = None
+    keys: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def on(cls, base_url: str, spec: pipeline_spec.PipelineSpec, auth_header: str | None = None) -> Endpoints:
         """Every endpoint of `spec` served under one base URL (the stand-in serves them all)."""
         return cls({name: base_url.rstrip("/") + e.path for name, e in spec.endpoints.items()}, auth_header)
 
+    def auth_for(self, name: str) -> str | None:
+        key = self.keys.get(name)
+        return f"Bearer {key}" if key else self.auth_header
+
     def environment(self) -> dict[str, str]:
-        """The variable that hands the URLs to a fleet process (`consumers.fleet` reads it)."""
-        return {ENDPOINTS_ENV: json.dumps(dict(self.urls), sort_keys=True)}
+        """The variables that hand the URLs and keys to a fleet process (`consumers.fleet` reads
+        them): the environment, never a command line anyone on the host can list."""
+        return {ENDPOINTS_ENV: json.dumps(dict(self.urls), sort_keys=True),
+                **({KEYS_ENV: json.dumps(dict(self.keys), sort_keys=True)} if self.keys else {})}

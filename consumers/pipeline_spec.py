@@ -20,7 +20,7 @@ import importlib
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -29,6 +29,8 @@ import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+
+from consumers import http_work
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 REFERENCE = "genai_image"
@@ -101,6 +103,9 @@ class EndpointSpec(_Model):
 
     connection: str
     path: Annotated[str, Field(pattern=r"^/[\w./-]*$")]
+    # The model it serves, for an OpenAI-compatible API where every model shares one path:
+    # a provider's limits are per model, so an endpoint is one model (its works' default model).
+    model: str | None = None
     concurrency: PositiveInt
     # Per-minute budgets as providers meter them (None: not metered). `tokens` says which
     # tokens `tokens_per_minute` counts: the prompt's, the answer's, or both.
@@ -108,7 +113,9 @@ class EndpointSpec(_Model):
     tokens_per_minute: PositiveInt | None = None
     tokens: Literal["input", "output", "total"] = "total"
     latency: Latency
-    stand_in: StandIn
+    headers: dict[str, str] = {}  # sent with every call (never a key: that is the connection's)
+    # How the project's stand-in serves it; an endpoint without one is a real API only.
+    stand_in: StandIn | None = None
 
 
 class TopicSpec(_Model):
@@ -117,13 +124,66 @@ class TopicSpec(_Model):
     key: str
 
 
+class ChatMessage(_Model):
+    role: Literal["system", "user", "assistant"]
+    content: str  # a template (consumers.http_work)
+
+
+# What an `openai_chat` work keeps unless it says otherwise: the answer's text and its usage.
+CHAT_KEEP = {"content": "choices[0].message.content", "prompt_tokens": "usage.prompt_tokens",
+             "completion_tokens": "usage.completion_tokens"}
+
+
 class HttpWork(_Model):
-    """Call an AI endpoint: request fields taken from the event, response fields kept."""
+    """Call an AI endpoint: a request built from the event, answer fields kept by path.
+
+    `protocol: json` (the default) sends `body`, a JSON template over the event
+    (`consumers.http_work`), or `request`, a flat map of request field to event field.
+    `protocol: openai_chat` sends an OpenAI-compatible chat completion from `model`,
+    `messages` (templates), `max_tokens` and `temperature`, with `user` set to the request's key
+    (what providers ask for to tell end users apart; a template may say otherwise), and keeps
+    `CHAT_KEEP` unless `keep` names others. `keep` lists answer fields by name, or maps the
+    names a result gets to their paths in the answer (`choices[0].message.content`)."""
 
     kind: Literal["http"]
     endpoint: str
-    request: dict[str, str]  # request field -> event field
-    keep: Annotated[list[str], Field(min_length=1)]
+    protocol: Literal["json", "openai_chat"] = "json"
+    request: dict[str, str] = {}  # request field -> event field
+    body: dict[str, Any] | None = None
+    model: str | None = None
+    messages: list[ChatMessage] = []
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    user: str | None = None
+    keep: list[str] | dict[str, str] = []
+
+    @property
+    def kept(self) -> dict[str, str]:
+        """Result field -> its path in the answer."""
+        if isinstance(self.keep, dict):
+            return dict(self.keep)
+        if not self.keep and self.protocol == "openai_chat":
+            return dict(CHAT_KEEP)
+        return {name: name for name in self.keep}
+
+    def payload(self, event: Mapping[str, Any], key: str, model: str | None = None) -> dict[str, Any]:
+        """The request body for `event` (keyed by its field `key`); `model`: the endpoint's, for a
+        chat work that names none."""
+        if self.protocol == "openai_chat":
+            chat = {"model": self.model or model, "messages": [m.model_dump() for m in self.messages],
+                    "user": self.user or f"{{{{ event.{key} }}}}",
+                    **({"max_tokens": self.max_tokens} if self.max_tokens else {}),
+                    **({"temperature": self.temperature} if self.temperature is not None else {})}
+            return http_work.render(chat, event)
+        if self.body is not None:
+            return http_work.render(self.body, event)
+        return {name: event.get(source) for name, source in self.request.items()}
+
+    def result(self, answer: Any) -> tuple[dict[str, Any], list[str]]:
+        """The kept fields of an answer, and the paths it lacks."""
+        picked = {name: http_work.pick(answer, path) for name, path in self.kept.items()}
+        missing = [self.kept[name] for name, value in picked.items() if value is http_work.MISSING]
+        return {name: value for name, value in picked.items() if value is not http_work.MISSING}, missing
 
 
 class PythonWork(_Model):
@@ -244,9 +304,12 @@ class PipelineSpec(_Model):
         return next(n for n, s in self.stages.items() if any(r.status == "completed" for r in s.routes))
 
     def summary(self) -> str:
-        """One line for logs and the check commands: the stages and where each endpoint is."""
+        """For logs and the check commands: the stages, where each endpoint is, and which ones
+        the stand-in cannot serve (no `stand_in`: a run needs the real API)."""
         endpoints = [f"{name} on connection {e.connection}" for name, e in self.endpoints.items()]
-        return f"{self.name}: stages {', '.join(self.stages)}; endpoints {', '.join(endpoints) or 'none'}"
+        real = sorted(name for name, e in self.endpoints.items() if e.stand_in is None)
+        return (f"{self.name}: stages {', '.join(self.stages)}; endpoints {', '.join(endpoints) or 'none'}"
+                + (f"\nnot served by the stand-in (real APIs only): {', '.join(real)}" if real else ""))
 
     def endpoint_of(self, stage: str) -> EndpointSpec | None:
         work = self.stages[stage].work
@@ -305,9 +368,13 @@ def _cross_checks(spec: PipelineSpec) -> Iterable[tuple[str, str]]:
             for needed in (spec.key, *RUN_FIELDS):
                 if needed not in required:
                     yield f"{at}.schema.required", f"must require {needed!r} (the runtime reads it)"
-        if isinstance(stage.work, HttpWork) and stage.work.endpoint not in spec.endpoints:
-            yield (f"{at}.work.endpoint",
-                   f"endpoint {stage.work.endpoint!r} is not declared (declared: {sorted(spec.endpoints)})")
+        if isinstance(stage.work, HttpWork):
+            if stage.work.endpoint not in spec.endpoints:
+                yield (f"{at}.work.endpoint", f"endpoint {stage.work.endpoint!r} is not declared "
+                       f"(declared: {sorted(spec.endpoints)})")
+            endpoint = spec.endpoints.get(stage.work.endpoint)
+            yield from ((f"{at}.work.{field}", problem) for field, problem
+                        in _http_problems(stage.work, endpoint.model if endpoint else None))
         if isinstance(stage.work, PythonWork):
             problem = _callable_problem(stage.work.callable)
             if problem:
@@ -341,6 +408,40 @@ def _cross_checks(spec: PipelineSpec) -> Iterable[tuple[str, str]]:
         latency = endpoint.latency
         if latency.distribution == "lognormal" and (latency.p99_s or 0) <= latency.median_s:
             yield f"endpoints.{name}.latency.p99_s", "a lognormal latency needs a p99 above its median"
+        if endpoint.model and endpoint.stand_in and endpoint.stand_in.protocol != "openai_chat":
+            yield f"endpoints.{name}.model", "the stand-in tells apart by model only openai_chat endpoints"
+
+
+def _http_problems(work: HttpWork, model: str | None) -> Iterable[tuple[str, str]]:
+    """(field, problem) of an HTTP work: what its protocol needs and forbids, its templates'
+    syntax, its kept paths."""
+    chat_fields = {"model": work.model, "messages": work.messages, "max_tokens": work.max_tokens,
+                   "temperature": work.temperature, "user": work.user}
+    if work.protocol == "openai_chat":
+        for name in ("request", "body"):
+            if getattr(work, name):
+                yield name, "an openai_chat work builds its own body: use model and messages"
+        if not (work.model or model):
+            yield "model", "an openai_chat work names its model, or its endpoint does"
+        if not any(m.role == "user" for m in work.messages):
+            yield "messages", "an openai_chat work needs a user message"
+        templates: Any = [m.content for m in work.messages] + [work.user or ""]
+    else:
+        for name, value in chat_fields.items():
+            if value:
+                yield name, "only an openai_chat work takes it"
+        if bool(work.request) == (work.body is not None):
+            yield "body", "set either body (a template) or request (field -> event field)"
+        if not work.keep:
+            yield "keep", "name the answer fields the stage keeps"
+        templates = work.body
+    for problem in http_work.check(templates):
+        yield "body" if work.protocol == "json" else "messages", f"template {problem}"
+    for name, path in work.kept.items():
+        try:
+            http_work.steps(path)
+        except ValueError as exc:
+            yield f"keep.{name}", str(exc)
 
 
 def _callable_problem(reference: str) -> str | None:

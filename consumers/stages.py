@@ -35,14 +35,17 @@ from typing import Any
 
 from consumers import pipeline_spec
 from consumers.ai_client import AIBadAnswer, AIClient, AIUnavailable, AIWaiting, EndpointDown, Try
-from consumers.events import Topics
+from consumers.concurrency_limit import NOT_SENT
+from consumers.events import InvalidEvent, Topics
 from consumers.failures import ClaimHeld, Transient, WorkFailed
+from consumers.http_work import RenderError
 from consumers.pipeline_spec import HttpWork, PythonWork, Route, StageSpec
 from consumers.producer import KeyedProducer
 from consumers.storage import CallClaim, Claim, Ended, Key, Origin, Status, Storage
 from consumers.window_pool import WindowPool
 
 DELIVERY_TIMEOUT_S = 30.0
+TEMPLATE_FAILED = "request_template"  # the dead letter's reason: the event lacks what the request needs
 
 
 @dataclass
@@ -207,9 +210,17 @@ def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any
         if claim.first_attempt is None:
             raise ClaimHeld(f"{ctx.stage} of {key.request_id} is being called by another member")
         own = max(claim.own_failures, sum(t.own for t in state.tries))
+        log = _AttemptLog(ctx, key, origin, state, {1: claim.first_attempt})
         try:
-            body = ctx.ai.call({name: event.get(source) for name, source in work.request.items()},
-                               _AttemptLog(ctx, key, origin, state, {1: claim.first_attempt}),
+            payload = work.payload(event, ctx.topics.spec.key, ctx.topics.spec.endpoints[work.endpoint].model)
+        except RenderError as exc:  # nothing to send: the row written with the claim ends unsent
+            now = time.time()
+            log.ended(Try(1, now, now, NOT_SENT, None))
+            ctx.storage.end_attempts(state.unwritten)
+            state.unwritten.clear()
+            raise InvalidEvent(TEMPLATE_FAILED, str(exc)) from None
+        try:
+            body = ctx.ai.call(payload, log,
                                request=key.request_id, budget=ctx.ai.policy.max_attempts - own)
         except (AIUnavailable, AIBadAnswer) as exc:
             state.failure = exc  # the request's own fault
@@ -218,11 +229,11 @@ def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any
             state.unwritten.clear()
             raise
         else:
-            missing = [name for name in work.keep if name not in body]
+            kept, missing = work.result(body)
             if missing:
                 state.failure = AIBadAnswer(f"answer from {work.endpoint} without {missing}")
             else:
-                state.result = {name: body[name] for name in work.keep}
+                state.result = kept
     if state.failure is not None:
         ctx.storage.end_attempts(state.unwritten)
         state.unwritten.clear()

@@ -203,6 +203,8 @@ def environment(layout: Layout, brokers: int, security: str, credentials: Creden
         "AIRFLOW_CONN_POSTGRES_DEFAULT": database_url.replace("postgresql://", "postgres://"),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_connection(layout, spark)),
         "AIRFLOW_CONN_AI_SERVICE": f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true",
+        # The OpenAI-compatible models the LLM pipeline names: the stand-in serves them here.
+        "AIRFLOW_CONN_LLM": f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true",
         "PYTHONPATH": f"{REPO}:{REPO / 'plugins'}",
         # spark-submit and the fleet commands come from the project's environment.
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",

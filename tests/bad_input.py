@@ -55,10 +55,18 @@ def _properties(spec: PipelineSpec, stage: str) -> dict[str, dict[str, Any]]:
     return spec.stages[stage].event_schema.get("properties", {})
 
 
+def _completed(spec: PipelineSpec, stage: str, event: dict[str, Any]) -> dict[str, Any]:
+    """The event with the string fields an earlier stage adds (a later stage requires them)."""
+    schema = spec.stages[stage].event_schema
+    added = {name: "added" for name in schema.get("required", []) if name not in event
+             and _properties(spec, stage).get(name, {}).get("type") == "string"}
+    return {**event, **added}
+
+
 def valid_event(spec: PipelineSpec, stage: str) -> dict[str, Any]:
     """A valid event of the stage, fixed so that every corpus is the same from run to run."""
     generator = pipeline_spec.resolve(spec.load.generator)
-    generated = [event for _, event in generator(random.Random(3), "run", 1, 0.0)]
+    generated = [_completed(spec, stage, event) for _, event in generator(random.Random(3), "run", 1, 0.0)]
     event = next(e for e in generated if not list(spec.validators[stage].iter_errors(e)))
     event = {**event, spec.key: REQUEST_ID, "produced_at": PRODUCED_AT}
     text = spec.stages[stage].free_text_field(spec.key)

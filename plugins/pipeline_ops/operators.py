@@ -64,10 +64,18 @@ def configure_stand_in(spec: PipelineSpec, time_scale: float, limit: int) -> lis
     return configured
 
 
+def endpoint_keys(spec: PipelineSpec) -> dict[str, str]:
+    """Each AI endpoint's key: its Airflow connection's password, when it has one."""
+    passwords = {conn_id: BaseHook.get_connection(conn_id).password
+                 for conn_id in {e.connection for e in spec.endpoints.values()}}
+    return {name: passwords[e.connection] for name, e in spec.endpoints.items() if passwords[e.connection]}
+
+
 def fleet_environment(kafka_config_id: str, postgres_conn_id: str, spec: PipelineSpec) -> FleetEnvironment:
-    """Addresses and principals for the fleet processes of a pipeline, from the Airflow connections."""
+    """Addresses, principals and keys for the fleet processes of a pipeline, from the Airflow
+    connections."""
     return FleetEnvironment(kafka=kafka_access(kafka_config_id), database_url=database_url(postgres_conn_id),
-                            ai_urls=endpoint_urls(spec))
+                            ai_urls=endpoint_urls(spec), ai_keys=endpoint_keys(spec))
 
 
 def provision_topics(kafka_config_id: str, topics: events.Topics, partitions: int, profile: str,

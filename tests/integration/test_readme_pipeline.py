@@ -1,4 +1,5 @@
-"""The README's minimal spec, loaded from the README itself and run against the stack."""
+"""The README's specs (the minimal one, and one of a real model API), loaded from the README
+itself and run against the stack."""
 
 from __future__ import annotations
 
@@ -19,11 +20,15 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 MARKER = "<!-- minimal spec -->"
 
 
-def readme_spec() -> str:
-    block = README.read_text().split(MARKER)[1]
+def readme_block(marker: str) -> str:
+    block = README.read_text().split(marker)[1]
     found = re.search(r"```yaml\n(.*?)```", block, re.DOTALL)
-    assert found, "the README's minimal spec block is missing"
+    assert found, f"the README's block {marker} is missing"
     return found.group(1)
+
+
+def readme_spec() -> str:
+    return readme_block(MARKER)
 
 
 @pytest.fixture
@@ -55,3 +60,31 @@ def test_the_readme_spec_runs_end_to_end(stack: Stack, digest: AIService) -> Non
                  pipeline.run_id)
     assert rows == [(40, 40)]
     assert digest.stats()["summarize"]["served"] == 40
+
+
+REAL_API = "<!-- real api spec -->"
+
+
+def real_api_spec() -> str:
+    return readme_block(REAL_API)
+
+
+def test_the_readme_real_api_spec_runs_against_an_openai_compatible_endpoint(
+        stack: Stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "ticket_answers.yaml").write_text(real_api_spec())
+    with ai_service() as service:  # the shipped specs' endpoints: support_tickets' small-model too
+        monkeypatch.setenv("PIPELINES_DIR", str(tmp_path))
+        spec = pipeline_spec.load("ticket_answers")
+        assert spec.endpoints["assistant"].stand_in is None  # a real API, as the stand-in sees it
+        config = PipelineConfig(pipeline="ticket_answers", partitions=4, time_scale=TIME_SCALE,
+                                replication_factor=1)
+        with running_pipeline(config, stack.kafka, stack.database_url,
+                              service.endpoints_of("ticket_answers")) as pipeline:
+            pipeline.send(30, reject_share=0.0)
+            counts = pipeline.wait_terminal(30, timeout_s=120)
+        served = service.stats()["small_model"]
+    assert counts == {"completed": 30}
+    answers = dict(query(stack.database_url, "SELECT result->>'answer', count(*) FROM stage_results "
+                         "WHERE run_id = %s GROUP BY 1", pipeline.run_id))
+    assert set(answers) <= {"billing", "bug", "how_to"} and sum(answers.values()) == 30
+    assert (served["served"], served["duplicate_served"]) == (30, 0)

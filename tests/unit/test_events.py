@@ -91,8 +91,8 @@ def test_each_corpus_is_built_from_a_valid_event(spec: pipeline_spec.PipelineSpe
 
 
 def test_every_shipped_pipeline_has_its_corpus() -> None:
-    assert {spec.name for spec, _ in STAGES} == {"genai_image", "text_moderation"}
-    assert len(STAGES) == 3 + 4
+    assert {spec.name for spec, _ in STAGES} == {"genai_image", "text_moderation", "support_tickets"}
+    assert len(STAGES) == 3 + 4 + 2
 
 
 @pytest.mark.parametrize(("spec", "stage"), STAGES, ids=STAGE_IDS)

@@ -54,6 +54,7 @@ def pipelines_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (folder / source.name).write_text(source.read_text())
     monkeypatch.setenv("PIPELINES_DIR", str(folder))
     monkeypatch.setenv("AIRFLOW_CONN_AI_SERVICE", AI_SERVICE)
+    monkeypatch.setenv("AIRFLOW_CONN_LLM", AI_SERVICE)
     return folder
 
 
@@ -69,10 +70,11 @@ def check(pipeline: str) -> dict[str, Any]:
 
 
 def cli(pipeline: str, folder: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    """`python -m pipeline_ops.pipeline_check` with only the stand-in's Airflow connection."""
+    """`python -m pipeline_ops.pipeline_check` with only the stand-in's Airflow connections."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "PIPELINES_DIR"))}
     env.update({"PYTHONPATH": f"{REPO}:{REPO / 'plugins'}", "AIRFLOW_HOME": str(tmp_path / "airflow"),
-                "AIRFLOW_CONN_AI_SERVICE": AI_SERVICE, "PIPELINES_DIR": str(folder)})
+                "AIRFLOW_CONN_AI_SERVICE": AI_SERVICE, "AIRFLOW_CONN_LLM": AI_SERVICE,
+                "PIPELINES_DIR": str(folder)})
     return subprocess.run([sys.executable, "-m", "pipeline_ops.pipeline_check", pipeline], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
 

@@ -199,9 +199,9 @@ def test_stack_env_is_owner_only_and_gives_the_passwords_back(tmp_path: Path,
 def test_passwords_are_generated_once_and_kept() -> None:
     first = Credentials(None, {}).completed("sasl_ssl")
     # a principal per stage name of every shipped spec, the source and the admin
-    assert sorted(first.kafka) == ["admin", "check", "classify", "generate", "intake", "join", "moderate",
-                                   "source", "summarize"]
-    assert len({first.postgres, *first.kafka.values()}) == 10
+    assert sorted(first.kafka) == ["admin", "check", "classify", "draft", "generate", "intake", "join",
+                                   "moderate", "source", "summarize", "triage"]
+    assert len({first.postgres, *first.kafka.values()}) == 12
     assert first.completed("sasl_ssl").kafka == first.kafka
     assert first.completed("sasl_ssl").postgres == first.postgres
     assert Credentials("pg", {}).completed("plaintext").kafka == {}

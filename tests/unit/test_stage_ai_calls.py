@@ -9,6 +9,7 @@ every shipped pipeline is run through each case.
 from __future__ import annotations
 
 import io
+import itertools
 from collections import deque
 from concurrent.futures import Future
 from typing import Any
@@ -17,7 +18,7 @@ import psycopg2
 import pytest
 import urllib3
 
-from consumers import events, pipeline_spec, stages
+from consumers import events, http_work, pipeline_spec, stages
 from consumers.ai_client import (
     CONCURRENCY,
     AIBadAnswer,
@@ -42,10 +43,32 @@ def ai_stage(request: pytest.FixtureRequest) -> tuple[pipeline_spec.PipelineSpec
     return request.param
 
 
-def answer(spec: pipeline_spec.PipelineSpec, stage: str) -> dict[str, str]:
-    """A successful body: each field the stage keeps, plus one it does not."""
-    work = spec.stages[stage].work
-    return {**{name: f"{name}-answer" for name in work.keep}, "unkept": "x"}
+def answer(spec: pipeline_spec.PipelineSpec, stage: str) -> dict[str, Any]:
+    """A successful body: each field the stage keeps (`<name>-answer` at its path), plus one it
+    does not."""
+    body: dict[str, Any] = {"unkept": "x"}
+    for name, path in spec.stages[stage].work.kept.items():
+        put(body, http_work.steps(path), f"{name}-answer")
+    return body
+
+
+def put(body: Any, steps: list[str | int], value: Any) -> None:
+    """Set `value` at `steps` in `body`, making the dicts and lists on the way."""
+    for step, following in itertools.pairwise(steps):
+        if isinstance(step, int):
+            body.extend([None] * (step + 1 - len(body)))
+            if body[step] is None:
+                body[step] = [] if isinstance(following, int) else {}
+        else:
+            body.setdefault(step, [] if isinstance(following, int) else {})
+        body = body[step]
+    if isinstance(steps[-1], int):
+        body.extend([None] * (steps[-1] + 1 - len(body)))
+    body[steps[-1]] = value
+
+
+def kept(spec: pipeline_spec.PipelineSpec, stage: str) -> dict[str, str]:
+    return {name: f"{name}-answer" for name in spec.stages[stage].work.kept}
 
 
 STATUS = {"ok": 200, "http_5xx": 500, "http_429": 429, "timeout": None, "http_4xx": 400}
@@ -152,7 +175,8 @@ def handle(ctx: stages.StageContext, state: stages.RecordState,
 # field: no stage's `when` matches it), read off the specs by hand.
 ROUTED = {("genai_image", "check"): ["notify"], ("genai_image", "generate"): ["notify"],
           ("text_moderation", "moderate"): ["replies"], ("text_moderation", "summarize"): ["answers"],
-          ("text_moderation", "classify"): ["answers"]}
+          ("text_moderation", "classify"): ["answers"], ("support_tickets", "triage"): ["drafts"],
+          ("support_tickets", "draft"): ["replies"]}
 
 
 def test_every_ai_stage_has_its_expected_routes() -> None:
@@ -171,8 +195,7 @@ def test_429s_do_not_use_up_the_requests_tries(ai_stage: tuple) -> None:
 
     client.outcomes.extend(["http_5xx", "timeout", "ok"])
     assert handle(context(spec, stage, storage, client), state) is None  # the retry completes
-    kept = {name: f"{name}-answer" for name in spec.stages[stage].work.keep}
-    assert storage.results == [kept]  # the kept fields only
+    assert storage.results == [kept(spec, stage)]  # the kept fields only
     assert client.sent == 7
     # every try completed on record, the last one with the result it got
     assert storage.outcomes() == ["http_429", "http_429", "http_429", "http_5xx",
@@ -184,7 +207,12 @@ def test_the_request_fields_come_from_the_event(ai_stage: tuple) -> None:
     client = ScriptedClient(answer(spec, stage), "ok")
     assert handle(context(spec, stage, FakeStorage(), client), stages.RecordState()) is None
     event = bad_input.valid_event(spec, stage)
-    request = spec.stages[stage].work.request
+    work = spec.stages[stage].work
+    if work.protocol == "openai_chat":  # the request's key as the end user, the event's text in a message
+        assert client.payloads[0]["user"] == bad_input.REQUEST_ID
+        assert event["subject"] in client.payloads[0]["messages"][-1]["content"]
+        return
+    request = work.request
     assert client.payloads == [{name: event[field] for name, field in request.items()}]
     assert client.payloads[0][next(iter(request))] == bad_input.REQUEST_ID  # each spec sends its key first
 

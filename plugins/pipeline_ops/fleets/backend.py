@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from consumers.kafka_connection import KafkaAccess
@@ -24,13 +24,15 @@ class FleetEnvironment:
     kafka: KafkaAccess
     database_url: str
     ai_urls: Mapping[str, str]  # the URL of each AI endpoint of the pipeline spec, by endpoint name
+    ai_keys: Mapping[str, str] = field(default_factory=dict)  # an endpoint's key, from its connection
 
     def variables(self, stage: str) -> dict[str, str]:
         """A stage fleet's environment: its own Kafka principal, the addresses (the AI endpoints
-        as the fleet's `AI_ENDPOINTS` JSON), and the AI token when this process has one. Secrets
-        travel here (an owner-only program file, a Kubernetes Secret), never on the command line."""
+        as the fleet's `AI_ENDPOINTS` JSON), the endpoints' own keys, and the stand-in's token
+        when this process has one. Secrets travel here (an owner-only program file, a Kubernetes
+        Secret), never on the command line."""
         env = {**self.kafka.of(stage).environment(), "DATABASE_URL": self.database_url,
-               **Endpoints(dict(self.ai_urls)).environment()}
+               **Endpoints(dict(self.ai_urls), keys=dict(self.ai_keys)).environment()}
         if os.environ.get(TOKEN_ENV):
             env[TOKEN_ENV] = os.environ[TOKEN_ENV]
         return env
