@@ -18,6 +18,9 @@ Benchmark-only figures:
   it shows whether that partition bounded the run.
 - refetch_amplification: bytes librdkafka received for the AI stages' topics (its statistics
   count re-fetched data) / bytes of distinct records on those topics.
+- cost (measure.cost, from the attempt rows): tokens and cost per completed request, cost per
+  1,000 completed requests, and what the failed and the paid-twice calls cost; "unknown" where
+  no gateway reported a cost and the spec declares no prices.
 - physical_minimum_s, span_over_minimum, overload_share (measure.figures): the completed
   requests at the capacity in force (measure.capacity with this run's mean calls and calls per
   request, the concurrency of the scheduled endpoint following its schedule), plus one chain of
@@ -46,7 +49,7 @@ from confluent_kafka import Consumer, TopicPartition
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
 from consumers.presets import PresetParams
-from consumers.run_figures import limits_of, rows, standard_figures
+from consumers.run_figures import cost_figures, limits_of, rows, standard_figures
 from measure import capacity, figures
 
 POLL_S = 0.2  # the longest one read of topic_bytes waits
@@ -170,6 +173,7 @@ def scenario_figures(database_url: str, kafka: KafkaConnection, run_id: str, top
                           for stage, s in sorted(extras["per_stage"].items())},
         "busiest_partition": busiest_partitions(extras["calls"]),
         "refetch_amplification": refetch_amplification(database_url, kafka, run_id, topics),
+        "cost": cost_figures(database_url, run_id, standard["completed"], topics.spec),
         "first_produced_s": first,
         "completion_times": extras["completion_times"],
     }

@@ -14,11 +14,17 @@ import matplotlib.pyplot as plt
 from rich.console import Console
 from rich.table import Table
 
+from measure import cost
+
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 COLUMNS = ("brokers", "throughput_rps", "steady_throughput_rps", "capacity_rps", "binding_limit",
            "utilization", "lost", "duplicate_ai_calls", "rebalances", "skew_max_over_mean", "skew_cv",
            "p50_ms", "p95_ms", "p99_ms", "overhead_p99_ms", "refetch_amplification", "span_s",
            "physical_minimum_s", "span_over_minimum", "ai_429", "overload_share")
+COST_ROWS = (("tokens_input_per_request", "tokens per completed request, input"),
+             ("tokens_output_per_request", "tokens per completed request, output"),
+             ("cost_per_1k_requests", "cost per 1,000 completed requests"),
+             ("failed_cost", "cost of failed calls"), ("paid_twice_cost", "cost of calls paid twice"))
 STEADY_COLUMNS = ("rate_rps", "lost", "p50_ms", "p99_ms", "overhead_p50_ms", "overhead_p99_ms",
                   "late_wakeups", "latest_wakeup_ms", "cpu_busy_pct", "cpu_steal_pct")
 
@@ -158,6 +164,8 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
     for column in COLUMNS:
         table.add_row(column, *(str(s.get(column)) for s in scenarios))
     table.add_row("stand-in served/s on the binding endpoint over the span", *(_served(s) for s in scenarios))
+    for key, label in COST_ROWS:
+        table.add_row(label, *(cost.shown(s["cost"][key]) if "cost" in s else "-" for s in scenarios))
     for stage in sorted({stage for s in scenarios for stage in s.get("busiest_partition", {})}):
         table.add_row(f"busiest {stage} partition: requests / AI s", *(_busiest(s, stage) for s in scenarios))
     for column in STEADY_COLUMNS:

@@ -18,11 +18,17 @@ how the try ended, so the calls in flight follow the limit the service shows. Wi
 `consumers.rate_budget.RateBudget`, each try first spends its share of the minute's requests and
 tokens. A 429 is read by its kind (`refusal_kind`): a budget spent goes to the budget, a full
 service to the limit, so a minute's budget running out never halves the concurrency.
+
+Each try keeps what its answer says it used (`Usage`): the tokens of an OpenAI-compatible
+`usage` and the cost a gateway reports, which the attempt rows keep for `measure.cost`. A try
+cut off after its answer's status line arrived keeps that status (and the headers), so the cost
+figures can tell an answer the provider began, and bills, from one that never came.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -58,6 +64,39 @@ class RetryPolicy:
         return max(rng.uniform(0, ceiling), retry_after_s or 0.0)
 
 
+COST_HEADER = "x-litellm-response-cost"  # the cost LiteLLM's proxy reports for each call
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one answer says it used: the input and output tokens of an OpenAI-compatible
+    `usage` and the cost a gateway reports in COST_HEADER; None for what it does not say."""
+
+    tokens_input: int | None = None
+    tokens_output: int | None = None
+    reported_cost: float | None = None
+
+    @classmethod
+    def of(cls, body: Any, headers: Mapping[str, str]) -> Usage:
+        """Read from an answer's JSON body and its (lower-cased) headers."""
+        usage = body.get("usage") if isinstance(body, Mapping) else None
+        usage = usage if isinstance(usage, Mapping) else {}
+        return cls(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
+                   _amount(headers.get(COST_HEADER)))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _amount(value: str | None) -> float | None:
+    try:
+        amount = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return amount if amount is not None and math.isfinite(amount) and amount >= 0 else None
+
+
 @dataclass(frozen=True)
 class Try:
     """One HTTP attempt, as recorded in the attempts table."""
@@ -66,8 +105,9 @@ class Try:
     started: float
     ended: float
     outcome: str  # ok | http_429 | http_5xx | http_4xx | timeout | connection_error | bad_answer | not_sent
-    http_status: int | None
+    http_status: int | None  # on a timeout or a broken connection: the answer had begun
     own: bool = False  # a failure of the request's own (see consumers.circuit)
+    usage: Usage = Usage()
 
 
 # Outcomes that may say something about the request itself. A 429 (the service is full for
@@ -177,14 +217,15 @@ class AIClient:
                 self._not_sent(attempt, observer)
                 raise EndpointDown(f"{self.endpoint.url} is down for every caller (circuit "
                                    f"{self.circuit.state}); {reason}")
-            status, body, outcome, retry_after, started, took = self._try(payload, attempt, observer)
-            tries = attempt
+            reply, started, took = self._try(payload, attempt, observer)
+            tries, outcome = attempt, reply.outcome
             counted = (self.circuit.ended(request, outcome, took) if self.circuit is not None
                        else outcome in REQUEST_FAILURES)
             if observer is not None:
-                observer.ended(Try(attempt, started, started + took, outcome, status, own=counted))
+                observer.ended(Try(attempt, started, started + took, outcome, reply.status, own=counted,
+                                   usage=Usage.of(reply.body, reply.headers)))
             if outcome == "ok":
-                return body
+                return reply.body
             reason = f"{outcome} from {self.endpoint.url} (try {attempt})"
             if outcome == BAD_ANSWER:
                 raise AIBadAnswer(f"2xx from {self.endpoint.url} whose body is not JSON")
@@ -192,7 +233,7 @@ class AIClient:
                 raise AIUnavailable(reason, final=True)
             own += counted
             if tries < self.policy.max_attempts and own < budget:
-                time.sleep(self.policy.backoff(attempt, retry_after, self._rng))
+                time.sleep(self.policy.backoff(attempt, reply.retry_after_s, self._rng))
         if own < budget:
             raise AIWaiting(f"{reason}: {tries} tries, not all of them failures of the request's own")
         if tries == 0:
@@ -210,7 +251,7 @@ class AIClient:
             observer.ended(Try(1, now, now, NOT_SENT, None))
 
     def _try(self, payload: dict[str, Any], attempt: int, observer: CallObserver | None,
-             ) -> tuple[int | None, dict, str, float | None, float, float]:
+             ) -> tuple[Reply, float, float]:
         """One try, inside a permit of the limiter when there is one; its outcome, when it was
         sent (epoch s, for the record) and how long it took (on the steady clock: the wall
         clock jumps, and a step mid-call would make a latency of an hour, or a negative one)."""
@@ -238,28 +279,25 @@ class AIClient:
                 budget.settle(estimate, reply.body)
             elif reply.refusal in (REQUESTS, TOKENS):
                 budget.refused(reply.refusal, reply.retry_after_s, reply.headers)
-        return reply.status, reply.body, reply.outcome, reply.retry_after_s, started, took
+        return reply, started, took
 
     def _post(self, payload: dict[str, Any]) -> Reply:
         """One POST within the endpoint's timeout as a whole (see `_read_within`)."""
         deadline = time.monotonic() + self.endpoint.timeout_s
+        response = None
         try:
             response = self._pool.request("POST", self.endpoint.url, body=json.dumps(payload).encode(),
                                           headers=self._headers, preload_content=False,
                                           timeout=urllib3.Timeout(total=self.endpoint.timeout_s))
             data = _read_within(response, deadline)
-        except urllib3.exceptions.NewConnectionError:  # refused (a TimeoutError in urllib3 2)
-            return Reply(None, {}, "connection_error")
-        except urllib3.exceptions.TimeoutError:
-            return Reply(None, {}, "timeout")
-        except urllib3.exceptions.HTTPError:  # reset, or broken off mid-answer
-            return Reply(None, {}, "connection_error")
-        status, headers = response.status, {k.lower(): v for k, v in response.headers.items()}
+        except urllib3.exceptions.HTTPError as exc:
+            return _cut_off(exc, response)
+        status, headers = response.status, _headers_of(response)
         if status < 300:
             try:
                 body = json.loads(data)
             except (UnicodeDecodeError, json.JSONDecodeError):
-                return Reply(status, {}, BAD_ANSWER)
+                return Reply(status, {}, BAD_ANSWER, headers=headers)
             return Reply(status, body, "ok", headers=headers)
         if status == 429:
             return Reply(status, {}, "http_429", _retry_after(headers.get("retry-after")),
@@ -268,6 +306,22 @@ class AIClient:
 
     def close(self) -> None:
         self._pool.clear()
+
+
+def _headers_of(response: urllib3.BaseHTTPResponse) -> dict[str, str]:
+    return {k.lower(): v for k, v in response.headers.items()}
+
+
+def _cut_off(exc: urllib3.exceptions.HTTPError, response: urllib3.BaseHTTPResponse | None) -> Reply:
+    """A try that got no whole answer: out of time (`timeout`), or refused, reset or broken off
+    (`connection_error`). When the answer had begun (`response`: its status line is in), the
+    reply keeps its status and headers: the provider was answering, and bills such a try."""
+    refused = isinstance(exc, urllib3.exceptions.NewConnectionError)  # a TimeoutError in urllib3 2
+    timed_out = isinstance(exc, urllib3.exceptions.TimeoutError) and not refused
+    outcome = "timeout" if timed_out else "connection_error"
+    if response is None:
+        return Reply(None, {}, outcome)
+    return Reply(response.status, {}, outcome, headers=_headers_of(response))
 
 
 def _read_within(response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:

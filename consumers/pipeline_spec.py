@@ -98,6 +98,15 @@ class StandIn(_Model):
     answers: Annotated[list[Answer], Field(min_length=1)]
 
 
+class Price(_Model):
+    """What an endpoint charges per 1,000 input and output tokens, from its provider's price
+    list: the cost figures (`measure.cost`) price a call's tokens with it when no gateway
+    reported the call's cost."""
+
+    input_per_1k: Annotated[float, Field(ge=0)]
+    output_per_1k: Annotated[float, Field(ge=0)]
+
+
 class EndpointSpec(_Model):
     """An AI endpoint: the Airflow connection that says where it is, its path and its limits."""
 
@@ -112,6 +121,7 @@ class EndpointSpec(_Model):
     requests_per_minute: PositiveInt | None = None
     tokens_per_minute: PositiveInt | None = None
     tokens: Literal["input", "output", "total"] = "total"
+    price: Price | None = None  # None: the calls' cost is known only where a gateway reports it
     latency: Latency
     headers: dict[str, str] = {}  # sent with every call (never a key: that is the connection's)
     # How the project's stand-in serves it; an endpoint without one is a real API only.

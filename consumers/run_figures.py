@@ -1,13 +1,16 @@
 """A run's standard figures from its records in PostgreSQL: the SQL side of measure.figures
 (which defines each figure; spark/pipeline_analysis.py is the Spark side, and a test checks that
 both agree on the same run). The runtime's own reading of what it recorded, so the benchmark,
-the capacity search and anything else that drives the pipeline compute figures alike.
+the capacity search and anything else that drives the pipeline compute figures alike. A run's
+cost figures (measure.cost) come from its attempt rows, fetched by ATTEMPTS_SQL here and by the
+gate through its hook.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from contextlib import closing
 from dataclasses import replace
 from typing import Any
@@ -16,7 +19,7 @@ import psycopg2
 
 from consumers.pipeline import Pipeline
 from consumers.pipeline_spec import HttpWork, PipelineSpec
-from measure import capacity, figures
+from measure import capacity, cost, figures
 
 
 def rows(database_url: str, sql: str, params: tuple | dict = ()) -> list[tuple]:
@@ -53,6 +56,15 @@ SELECT count(*) FROM ai_attempts WHERE run_id = %(run)s AND outcome = ANY(%(outc
 GROUP BY request_id, stage HAVING count(*) > 1
 """
 
+# Every try of a run in the order written, as measure.cost.Attempt reads it, with whether its
+# (request, stage) has a recorded result.
+ATTEMPTS_SQL = """
+SELECT a.request_id, a.stage, a.outcome, a.http_status, a.tokens_input, a.tokens_output, a.reported_cost,
+       EXISTS (SELECT FROM stage_results s WHERE s.pipeline = a.pipeline AND s.request_id = a.request_id
+               AND s.stage = a.stage)
+FROM ai_attempts a WHERE a.run_id = %(run)s ORDER BY a.id
+"""
+
 LATENCY_SQL = """
 SELECT extract(epoch FROM r.notified_at - r.produced_at), ai.ai_s
 FROM requests r LEFT JOIN (
@@ -83,6 +95,25 @@ def limits_of(spec: PipelineSpec, concurrency: int | None = None, time_scale: fl
                                  e.tokens) for name, e in spec.endpoints.items()},
         {name: s.work.endpoint for name, s in spec.stages.items() if isinstance(s.work, HttpWork)},
         time_scale, tokens_per_call or {})
+
+
+def prices_of(spec: PipelineSpec) -> dict[str, cost.Prices | None]:
+    """Each AI stage's declared prices (its endpoint's `price`; None: none declared)."""
+    prices = {}
+    for stage in spec.ai_stages:
+        price = spec.endpoint_of(stage).price
+        prices[stage] = cost.Prices(price.input_per_1k, price.output_per_1k) if price else None
+    return prices
+
+
+def attempt_costs(found: Iterable[Sequence[Any]], completed: int, spec: PipelineSpec) -> dict[str, Any]:
+    """measure.cost.run_costs of a run from its ATTEMPTS_SQL rows, however they were fetched."""
+    return cost.run_costs([cost.Attempt(*row) for row in found], completed, prices_of(spec))
+
+
+def cost_figures(database_url: str, run_id: str, completed: int, spec: PipelineSpec) -> dict[str, Any]:
+    """A run's cost figures from its attempt rows (measure.cost)."""
+    return attempt_costs(rows(database_url, ATTEMPTS_SQL, {"run": run_id}), completed, spec)
 
 
 def standard_figures(database_url: str, run_id: str, final_stage: str, produced: int, ai_limit: int,

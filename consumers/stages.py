@@ -192,8 +192,10 @@ class _AttemptLog:
 
     def ended(self, attempt: Try) -> None:
         self.state.tries.append(attempt)
-        self.state.unwritten.append((self._ids[attempt.attempt], attempt.started, attempt.ended,
-                                     attempt.outcome, attempt.http_status, attempt.own))
+        usage = attempt.usage
+        self.state.unwritten.append(Ended(self._ids[attempt.attempt], attempt.started, attempt.ended,
+                                          attempt.outcome, attempt.http_status, attempt.own,
+                                          usage.tokens_input, usage.tokens_output, usage.reported_cost))
 
 
 def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any], origin: Origin,

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg2
 from psycopg2.extensions import connection
@@ -106,25 +106,41 @@ _FORWARD = ("status = CASE WHEN requests.status = ANY(%(settled)s) OR requests.s
             "ELSE greatest(requests.status_rank, %(rank)s) END")
 
 
-# A try's ending: (attempt row id, sent, ended, outcome, http status, the request's own failure).
-# The row was written before the try waited for a permit; `sent` makes its duration the call's.
-Ended = tuple[int, float, float, str, int | None, bool]
+class Ended(NamedTuple):
+    """A try's ending, for its attempt row. The row was written before the try waited for a
+    permit; `sent` makes its duration the call's. Tokens and cost are what its answer said
+    (`consumers.ai_client.Usage`), None where it said nothing."""
+
+    row: int  # the attempt row's id
+    sent: float
+    at: float
+    outcome: str
+    http_status: int | None
+    own: bool  # the request's own failure
+    tokens_input: int | None = None
+    tokens_output: int | None = None
+    reported_cost: float | None = None
 
 
 # Completes the attempt rows of %(ended_*)s (see `_ended`), however many, in one statement.
 _END_ATTEMPTS = (
     "UPDATE ai_attempts a SET started_at = e.sent, ended_at = e.at, outcome = e.outcome, "
-    "http_status = e.status, own_failure = e.own FROM unnest(%(ended_id)s::bigint[], "
+    "http_status = e.status, own_failure = e.own, tokens_input = e.tokens_input, "
+    "tokens_output = e.tokens_output, reported_cost = e.cost FROM unnest(%(ended_id)s::bigint[], "
     "%(ended_sent)s::timestamptz[], %(ended_at)s::timestamptz[], %(ended_outcome)s::text[], "
-    "%(ended_status)s::int[], %(ended_own)s::boolean[]) AS e(id, sent, at, outcome, status, own) "
-    "WHERE a.id = e.id")
+    "%(ended_status)s::int[], %(ended_own)s::boolean[], %(ended_tokens_input)s::int[], "
+    "%(ended_tokens_output)s::int[], %(ended_cost)s::float8[]) "
+    "AS e(id, sent, at, outcome, status, own, tokens_input, tokens_output, cost) WHERE a.id = e.id")
 
 
 def _ended(ended: Sequence[Ended]) -> dict[str, list]:
     """The parameters of `_END_ATTEMPTS`: one array per column."""
-    return {"ended_id": [e[0] for e in ended], "ended_sent": [ts(e[1]) for e in ended],
-            "ended_at": [ts(e[2]) for e in ended], "ended_outcome": [e[3] for e in ended],
-            "ended_status": [e[4] for e in ended], "ended_own": [e[5] for e in ended]}
+    return {"ended_id": [e.row for e in ended], "ended_sent": [ts(e.sent) for e in ended],
+            "ended_at": [ts(e.at) for e in ended], "ended_outcome": [e.outcome for e in ended],
+            "ended_status": [e.http_status for e in ended], "ended_own": [e.own for e in ended],
+            "ended_tokens_input": [e.tokens_input for e in ended],
+            "ended_tokens_output": [e.tokens_output for e in ended],
+            "ended_cost": [e.reported_cost for e in ended]}
 
 
 def _row_of(key: Key, stage: str, origin: Origin) -> dict[str, Any]:

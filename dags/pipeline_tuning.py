@@ -65,7 +65,8 @@ def pipeline_tuning() -> None:
     gate = PromotionGateOperator(task_id="gate", candidate=candidate, trials=trials.output,
                                  target_utilization="{{ params.target_utilization }}",
                                  min_throughput_rps="{{ params.min_throughput_rps }}",
-                                 tolerance="{{ params.tolerance }}", max_skew="{{ params.max_skew }}")
+                                 tolerance="{{ params.tolerance }}", max_skew="{{ params.max_skew }}",
+                                 max_cost_per_request="{{ params.max_cost_per_request }}")
     promote = PromoteOperator(task_id="promote", candidate=candidate)
     reject = EmptyOperator(task_id="reject", doc_md="The gate rejected the candidate; see its report.")
     report = GateReportOperator(task_id="report", candidate=candidate,

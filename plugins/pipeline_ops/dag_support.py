@@ -108,6 +108,10 @@ def gate_params() -> dict[str, Param]:
                                        "version's last measurement (lower bound of the difference)"),
         "max_skew": Param(2.0, type="number", minimum=1,
                           description="gate: largest allowed max/mean of requests per partition"),
+        "max_cost_per_request": Param(0.0, type="number", minimum=0,
+                                      description="gate: optional ceiling on the upper bound of the AI "
+                                                  "cost per completed request (reported by the gateway "
+                                                  "or from the endpoints' declared prices); 0: none"),
     }
 
 

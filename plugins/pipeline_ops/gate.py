@@ -14,7 +14,10 @@ gives them) and passes when every check passes:
 - no lost requests and no duplicate AI calls in any trial;
 - partition skew (max/mean of requests per partition) in every trial within the bound, or within
   what uniform key hashing explains at that trial's size (`measure.figures.hashing_skew_bound`:
-  160 requests over 16 partitions reach 2.1 by chance, which says nothing of the partitioner).
+  160 requests over 16 partitions reach 2.1 by chance, which says nothing of the partitioner);
+- max_cost_per_request (only when a ceiling is set): the 95% upper bound of the AI cost per
+  completed request (`measure.cost`) is at most the ceiling; a trial whose cost is unknown (no
+  cost reported, no prices declared) fails it, since nothing shows the ceiling holds.
 Each check is reported with what was measured, what was required and, for the statistical
 ones, the interval, so a rejection explains itself in the UI, the logs and the registry.
 """
@@ -25,7 +28,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from measure import cost
 from measure.confidence import Interval, difference_bounds, mean_bounds
+
+COST_DIGITS = 9  # decimals of a cost per request: a chat call costs some 1e-5
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,7 @@ class Thresholds:
     tolerance: float = 0.1
     max_skew: float = 2.0
     confidence: float = 0.95
+    max_cost_per_request: float = 0.0  # optional ceiling on the AI cost per completed request; 0: none
 
     def __post_init__(self) -> None:
         if not 0 <= self.target_utilization <= 1:
@@ -47,6 +54,8 @@ class Thresholds:
             raise ValueError("max_skew is a max/mean ratio: at least 1")
         if not 0.5 <= self.confidence < 1:
             raise ValueError("confidence must be in [0.5, 1)")
+        if self.max_cost_per_request < 0:
+            raise ValueError("max_cost_per_request must not be negative")
 
 
 @dataclass(frozen=True)
@@ -78,23 +87,32 @@ def _values(trials: Sequence[Mapping[str, Any]], key: str) -> list[float] | None
     return None if any(v is None for v in values) else [float(v) for v in values]
 
 
+def _costs_per_request(trials: Sequence[Mapping[str, Any]]) -> list[float] | None:
+    """Each trial's AI cost per completed request; None when one trial's is unknown."""
+    values = [(t.get("cost") or {}).get("cost_per_request") for t in trials]
+    return None if any(v is None for v in values) else [float(v) for v in values]
+
+
 def summarise(trials: Sequence[Mapping[str, Any]], confidence: float = 0.95) -> dict[str, Any]:
     """The trials' figures as the report and the UI show them: intervals of the means, totals
-    of the counts, the worst skew, the binding limits."""
-    def bounds(key: str) -> dict[str, Any] | None:
-        values = _values(trials, key)
-        return mean_bounds(values, confidence).as_dict() if values and len(values) > 1 else None
+    of the counts, the worst skew, the binding limits, and the cost over all trials with the
+    interval of the cost per request (None for trials from before the cost was recorded)."""
+    def bounds(values: list[float] | None, digits: int = 4) -> dict[str, Any] | None:
+        return mean_bounds(values, confidence).as_dict(digits) if values and len(values) > 1 else None
 
     skews = _values(trials, "skew_max_over_mean")
+    costed = all("cost" in t for t in trials)
     return {
         "trials": len(trials),
-        **{key: bounds(key) for key in ("utilization", "capacity_rps", "steady_throughput_rps",
-                                        "throughput_rps")},
+        **{key: bounds(_values(trials, key)) for key in ("utilization", "capacity_rps",
+                                                          "steady_throughput_rps", "throughput_rps")},
         "lost": sum(t["lost"] for t in trials),
         "duplicate_ai_calls": sum(t["duplicate_ai_calls"] for t in trials),
         "skew_max_over_mean": max(skews) if skews else None,
         # which limit bound the capacity (measure.capacity), each that did in some trial
         "binding_limits": sorted({t["binding_limit"] for t in trials if t.get("binding_limit")}),
+        "cost": cost.combined([t["cost"] for t in trials]) if costed else None,
+        "cost_per_request": bounds(_costs_per_request(trials), COST_DIGITS),
     }
 
 
@@ -121,6 +139,19 @@ def _regression(candidate: list[float] | None, reference: Sequence[float] | None
                  f">= {floor:.2f} rps difference: within {tolerance:.0%} of the reference's "
                  f"{mean:.2f} rps ({confidence:.0%} lower bound, {len(candidate)} vs "
                  f"{len(reference)} trials)", interval.as_dict(3))
+
+
+def _cost_ceiling(trials: Sequence[Mapping[str, Any]], ceiling: float, confidence: float) -> Check:
+    """The upper bound of the cost per completed request against the ceiling."""
+    required = f"<= {ceiling:g} per completed request"
+    values = _costs_per_request(trials)
+    if values is None:
+        return Check("max_cost_per_request", False, None,
+                     f"{required}: cost unknown in some trial (no cost reported, no prices declared)")
+    interval = mean_bounds(values, confidence)
+    return Check("max_cost_per_request", interval.high <= ceiling, round(interval.high, COST_DIGITS),
+                 f"{required} ({confidence:.0%} upper bound over {len(values)} trials)",
+                 interval.as_dict(COST_DIGITS))
 
 
 def _skew(trials: Sequence[Mapping[str, Any]], max_skew: float) -> Check:
@@ -157,4 +188,6 @@ def evaluate(trials: Sequence[Mapping[str, Any]], thresholds: Thresholds,
         Check("duplicate_ai_calls", duplicates == 0, duplicates, "== 0 over all trials"),
         _skew(trials, thresholds.max_skew),
     ]
+    if thresholds.max_cost_per_request > 0:
+        checks.append(_cost_ceiling(trials, thresholds.max_cost_per_request, thresholds.confidence))
     return Decision(all(c.passed for c in checks), checks)

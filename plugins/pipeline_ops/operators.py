@@ -24,7 +24,7 @@ from consumers.pipeline import Pipeline
 from consumers.pipeline_config import PipelineConfig
 from consumers.pipeline_spec import PipelineSpec
 from consumers.provisioning import TopicReport, provision
-from consumers.run_figures import burst_figures
+from consumers.run_figures import ATTEMPTS_SQL, attempt_costs, burst_figures
 from measure import figures as measure
 from measure.sizing import SizingInput, size
 from pipeline_ops import gate, pipeline_check, report
@@ -355,7 +355,8 @@ def trial_figures(hook: PostgresHook, spec: PipelineSpec, run_id: str, produced:
                   ai_limit: int) -> dict[str, Any]:
     """One trial's figures as the gate sees them: the Spark analysis of its run and the skew of
     its pipeline's measured topic, turned into figures by measure.figures, with the skew's
-    diagnosis (measure.skew) for the report and the gate page."""
+    diagnosis (measure.skew) for the report and the gate page, and its cost from its attempt
+    rows (measure.cost)."""
     analysis = hook.get_first("SELECT figures FROM analysis_pipeline WHERE run_id = %s",
                               parameters=(run_id,))
     skew = hook.get_first("SELECT max_over_mean, cv, records, partitions, diagnosis, recommendation "
@@ -363,10 +364,12 @@ def trial_figures(hook: PostgresHook, spec: PipelineSpec, run_id: str, produced:
                           parameters=(events.Topics(run_id, spec).name(spec.load.measure),))
     if analysis is None or skew is None:
         raise RuntimeError(f"no Spark analysis for run {run_id}: the analysis tasks did not write it")
-    return {"run_id": run_id, **measure.from_analysis(
+    figures = measure.from_analysis(
         analysis[0], produced=produced, ai_limit=ai_limit, skew_max_over_mean=skew[0], skew_cv=skew[1],
-        skew_records=skew[2], skew_partitions=skew[3]), "skew_diagnosis": skew[4],
-        "skew_recommendation": skew[5]}
+        skew_records=skew[2], skew_partitions=skew[3])
+    attempts = hook.get_records(ATTEMPTS_SQL, parameters={"run": run_id})
+    return {"run_id": run_id, **figures, "skew_diagnosis": skew[4], "skew_recommendation": skew[5],
+            "cost": attempt_costs(attempts, figures["completed"], spec)}
 
 
 class PromotionGateOperator(BaseBranchOperator):
@@ -376,23 +379,25 @@ class PromotionGateOperator(BaseBranchOperator):
     run) its own, and a failed re-measurement of the active version raises a regression alarm."""
 
     template_fields = ("candidate", "trials", "target_utilization", "min_throughput_rps", "tolerance",
-                       "max_skew")
+                       "max_skew", "max_cost_per_request")
 
     def __init__(self, *, candidate: Any, trials: Any, target_utilization: float | str = 0.9,
                  min_throughput_rps: float | str = 0.0, tolerance: float | str = 0.1,
-                 max_skew: float | str = 2.0, promote_task_id: str = "promote",
-                 reject_task_id: str = "reject", postgres_conn_id: str = "postgres_default",
-                 **kwargs: Any) -> None:
+                 max_skew: float | str = 2.0, max_cost_per_request: float | str = 0.0,
+                 promote_task_id: str = "promote", reject_task_id: str = "reject",
+                 postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.candidate, self.trials = candidate, trials
         self.target_utilization, self.min_throughput_rps = target_utilization, min_throughput_rps
         self.tolerance, self.max_skew = tolerance, max_skew
+        self.max_cost_per_request = max_cost_per_request
         self.promote_task_id, self.reject_task_id = promote_task_id, reject_task_id
         self.postgres_conn_id = postgres_conn_id
 
     def choose_branch(self, context: Any) -> str:
         thresholds = gate.Thresholds(float(self.target_utilization), float(self.min_throughput_rps),
-                                     float(self.tolerance), float(self.max_skew))
+                                     float(self.tolerance), float(self.max_skew),
+                                     max_cost_per_request=float(self.max_cost_per_request))
         candidate, measured = _as_dict(self.candidate), _as_dict(self.trials)
         if not measured or not measured.get("trials"):
             raise RuntimeError("no trials to decide on: the trials task returned nothing")

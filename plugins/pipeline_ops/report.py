@@ -1,6 +1,6 @@
 """The tuning run's report: capacity (with the limit that binds it), throughput and utilization
-with their intervals, the gate's checks and each trial's figures, as text and JSON, and plots of
-the trials.
+with their intervals, what the AI calls cost (measure.cost), the gate's checks and each trial's
+figures, as text and JSON, and plots of the trials.
 
 Files go to `results/<run id>/` (or $PIPELINE_RESULTS_DIR): gate.json, gate.txt,
 completions.png (cumulative completions of the pipeline's completing stage in each trial against
@@ -20,6 +20,8 @@ from airflow.providers.postgres.hooks.postgres import PostgresHook
 from consumers import pipeline_spec
 from consumers.events import Topics
 from consumers.pipeline_spec import PipelineSpec
+from measure import cost
+from pipeline_ops.gate import COST_DIGITS
 
 RESULTS = Path(os.environ.get("PIPELINE_RESULTS_DIR",
                               Path(__file__).resolve().parents[2] / "results"))
@@ -59,6 +61,14 @@ def headline(figures: dict[str, Any]) -> list[str]:
         f"  utilization  {interval(summary['utilization'])}  (mean [95% lower, 95% upper bound], "
         f"{summary['trials']} trials)",
     ]
+    spent = summary.get("cost")
+    if spent is not None:
+        lines.append(f"  cost         {cost.shown(spent['cost_per_1k_requests'])} per 1,000 completed "
+                     f"requests, {interval(summary.get('cost_per_request'), COST_DIGITS)} per request; "
+                     f"failed calls {cost.shown(spent['failed_cost'])}, paid twice "
+                     f"{cost.shown(spent['paid_twice_cost'])}; tokens per request "
+                     f"{cost.shown(spent['tokens_input_per_request'])} in, "
+                     f"{cost.shown(spent['tokens_output_per_request'])} out")
     reference = figures.get("reference")
     if reference:
         rps = reference["steady_throughput_rps"]
@@ -82,6 +92,13 @@ def text(candidate: dict[str, Any], decision: dict[str, Any]) -> str:
     for trial in figures["trials"]:
         shown = (f"{trial.get(key, '-')}" for key, _ in TRIAL_COLUMNS)  # older trials name no binding limit
         lines.append(f"    {trial['run_id']}: " + "  ".join(shown))
+    if all("cost" in trial for trial in figures["trials"]):
+        lines.append("  cost per trial (measure/cost.py): per 1,000 completed requests, failed calls, "
+                     "paid twice")
+        for trial in figures["trials"]:
+            spent = trial["cost"]
+            lines.append(f"    {trial['run_id']}: {cost.shown(spent['cost_per_1k_requests'])}  "
+                         f"{cost.shown(spent['failed_cost'])}  {cost.shown(spent['paid_twice_cost'])}")
     lines.append("  skew per trial: max/mean, diagnosis (spark/partition_load.py, measure/skew.py)")
     for trial in figures["trials"]:
         lines.append(f"    {trial['run_id']}: {skew_line(trial)}")

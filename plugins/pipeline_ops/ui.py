@@ -4,14 +4,15 @@ A FastAPI app that the `gate_ui_plugin` plugin mounts on the API server under /p
 shows the active configuration of each pipeline, regression alarms raised by re-measurements of
 an active version, the latest gate decisions (of every pipeline, or of the one chosen with
 `?pipeline=`) with the pipeline each was for, capacity, throughput and utilization (mean and 95%
-bounds over the trials), every check (measured against required) and each trial's skew with
-its diagnosis (why a partition is hot and what to do: measure.skew), the promotion history and
-the plots of the most recent run, the capacity searches (max sustainable rate per version), and
-serves the same decisions as JSON at /pipeline-gate/api/decisions (also `?pipeline=`). Reading
-needs an Airflow login with read access to the runs of `pipeline_tuning` (the UI's session
-cookie or a bearer token), because the page sits on the same server as the REST API. Its *Roll
-back* form triggers `pipeline_rollback` through that REST API from the browser, with the user's
-own login: Airflow checks the user may trigger it.
+bounds over the trials), the AI cost (measure.cost), every check (measured against required)
+and each trial's skew with its diagnosis (why a partition is hot and what to do: measure.skew),
+the promotion history and the plots of the most recent run, the capacity searches (max
+sustainable rate per version), and serves the same decisions as JSON at
+/pipeline-gate/api/decisions (also `?pipeline=`). Reading needs an Airflow login with read
+access to the runs of `pipeline_tuning` (the UI's session cookie or a bearer token), because the
+page sits on the same server as the REST API. Its *Roll back* form triggers `pipeline_rollback`
+through that REST API from the browser, with the user's own login: Airflow checks the user may
+trigger it.
 
 Failures as an operator meets them are on the same page: dead letters counted by pipeline, stage
 and reason (of a run or run-id prefix with `?run=`), a *Redrive* form that triggers
@@ -34,6 +35,7 @@ from fastapi.responses import FileResponse, HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from consumers import pipeline_spec
+from measure import cost
 from pipeline_ops.registry import ConfigRegistry
 
 CONN_ID = "postgres_default"
@@ -48,6 +50,7 @@ RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 
 _templates = Environment(loader=FileSystemLoader(Path(__file__).parent / "templates"),
                          autoescape=select_autoescape(["html"]))
+_templates.filters["cost"] = cost.shown
 
 app = FastAPI(title="Pipeline gate", description="Gate decisions, active version and promotions.",
               dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN, DAG_ID))])

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from consumers.storage import CallClaim, Claim, Key, Origin, Storage
+from consumers.storage import CallClaim, Claim, Ended, Key, Origin, Storage
 from tests.integration.pipeline_fixtures import query
 from tests.stack import Stack
 
@@ -79,8 +79,8 @@ def test_a_recorded_result_is_returned_and_the_skip_put_on_record(stack: Stack, 
                                                                  key: Key) -> None:
     _, claim = take(storage, key, "a")
     assert claim is not None and claim.first_attempt is not None
-    assert storage.record_result(key, STAGE, {"verdict": "approved"}, ORIGIN, None, entry=False,
-                                 ended=[(claim.first_attempt, time.time(), time.time(), "ok", 200, False)])
+    ended = Ended(claim.first_attempt, time.time(), time.time(), "ok", 200, False)
+    assert storage.record_result(key, STAGE, {"verdict": "approved"}, ORIGIN, None, False, [ended])
     _, again = take(storage, key, "b")
     assert again == Claim(done={"verdict": "approved"})
     assert [a[:2] for a in attempts(stack, key)] == [(1, "ok"), (0, "skipped_done")]

@@ -3,11 +3,14 @@ the gate page's decisions, each shown with its pipeline and filtered by it (no s
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from measure import cost
+from measure.cost import Attempt, Prices
 from pipeline_ops import ui
 from pipeline_ops.gate import Thresholds, evaluate, summarise
 
@@ -134,10 +137,52 @@ def test_the_gate_needs_two_trials_on_each_side() -> None:
     ("target_utilization", 1.2, "share of the AI capacity"), ("target_utilization", -0.1, "share"),
     ("min_throughput_rps", -1.0, "negative"), ("tolerance", 1.0, r"\[0, 1\)"),
     ("max_skew", 0.9, "at least 1"), ("confidence", 0.4, "confidence"), ("confidence", 1.0, "confidence"),
+    ("max_cost_per_request", -0.01, "negative"),
 ])
 def test_thresholds_refuse_values_that_mean_nothing(field: str, value: float, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Thresholds(**{field: value})
+
+
+def costing(per_request: float | None) -> dict[str, Any]:
+    """A trial whose calls cost `per_request` per completed request (None: unknown)."""
+    return {**trial(), "cost": {"cost_per_request": per_request}}
+
+
+def test_the_cost_ceiling_is_checked_on_the_upper_bound_only_when_set() -> None:
+    trials = [costing(0.001), costing(0.002), costing(0.003)]
+    assert "max_cost_per_request" not in checks(evaluate(trials, Thresholds(), None))
+    # mean 0.002, upper bound 0.002 + 2.919986 x 0.001 / sqrt(3) = 0.0036858545
+    within = checks(evaluate(trials, Thresholds(max_cost_per_request=0.0037), None))["max_cost_per_request"]
+    assert (within.passed, within.measured) == (True, 0.003685854)
+    assert within.interval["estimate"] == 0.002
+    assert within.required == "<= 0.0037 per completed request (95% upper bound over 3 trials)"
+    over = evaluate(trials, Thresholds(max_cost_per_request=0.0036), None)
+    assert not over.passed and checks(over)["max_cost_per_request"].measured == 0.003685854
+
+
+def test_a_trial_whose_cost_is_unknown_fails_the_ceiling() -> None:
+    for unknown in (costing(None), trial()):  # no price known; a trial from before costs were kept
+        check = checks(evaluate([costing(0.001), unknown], Thresholds(max_cost_per_request=1.0), None))[
+            "max_cost_per_request"]
+        assert (check.passed, check.measured) == (False, None)
+        assert "cost unknown in some trial" in check.required
+
+
+# Two trials' attempt rows: 1,000 input and 200 output tokens at 0.5 and 1.5 per 1,000 cost 0.8 a call.
+# The second served its request twice: 1.6 for its one completed request, 0.8 of it paid twice.
+CALL = Attempt("r1", "draft", "ok", 200, 1000, 200)
+RUNS = [cost.run_costs([CALL], 1, {"draft": Prices(0.5, 1.5)}),
+        cost.run_costs([CALL, CALL], 1, {"draft": Prices(0.5, 1.5)})]
+
+
+def test_summarise_pools_the_trials_cost() -> None:
+    got = summarise([{**trial(), "cost": run} for run in RUNS])
+    # (0.8 + 1.6) / 2 completed requests x 1000 = 1200; the per-request mean (0.8 + 1.6) / 2 = 1.2
+    assert got["cost"]["cost_per_1k_requests"] == pytest.approx(1200.0)
+    assert got["cost"]["paid_twice_cost"] == pytest.approx(0.8) and got["cost"]["failed_cost"] == 0.0
+    assert got["cost_per_request"]["estimate"] == 1.2
+    assert summarise([trial(), trial()])["cost"] is None  # trials from before costs were kept
 
 
 def test_summarise_gives_intervals_totals_and_the_worst_skew() -> None:
@@ -190,6 +235,36 @@ def test_the_page_shows_each_decisions_pipeline_and_offers_a_filter() -> None:
     assert 'href="?pipeline=text_moderation"' in html  # the filter
     assert 'data-pipeline="text_moderation">text_moderation: <strong>v2 (flow)</strong>' in html
     assert 'value="text_moderation:0"' in html and 'value="text_moderation:3"' in html  # rollback targets
+
+
+def test_the_page_and_the_report_show_the_cost_and_unknown_where_nothing_priced_it() -> None:
+    from pipeline_ops import report
+
+    priced = summarise([{**trial(), "cost": run} for run in RUNS])
+    unpriced = summarise([{**trial(), "cost": cost.run_costs([CALL], 1, {"draft": None})}] * 2)
+    rows = [(n, f"tuning-x-v{n}", n, "flow", "support", None, True, [], {"summary": summary}, {},
+             datetime(2026, 1, n, tzinfo=UTC)) for n, summary in ((1, priced), (2, unpriced), (3, {}))]
+    html = ui._templates.get_template("gate.html").render(
+        decisions=ui.decisions(DecisionRows(rows)), actives=[], pipelines=["support"], pipeline=None,
+        history=[], alarms=[], versions=[], capacity=[], latest=None, plots=[], results_dir="results",
+        api_base="", rollback_dag="pipeline_rollback")
+    cells = [c.split() for c in re.findall(r'<td class="num cost">(.*?)</td>', html, re.S)]
+    assert [" ".join(c) for c in cells] == [
+        '1200 <span class="muted">per 1,000 requests</span><br><span class="muted failed-cost">failed '
+        'calls 0, paid twice 0.8</span>',
+        'unknown <span class="muted">per 1,000 requests</span><br><span class="muted failed-cost">failed '
+        'calls 0, paid twice 0</span>',  # nothing failed or was paid twice: 0 whatever the prices
+        "–"]  # a decision from before costs were kept
+
+    trials = [{**trial(), "ai_limit": 8, "bottleneck_stage": "draft", "binding_limit": "draft.concurrency",
+               "service_s": {"draft": 0.4}, "run_id": f"t{n}", "cost": run} for n, run in enumerate(RUNS)]
+    lines = report.headline({"summary": summarise(trials), "trials": trials})
+    (line,) = [line for line in lines if line.lstrip().startswith("cost")]
+    # per request 0.8 and 1.6: mean 1.2 +- t(0.95, 1 df) 6.313752 x 0.4 (their standard error);
+    # tokens (1000 + 2000) / 2 in, (200 + 400) / 2 out
+    assert line.split() == ["cost", "1200", "per", "1,000", "completed", "requests,", "1.200000000",
+                            "[-1.325500606,", "3.725500606]", "per", "request;", "failed", "calls", "0,",
+                            "paid", "twice", "0.8;", "tokens", "per", "request", "1500", "in,", "300", "out"]
 
 
 def test_the_binding_limit_is_named_in_the_summary_the_page_and_the_report() -> None:

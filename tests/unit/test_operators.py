@@ -22,11 +22,17 @@ class Untouchable:
 
 
 class FakeHook:
-    """Spark analysis rows by run: analysis_pipeline documents and analysis_skew rows."""
+    """Spark analysis rows by run: analysis_pipeline documents and analysis_skew rows; and the
+    attempt rows of a run (none unless given)."""
 
-    def __init__(self, documents: dict[str, dict], skews: dict[str, tuple]) -> None:
-        self.documents, self.skews = documents, skews
+    def __init__(self, documents: dict[str, dict], skews: dict[str, tuple],
+                 attempts: dict[str, list[tuple]] | None = None) -> None:
+        self.documents, self.skews, self.attempts = documents, skews, attempts or {}
         self.topics: list[str] = []  # whose skew was read
+
+    def get_records(self, sql: str, parameters: dict) -> list[tuple]:
+        assert "FROM ai_attempts" in sql
+        return self.attempts.get(parameters["run"], [])
 
     def get_first(self, sql: str, parameters: tuple) -> tuple | None:
         if "analysis_pipeline" in sql:
@@ -293,6 +299,26 @@ def test_the_gate_reads_the_skew_of_the_pipelines_measured_topic(monkeypatch: py
     trials = registry.decisions[0]["figures"]["trials"]
     assert {(t["skew_diagnosis"], t["skew_recommendation"]) for t in trials} == {
         ("balanced", "nothing to fix")}
+
+
+def test_the_gate_prices_each_trial_from_its_attempt_rows_and_checks_a_ceiling(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each of 320 requests' generate call reported 0.002; trial 2 called one of them twice.
+    trials, hook = measured([95.0, 96.0, 97.0])
+    call = ("generate", "ok", 200, None, None, 0.002, True)
+    hook.attempts = {r: [(f"q{i}", *call) for i in range(320)] for r in trials["run_ids"]}
+    hook.attempts["tuning-x-v7-t2"].append(("q0", *call))
+    registry = FakeRegistry(hook=hook)
+    use(monkeypatch, registry)
+    context = {"ti": FakeTaskInstance()}
+    assert gate_operator(trials, max_cost_per_request="0.01").choose_branch(context) == "promote"
+    figures = registry.decisions[0]["figures"]
+    assert [t["cost"]["paid_twice_cost"] for t in figures["trials"]] == [0.0, 0.002, 0.0]
+    # 961 calls x 0.002 = 1.922 over 960 completed requests
+    assert figures["summary"]["cost"]["cost_per_1k_requests"] == pytest.approx(1.922 / 960 * 1000)
+    assert gate_operator(trials, max_cost_per_request="0.001").choose_branch(context) == "reject"
+    failed = [r["name"] for r in registry.decisions[1]["reasons"] if not r["passed"]]
+    assert failed == ["max_cost_per_request"]
 
 
 def test_gate_rejects_a_candidate_slower_than_the_active_version(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -78,11 +78,11 @@ class ScriptedClient(AIClient):
     """The real retry loop over scripted try outcomes; counts the requests it 'sent'."""
 
     def __init__(self, body: dict[str, Any], *outcomes: str, max_attempts: int = 4,
-                 circuit: Circuit | None = None) -> None:
+                 circuit: Circuit | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(Endpoint("http://ai/v1/work"),
                          RetryPolicy(max_attempts=max_attempts, backoff_base_s=0.0, backoff_max_s=0.0),
                          circuit=circuit)
-        self.body = body
+        self.body, self.headers = body, headers or {}
         self.outcomes = deque(outcomes)
         self.sent = 0
         self.payloads: list[dict[str, Any]] = []
@@ -92,7 +92,8 @@ class ScriptedClient(AIClient):
         self.payloads.append(payload)
         outcome = self.outcomes.popleft()
         return Reply(STATUS[outcome], self.body if outcome == "ok" else {}, outcome,
-                     refusal=CONCURRENCY if outcome == "http_429" else None)
+                     refusal=CONCURRENCY if outcome == "http_429" else None,
+                     headers=self.headers if outcome == "ok" else {})
 
 
 class FakeStorage:
@@ -102,6 +103,7 @@ class FakeStorage:
         self.fail_result_writes = fail_result_writes
         self.fail_attempt_writes = fail_attempt_writes
         self.attempts: dict[int, list[Any]] = {}
+        self.endings: dict[int, Ended] = {}
         self.results: list[dict | None] = []
         self.statuses: list[str | None] = []
         self.claims = 0
@@ -123,8 +125,9 @@ class FakeStorage:
         if self.fail_attempt_writes:
             self.fail_attempt_writes -= 1
             raise psycopg2.OperationalError("server closed the connection unexpectedly")
-        for row_id, _, _, outcome, _, own in ended:
-            self.attempts[row_id] = [outcome, own]
+        for ending in ended:
+            self.attempts[ending.row] = [ending.outcome, ending.own]
+            self.endings[ending.row] = ending
 
     def record_result(self, key: Key, stage: str, result: dict | None, origin: Origin,
                       status: Status | None, entry: bool, ended: list[Ended]) -> bool:
@@ -200,6 +203,16 @@ def test_429s_do_not_use_up_the_requests_tries(ai_stage: tuple) -> None:
     # every try completed on record, the last one with the result it got
     assert storage.outcomes() == ["http_429", "http_429", "http_429", "http_5xx",
                                   "http_5xx", "timeout", "ok"]
+
+
+def test_each_tries_tokens_and_reported_cost_reach_its_attempt_row(ai_stage: tuple) -> None:
+    spec, stage = ai_stage
+    storage = FakeStorage()
+    body = {**answer(spec, stage), "usage": {"prompt_tokens": 31, "completion_tokens": 9}}
+    client = ScriptedClient(body, "http_429", "ok", headers={"x-litellm-response-cost": "0.000123"})
+    assert handle(context(spec, stage, storage, client), stages.RecordState()) is None
+    rows = [(e.outcome, e.tokens_input, e.tokens_output, e.reported_cost) for e in storage.endings.values()]
+    assert rows == [("http_429", None, None, None), ("ok", 31, 9, 0.000123)]
 
 
 def test_the_request_fields_come_from_the_event(ai_stage: tuple) -> None:

@@ -1,0 +1,230 @@
+"""What a run's AI calls cost, defined once.
+
+Computed from the attempt rows (`ai_attempts`: one per try, with the tokens and the cost its
+answer reported) and the prices the endpoints declare:
+
+- billed: the tries a provider charges for. A provider bills an answer it produced, usable or
+  not: a try is billed when a 2xx answer came (`ok`; `bad_answer`, a 2xx the stage could not
+  read) or had begun when the try was cut off (a `timeout` or `connection_error` with a 2xx
+  `http_status`: its status line was in), and when a crash cut it short (`started`, never
+  ended: the record cannot say whether it was answered, so it counts, erring on the bill's
+  side). Not billed: a 429, 4xx or 5xx (refused or failed: no answer was produced), a refused
+  connection or a timeout before any answer began, a try not sent, a skip of a recorded result.
+- a call's cost: what the gateway reported for it; else its tokens x the endpoint's declared
+  prices per 1,000 input and output tokens; else unknown. A reported 0 gives way to declared
+  prices: LiteLLM's proxy reports 0 for a model missing from its price map.
+- estimated: a billed try whose answer told neither its cost nor its tokens (cut off, not JSON,
+  a crash) is priced at the mean of its stage's `ok` tries whose cost is known, and its tokens
+  likewise; with none known at its stage it stays unknown. The provider billed its prompt and
+  what it generated, which the client never saw.
+- each billed try is one of: used (the first `ok` try of a (request, stage) whose result was
+  recorded), paid twice (each further `ok` try of such a pair: the stage was served again) and
+  failed (paid but gave no result: a billed try that was not `ok`, or an `ok` try of a pair
+  with no recorded result, an answer the stage refused).
+- tokens_input_per_request, tokens_output_per_request: the tokens of every billed try /
+  completed requests.
+- cost_per_request, cost_per_1k_requests: the cost of every billed try / completed requests
+  (x 1,000): what a configuration pays per delivered request, failed and duplicate calls
+  included, as measure.capacity charges every call to the completed requests.
+- failed_cost, paid_twice_cost: the cost of the failed and of the paid-twice tries.
+- gateway_over_declared: over the tries with both a reported cost and tokens at declared
+  prices, the reported sum / the tokens x prices sum: whether the declared prices agree with
+  the gateway's bill.
+
+A sum is unknown (None) when one of its tries' cost is, so where nothing prices the calls the
+figures say "unknown", never 0; a sum over no tries is 0. A configuration's figures (`combined`,
+over its runs) pool the runs' tries and completed requests.
+
+Plain Python like measure.sizing: rows in, figures with their reasoning out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+BILLED_OUTCOMES = ("ok", "bad_answer", "started")
+CUT_OFF = ("timeout", "connection_error")  # billed when a 2xx answer had begun
+USED, PAID_TWICE, FAILED = "used", "paid_twice", "failed"
+REPORTED, DECLARED, ESTIMATED, UNKNOWN = "reported", "declared", "estimated", "unknown"
+# A run's totals: summed over runs to combine them (None: unknown, and so is any sum with it).
+TOTALS = ("completed", "billed_calls", USED, PAID_TWICE, FAILED, REPORTED, DECLARED, ESTIMATED, UNKNOWN,
+          "tokens_input", "tokens_output", "cost", "failed_cost", "paid_twice_cost",
+          "reported_checked", "declared_checked")
+
+
+@dataclass(frozen=True)
+class Prices:
+    """An endpoint's declared prices per 1,000 input and output tokens."""
+
+    input_per_1k: float
+    output_per_1k: float
+
+    def of(self, tokens_input: float, tokens_output: float) -> float:
+        return tokens_input / 1000 * self.input_per_1k + tokens_output / 1000 * self.output_per_1k
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt row as the cost figures read it (consumers.run_figures.ATTEMPTS_SQL's columns)."""
+
+    request_id: str
+    stage: str
+    outcome: str
+    http_status: int | None = None
+    tokens_input: int | None = None
+    tokens_output: int | None = None
+    reported_cost: float | None = None
+    resulted: bool = True  # the (request, stage) has a recorded result
+
+    @property
+    def tokens(self) -> tuple[int, int] | None:
+        if self.tokens_input is None or self.tokens_output is None:
+            return None
+        return self.tokens_input, self.tokens_output
+
+
+def billed(attempt: Attempt) -> bool:
+    """Whether a provider charges for the try (see the module docstring)."""
+    began = attempt.http_status is not None and 200 <= attempt.http_status < 300
+    return attempt.outcome in BILLED_OUTCOMES or (attempt.outcome in CUT_OFF and began)
+
+
+def call_cost(attempt: Attempt, prices: Prices | None) -> tuple[float | None, str]:
+    """A try's cost and what gave it: REPORTED, DECLARED (tokens x prices) or UNKNOWN."""
+    reported = attempt.reported_cost
+    if reported is not None and (reported > 0 or prices is None):
+        return reported, REPORTED
+    if prices is not None and attempt.tokens is not None:
+        return prices.of(*attempt.tokens), DECLARED
+    return None, UNKNOWN
+
+
+def kinds(attempts: Iterable[Attempt]) -> list[tuple[Attempt, str]]:
+    """The billed tries, in the order given, each with its kind: USED, PAID_TWICE or FAILED."""
+    served: set[tuple[str, str]] = set()
+    found = []
+    for attempt in filter(billed, attempts):
+        pair = (attempt.request_id, attempt.stage)
+        if attempt.outcome != "ok" or not attempt.resulted:
+            found.append((attempt, FAILED))
+        elif pair in served:
+            found.append((attempt, PAID_TWICE))
+        else:
+            served.add(pair)
+            found.append((attempt, USED))
+    return found
+
+
+def _stage_means(attempts: Sequence[Attempt], prices: Mapping[str, Prices | None]
+                 ) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Per stage, the mean cost and the mean (input, output) tokens of its `ok` tries that
+    know them: what an estimated try is priced at."""
+    costs: dict[str, list[float]] = defaultdict(list)
+    tokens: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for attempt in attempts:
+        if attempt.outcome != "ok":
+            continue
+        cost, _ = call_cost(attempt, prices.get(attempt.stage))
+        if cost is not None:
+            costs[attempt.stage].append(cost)
+        if attempt.tokens is not None:
+            tokens[attempt.stage].append(attempt.tokens)
+    return ({stage: statistics.fmean(c) for stage, c in costs.items()},
+            {stage: (statistics.fmean(i for i, _ in t), statistics.fmean(o for _, o in t))
+             for stage, t in tokens.items()})
+
+
+def _add(total: float | None, value: float | None) -> float | None:
+    return None if total is None or value is None else total + value
+
+
+def _sum(values: Iterable[float | None]) -> float | None:
+    total: float | None = 0  # counts stay integers
+    for value in values:
+        total = _add(total, value)
+    return total
+
+
+def run_costs(attempts: Iterable[Attempt], completed: int,
+              prices: Mapping[str, Prices | None]) -> dict[str, Any]:
+    """A run's cost figures from its attempt rows (ordered as written), its completed requests
+    and each AI stage's declared prices (None: none declared)."""
+    rows = list(attempts)
+    cost_means, token_means = _stage_means(rows, prices)
+    totals: dict[str, Any] = {key: 0 for key in TOTALS}
+    totals.update(completed=completed, tokens_input=0.0, tokens_output=0.0, cost=0.0, failed_cost=0.0,
+                  paid_twice_cost=0.0, reported_checked=0.0, declared_checked=0.0)
+    unpriced: set[str] = set()
+    for attempt, kind in kinds(rows):
+        price = prices.get(attempt.stage)
+        cost, source = call_cost(attempt, price)
+        if cost is None and attempt.stage in cost_means:
+            cost, source = cost_means[attempt.stage], ESTIMATED
+        tokens = attempt.tokens or token_means.get(attempt.stage)
+        if cost is None:
+            unpriced.add(attempt.stage)
+        totals["billed_calls"] += 1
+        totals[kind] += 1
+        totals[source] += 1
+        totals["tokens_input"] = _add(totals["tokens_input"], tokens[0] if tokens else None)
+        totals["tokens_output"] = _add(totals["tokens_output"], tokens[1] if tokens else None)
+        totals["cost"] = _add(totals["cost"], cost)
+        if kind != USED:
+            totals[f"{kind}_cost"] = _add(totals[f"{kind}_cost"], cost)
+        if attempt.reported_cost is not None and price is not None and attempt.tokens is not None:
+            totals["reported_checked"] += attempt.reported_cost
+            totals["declared_checked"] += price.of(*attempt.tokens)
+    figures = _derived(totals)
+    if unpriced:
+        figures["reasoning"].append(
+            f"unknown at {', '.join(sorted(unpriced))}: no reported cost, no tokens at declared prices, "
+            "and no ok call of the stage whose cost is known")
+    return figures
+
+
+def combined(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A configuration's cost figures over its runs (run_costs results): their tries and
+    completed requests pooled."""
+    return _derived({key: _sum(run[key] for run in runs) for key in TOTALS})
+
+
+def _per(total: float | None, completed: int, scale: float = 1.0) -> float | None:
+    return None if total is None or completed <= 0 else scale * total / completed
+
+
+def _derived(totals: Mapping[str, Any]) -> dict[str, Any]:
+    """The totals with the figures made of them, and the reasoning."""
+    n = totals["completed"]
+    cost = totals["cost"]
+    per_1k = _per(cost, n, 1000)
+    checked = totals["declared_checked"]
+    figures = {
+        **totals,
+        "tokens_input_per_request": _per(totals["tokens_input"], n),
+        "tokens_output_per_request": _per(totals["tokens_output"], n),
+        "cost_per_request": _per(cost, n),
+        "cost_per_1k_requests": per_1k,
+        "gateway_over_declared": totals["reported_checked"] / checked if checked else None,
+    }
+    figures["reasoning"] = [
+        f"{totals['billed_calls']} billed tries: {totals[USED]} used, {totals[PAID_TWICE]} paid twice, "
+        f"{totals[FAILED]} failed",
+        f"priced by the gateway's reported cost {totals[REPORTED]}, by tokens x declared prices "
+        f"{totals[DECLARED]}, at their stage's mean ok call {totals[ESTIMATED]}, unknown {totals[UNKNOWN]}",
+        f"tokens per completed request: {shown(totals['tokens_input'])} input, "
+        f"{shown(totals['tokens_output'])} output / {n} = {shown(figures['tokens_input_per_request'])}, "
+        f"{shown(figures['tokens_output_per_request'])}",
+        f"cost per 1,000 completed requests: {shown(cost)} / {n} x 1000 = {shown(per_1k)}",
+        f"failed calls cost {shown(totals['failed_cost'])}, "
+        f"paid-twice calls {shown(totals['paid_twice_cost'])}",
+    ]
+    return figures
+
+
+def shown(value: float | None) -> str:
+    """A figure as printed: 'unknown' where nothing priced (or counted) the calls, never 0."""
+    return "unknown" if value is None else f"{value:.6g}"

@@ -1,0 +1,130 @@
+"""The cost figures (measure.cost) on attempt rows written out by hand, every figure worked out
+in the comments."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from consumers import pipeline_spec
+from consumers.run_figures import prices_of
+from measure import cost
+from measure.cost import Attempt, Prices
+
+# draft: 0.5 per 1,000 input tokens, 1.5 per 1,000 output tokens; classify declares no prices
+# and is priced by the gateway's reported cost.
+PRICES = {"draft": Prices(0.5, 1.5), "classify": None}
+
+ROWS = [
+    Attempt("r1", "draft", "ok", 200, 1000, 200),  # used: 1000/1000 x 0.5 + 200/1000 x 1.5 = 0.8
+    Attempt("r2", "draft", "http_429", 429),  # refused: not billed
+    Attempt("r2", "draft", "ok", 200, 2000, 400),  # used: 1.0 + 0.6 = 1.6
+    Attempt("r3", "draft", "ok", 200, 600, 200),  # used: 0.3 + 0.3 = 0.6
+    Attempt("r3", "draft", "ok", 200, 600, 200),  # served again: paid twice, 0.6
+    Attempt("r4", "draft", "timeout", 200),  # cut off after a 2xx began: failed, estimated
+    Attempt("r5", "draft", "ok", 200, 800, 0, resulted=False),  # answer refused: failed, 0.4
+    Attempt("r6", "draft", "timeout", None),  # no answer began: not billed
+    Attempt("r6", "draft", "connection_error", None),  # refused connection: not billed
+    Attempt("r6", "draft", "http_5xx", 500),  # not billed
+    Attempt("r6", "draft", "not_sent", None),  # not billed
+    Attempt("r1", "classify", "ok", 200, 100, 5, reported_cost=0.01),  # used: 0.01 reported
+    Attempt("r2", "classify", "bad_answer", 200),  # a 2xx not JSON: failed, estimated
+    Attempt("r2", "classify", "ok", 200, 300, 15, reported_cost=0.03),  # used: 0.03 reported
+    Attempt("r2", "classify", "skipped_done", None),  # a recorded result served: no call
+]
+# draft's ok tries cost 0.8, 1.6, 0.6, 0.6, 0.4: mean 4.0 / 5 = 0.8, the estimate of r4's timeout;
+# their tokens average (1000 + 2000 + 600 + 600 + 800) / 5 = 1000 in, (200 + 400 + 200 + 200) / 5
+# = 200 out. classify's ok tries cost 0.01 and 0.03: mean 0.02 for its bad answer, with
+# (100 + 300) / 2 = 200 tokens in and (5 + 15) / 2 = 10 out.
+
+
+def test_a_runs_figures_count_used_duplicate_and_failed_calls() -> None:
+    got = cost.run_costs(ROWS, 3, PRICES)
+    assert (got["billed_calls"], got["used"], got["paid_twice"], got["failed"]) == (9, 5, 1, 3)
+    assert (got["reported"], got["declared"], got["estimated"], got["unknown"]) == (2, 5, 2, 0)
+    # 0.8 + 1.6 + 0.6 + 0.6 + 0.8 + 0.4 (draft) + 0.01 + 0.02 + 0.03 (classify) = 4.86
+    assert got["cost"] == pytest.approx(4.86)
+    assert got["cost_per_request"] == pytest.approx(1.62)  # / 3 completed
+    assert got["cost_per_1k_requests"] == pytest.approx(1620.0)
+    assert got["failed_cost"] == pytest.approx(1.22)  # 0.8 (r4) + 0.4 (r5) + 0.02 (r2's bad answer)
+    assert got["paid_twice_cost"] == pytest.approx(0.6)  # r3's second draft
+    # input: 1000 + 2000 + 600 + 600 + 1000 + 800 + 100 + 200 + 300 = 6600 / 3 = 2200
+    # output: 200 + 400 + 200 + 200 + 200 + 0 + 5 + 10 + 15 = 1230 / 3 = 410
+    assert got["tokens_input_per_request"] == pytest.approx(2200.0)
+    assert got["tokens_output_per_request"] == pytest.approx(410.0)
+    assert got["gateway_over_declared"] is None  # no try has both a reported cost and prices
+    assert "cost per 1,000 completed requests: 4.86 / 3 x 1000 = 1620" in got["reasoning"]
+
+
+def test_the_first_ok_try_of_a_pair_is_the_one_used_however_the_pairs_interleave() -> None:
+    rows = [Attempt("a", "draft", "ok", 200, 2000, 0), Attempt("b", "draft", "ok", 200, 1000, 0),
+            Attempt("a", "draft", "ok", 200, 4000, 0)]
+    got = cost.run_costs(rows, 2, PRICES)
+    assert (got["used"], got["paid_twice"]) == (2, 1)
+    assert got["paid_twice_cost"] == pytest.approx(2.0)  # a's second: 4000 / 1000 x 0.5
+
+
+def test_a_call_costs_what_the_gateway_reported_else_its_tokens_at_the_declared_prices() -> None:
+    price = Prices(0.5, 1.5)
+    assert cost.call_cost(Attempt("r", "s", "ok", 200, 1000, 1000, 0.7), price) == (0.7, cost.REPORTED)
+    assert cost.call_cost(Attempt("r", "s", "ok", 200, 1000, 1000), price) == (2.0, cost.DECLARED)
+    # a reported 0 is a gateway without the model's price: the declared prices take over
+    assert cost.call_cost(Attempt("r", "s", "ok", 200, 1000, 1000, 0.0), price) == (2.0, cost.DECLARED)
+    assert cost.call_cost(Attempt("r", "s", "ok", 200, 1000, 1000, 0.0), None) == (0.0, cost.REPORTED)
+    assert cost.call_cost(Attempt("r", "s", "ok", 200, 1000, 1000), None) == (None, cost.UNKNOWN)
+    assert cost.call_cost(Attempt("r", "s", "ok", 200), price) == (None, cost.UNKNOWN)
+
+
+def test_which_tries_are_billed() -> None:
+    billed = {(o, s) for o, s in [("ok", 200), ("bad_answer", 200), ("started", None), ("timeout", 200),
+                                  ("connection_error", 206)]}
+    free = {(o, s) for o, s in [("timeout", None), ("timeout", 500), ("connection_error", None),
+                                ("http_429", 429), ("http_4xx", 400), ("http_5xx", 503), ("not_sent", None),
+                                ("skipped_done", None)]}
+    assert all(cost.billed(Attempt("r", "s", o, s)) for o, s in billed)
+    assert not any(cost.billed(Attempt("r", "s", o, s)) for o, s in free)
+
+
+def test_gateway_and_declared_prices_are_set_side_by_side() -> None:
+    rows = [Attempt("a", "draft", "ok", 200, 1000, 0, reported_cost=0.505),  # declared: 0.5
+            Attempt("b", "draft", "ok", 200, 0, 1000, reported_cost=1.515)]  # declared: 1.5
+    got = cost.run_costs(rows, 2, PRICES)
+    assert got["cost"] == pytest.approx(2.02)  # the reported costs
+    assert got["gateway_over_declared"] == pytest.approx(1.01)  # 2.02 / 2.0
+
+
+def test_without_prices_or_reported_cost_the_figures_are_unknown_not_zero() -> None:
+    rows = [Attempt("a", "generate", "ok", 200), Attempt("a", "generate", "ok", 200),
+            Attempt("b", "generate", "started", None)]
+    got = cost.run_costs(rows, 1, {"generate": None})
+    assert got["cost"] is got["cost_per_1k_requests"] is got["tokens_input_per_request"] is None
+    assert got["failed_cost"] is got["paid_twice_cost"] is None
+    assert got["unknown"] == 3
+    assert cost.shown(got["cost_per_1k_requests"]) == "unknown"
+    assert got["reasoning"][-1].startswith("unknown at generate:")
+    # nothing failed and nothing was paid twice: those cost 0 whatever the prices
+    alone = cost.run_costs(rows[:1], 1, {"generate": None})
+    assert (alone["failed_cost"], alone["paid_twice_cost"]) == (0.0, 0.0)
+    assert cost.shown(alone["cost"]) == "unknown"
+
+
+def test_a_configuration_pools_its_runs() -> None:
+    first = cost.run_costs(ROWS, 3, PRICES)  # 4.86 over 3 completed
+    second = cost.run_costs([Attempt("r9", "draft", "ok", 200, 1000, 200)], 1, PRICES)  # 0.8 over 1
+    got = cost.combined([first, second])
+    assert (got["completed"], got["billed_calls"], got["paid_twice"]) == (4, 10, 1)
+    assert got["cost_per_1k_requests"] == pytest.approx(1415.0)  # 5.66 / 4 x 1000
+    assert got["failed_cost"] == pytest.approx(1.22)
+    assert got["tokens_input_per_request"] == pytest.approx(1900.0)  # (6600 + 1000) / 4
+    unknown = cost.run_costs([Attempt("x", "draft", "ok", 200)], 1, {"draft": None})
+    assert cost.combined([first, unknown])["cost_per_1k_requests"] is None
+
+
+def test_an_endpoints_declared_prices_price_the_stages_that_call_it() -> None:
+    document = yaml.safe_load(pipeline_spec.path_of("text_moderation").read_text())
+    document["endpoints"]["summarize"]["price"] = {"input_per_1k": 0.00015, "output_per_1k": 0.0006}
+    spec = pipeline_spec.parse(document)
+    assert prices_of(spec) == {"moderate": None, "summarize": Prices(0.00015, 0.0006), "classify": None}
+    document["endpoints"]["summarize"]["price"] = {"input_per_1k": -1, "output_per_1k": 0.0006}
+    with pytest.raises(pipeline_spec.SpecError, match=r"endpoints\.summarize\.price\.input_per_1k"):
+        pipeline_spec.parse(document)
