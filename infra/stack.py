@@ -349,6 +349,8 @@ def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) ->
 
 def down(layout: Layout) -> None:
     state = load_state(layout)
+    # The gateway's port is checked after the stop only when it ran: 4000 is a common port.
+    gateway = ai_gateway.LITELLM if state.get("gateway") else ai_gateway.NONE
     # First, while Kafka runs: the fleets finish their work, commit and leave their groups.
     supervisor.shutdown(supervisor.stack_paths(layout))
     terminate(state.get("gateway"), state.get("ai_service"), grace_s=10)
@@ -359,7 +361,7 @@ def down(layout: Layout) -> None:
         state["kafka"], state["ai_service"], state["gateway"], state["spark"] = {}, None, None, {}
         save_state(layout, state)
     left = [f"{name} port {port}" for name, port
-            in ports(layout, state.get("brokers", 3), spark_cluster.CLUSTER, ai_gateway.LITELLM).items()
+            in ports(layout, state.get("brokers", 3), spark_cluster.CLUSTER, gateway).items()
             if port_in_use(port)]
     if left:
         raise SystemExit("still listening after stop: " + ", ".join(left))

@@ -4,9 +4,11 @@ cost of its tokens at the configured prices; a failed call is not retried on the
 a model past its requests per minute is refused with 429; the master key reaches no command line,
 no log it writes and no answer.
 
-The stand-in and the proxy are this module's own, on free ports: the test stack's stand-in serves
-the shipped specs for the other tests, and a model held to a few requests a minute here would
-refuse their calls. Their start-up time is printed (`pytest -s`).
+The stand-in and the proxy are this module's own: the test stack's stand-in serves the shipped
+specs for the other tests, and a model held to a few requests a minute here would refuse their
+calls. The stand-in takes a free port; the proxy, which listens only seconds after it is started
+(printed with `pytest -s`), the test stack's gateway port, which `make test` leaves free: a port
+picked free beforehand could meanwhile go to a fleet's metrics.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import requests
 from consumers.ai_service import EndpointConfig, ServiceConfig, serve
 from infra import ai_gateway
 from infra.ai_gateway import Model
-from infra.layout import free_port
+from infra.layout import Layout
 from infra.processes import terminate
 
 # Prices far above real ones, so the cost of a few tokens is a number to check by hand.
@@ -50,7 +52,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     server = serve(ServiceConfig({"chat": CHAT}), port=0)
     stand_in = f"http://127.0.0.1:{server.server_address[1]}"
     key = ai_gateway.new_key(secrets.token_urlsafe(24))
-    port, directory = free_port(), tmp_path_factory.mktemp("gateway")
+    port, directory = Layout("test").ai_gateway_port, tmp_path_factory.mktemp("gateway")
     started = time.monotonic()
     pid = ai_gateway.start(directory, port, stand_in, key, [MODEL])
     print(f"LiteLLM's proxy listened {time.monotonic() - started:.1f} s after its start")
