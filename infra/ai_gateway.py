@@ -3,13 +3,14 @@
 Teams reach models through a gateway that holds the keys, meters requests and tokens per minute
 for each model and prices every call; this puts the common open one in the loop. It routes each
 model of `MODELS` to the stand-in's OpenAI-compatible chat completions (`<stand-in>/v1/chat/
-completions`, served for every spec endpoint whose `stand_in` says `protocol: openai_chat`), and
-the models' `rpm`/`tpm` limits are set here only: the stand-in behind meters nothing for them.
+completions`, served for a spec endpoint whose `stand_in` says `protocol: openai_chat`), and the
+models' `rpm`/`tpm` limits are set here only.
 
 LiteLLM pins what Airflow pins differently, so it runs from an environment of its own
 (`.local/litellm-venv`, `make gateway-venv`, from `infra/litellm/requirements.lock`). Nothing is
-fetched at run time: its model cost map is the one it ships (`LITELLM_LOCAL_MODEL_COST_MAP`) and
-each model's prices are in the config, so `x-litellm-response-cost` is computed locally. It runs
+fetched at run time: its model cost map and its other lists are the copies it ships
+(`LITELLM_LOCAL_*`), its telemetry is off, and each model's prices are in the config, so
+`x-litellm-response-cost` is computed locally. It runs
 without a database (master key only): its environment is built from nothing rather than
 inherited, so the stack's `DATABASE_URL` is never taken for the proxy's own. The master key
 reaches it through that environment only; the config names it (`os.environ/...`) and holds no
