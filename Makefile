@@ -8,6 +8,8 @@ PY := .venv/bin/python
 BROKERS ?= 1
 SECURITY ?= plaintext
 SPARK ?= local
+GATEWAY ?= none
+GATEWAY_VENV := .local/litellm-venv
 MVN := mvn -q -B -s infra/maven-settings.xml
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
@@ -20,7 +22,7 @@ TEST_RUN := $(if $(filter 1,$(TEST_WORKERS)),.venv/bin/pytest -q -rs --durations
   ( .venv/bin/pytest -q -rs --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
     -m "not serial"; r=$$?; .venv/bin/pytest -q -rs --durations=5 -m serial || r=1; exit $$r ))
 
-.PHONY: deps venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats faults test test-unit test-fast lint airflow
+.PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats faults test test-unit test-fast lint airflow
 
 deps: venv jars postgres-server browser
 
@@ -30,6 +32,15 @@ venv: .venv/.installed
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.lock
 	$(PY) -m pip check
+	@touch $@
+
+# LiteLLM's proxy (GATEWAY=litellm) in an environment of its own: it pins what Airflow pins differently.
+gateway-venv: $(GATEWAY_VENV)/.installed
+$(GATEWAY_VENV)/.installed: infra/litellm/requirements.lock
+	@test -x $(GATEWAY_VENV)/bin/python || python3.11 -m venv $(GATEWAY_VENV)
+	$(GATEWAY_VENV)/bin/python -m pip install -q --upgrade pip
+	$(GATEWAY_VENV)/bin/python -m pip install -q -r infra/litellm/requirements.lock
+	$(GATEWAY_VENV)/bin/python -m pip check
 	@touch $@
 
 jars: .local/jars/kafka/.resolved .local/jars/spark/.resolved
@@ -54,8 +65,9 @@ browser:
 
 # SECURITY=sasl_ssl: Kafka over SASL_SSL with SCRAM users and ACLs (see infra/kafka_cluster.py).
 # SPARK=cluster: a Spark standalone master and worker, `spark_default` pointing at it.
-up: deps
-	SECURITY=$(SECURITY) SPARK=$(SPARK) $(PY) -m infra.stack up --brokers $(BROKERS)
+# GATEWAY=litellm: LiteLLM's proxy in front of the AI stand-in (see infra/ai_gateway.py).
+up: deps $(if $(filter litellm,$(GATEWAY)),gateway-venv)
+	SECURITY=$(SECURITY) SPARK=$(SPARK) GATEWAY=$(GATEWAY) $(PY) -m infra.stack up --brokers $(BROKERS)
 
 down:
 	@test -x $(PY) && $(PY) -m infra.stack down || true
@@ -114,7 +126,8 @@ test-fast: venv
 # .local/secure/stack.env), both stopped afterwards whatever the outcome. With TEST_WORKERS=2
 # the tests run on two workers (tests/conftest.py says which modules share one), then the
 # `serial` ones alone (they stop a service of the stack, or count what a busy machine changes).
-test: deps
+# The gateway's test starts LiteLLM's proxy of its own, from the gateway's environment.
+test: deps gateway-venv
 	@STACK=test SECURITY=plaintext SPARK=cluster $(PY) -m infra.stack up --brokers 3 && \
 	  STACK=secure SECURITY=sasl_ssl SPARK=local $(PY) -m infra.stack up --brokers 3; rc=$$?; \
 	if [ $$rc -eq 0 ]; then $(TEST_ENV) && .venv/bin/ruff check . && $(TEST_RUN); rc=$$?; fi; \

@@ -91,6 +91,10 @@ class Layout:
         return 8600 + self.offset
 
     @property
+    def ai_gateway_port(self) -> int:
+        return 4000 + self.offset
+
+    @property
     def airflow_port(self) -> int:
         return 8080 + self.offset
 

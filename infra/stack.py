@@ -12,6 +12,8 @@ secured: Kafka only over SASL_SSL with a SCRAM user per role and ACLs enforced (
 infra/kafka_cluster.py). Every stack's PostgreSQL requires its superuser's password.
 SPARK=cluster also starts a Spark standalone master and worker (infra/spark_cluster.py) and points
 `spark_default` at it; every stack writes a Spark configuration folder (SPARK_CONF_DIR).
+GATEWAY=litellm also starts LiteLLM's proxy in front of the AI stand-in (infra/ai_gateway.py), its
+URL and master key in stack.env (AI_GATEWAY_URL, AI_GATEWAY_KEY) and the `ai_gateway` connection.
 
 The addresses of the running services, and the credentials to reach them, are written as shell
 assignments to the stack's `stack.env` (owner-only) and copied to `.local/stack.env` for the dev
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.pipeline_spec import roles
-from infra import kafka_cluster, postgres_server, spark_cluster, supervisor, tls
+from infra import ai_gateway, kafka_cluster, postgres_server, spark_cluster, supervisor, tls
 from infra.layout import (
     LOCAL,
     PLAINTEXT,
@@ -55,11 +57,12 @@ from spark.jars import resolved_jars
 
 @dataclass(frozen=True, repr=False)
 class Credentials:
-    """The stack's passwords: PostgreSQL's superuser's, and on a secured stack each Kafka
-    principal's (`admin` and one per role, named like the role)."""
+    """The stack's passwords: PostgreSQL's superuser's, on a secured stack each Kafka
+    principal's (`admin` and one per role, named like the role), and with a gateway its master key."""
 
     postgres: str | None
     kafka: Mapping[str, str]
+    gateway: str | None = None
 
     @classmethod
     def saved(cls, layout: Layout) -> Credentials:
@@ -68,13 +71,16 @@ class Credentials:
         connections = [access.default, *access.roles.values()] if access else []
         return cls(layout.postgres_password(),
                    {c.settings["sasl.username"]: c.settings["sasl.password"]
-                    for c in connections if "sasl.username" in c.settings})
+                    for c in connections if "sasl.username" in c.settings},
+                   layout.saved_env().get("AI_GATEWAY_KEY"))
 
-    def completed(self, security: str) -> Credentials:
-        """These passwords, with new ones for what `security` needs and they lack."""
+    def completed(self, security: str, gateway: str = ai_gateway.NONE) -> Credentials:
+        """These passwords, with new ones for what `security` and `gateway` need and they lack
+        (a stack without a gateway keeps no key for one)."""
         users = (kafka_cluster.ADMIN, *roles()) if security == SASL_SSL else ()
+        key = (self.gateway or ai_gateway.new_key(new_password())) if gateway == ai_gateway.LITELLM else None
         return Credentials(self.postgres or new_password(),
-                           {user: self.kafka.get(user) or new_password() for user in users})
+                           {user: self.kafka.get(user) or new_password() for user in users}, key)
 
 
 def new_password() -> str:
@@ -107,9 +113,12 @@ def start_ai_service(layout: Layout) -> int:
     return pid
 
 
-def ports(layout: Layout, brokers: int, spark: str = spark_cluster.LOCAL) -> dict[str, int]:
+def ports(layout: Layout, brokers: int, spark: str = spark_cluster.LOCAL,
+          gateway: str = ai_gateway.NONE) -> dict[str, int]:
     """Every port the stack will listen on, named for error messages."""
     named = {"PostgreSQL": layout.postgres_port, "AI service": layout.ai_service_port}
+    if gateway == ai_gateway.LITELLM:
+        named["AI gateway"] = layout.ai_gateway_port
     if spark == spark_cluster.CLUSTER:
         named.update({"Spark master": layout.spark_master_port,
                       "Spark master UI": layout.spark_master_ui_port,
@@ -120,9 +129,9 @@ def ports(layout: Layout, brokers: int, spark: str = spark_cluster.LOCAL) -> dic
     return named
 
 
-def check_ports_free(layout: Layout, brokers: int, spark: str) -> None:
+def check_ports_free(layout: Layout, brokers: int, spark: str, gateway: str) -> None:
     ours = {layout.postgres_port} if postgres_server.running(layout) else set()
-    taken = [f"{name} port {port}" for name, port in ports(layout, brokers, spark).items()
+    taken = [f"{name} port {port}" for name, port in ports(layout, brokers, spark, gateway).items()
              if port not in ours and port_in_use(port)]
     if taken:
         raise SystemExit("cannot start the stack, already in use on 127.0.0.1: "
@@ -169,6 +178,18 @@ def spark_connection(layout: Layout, spark: str) -> dict:
     return {"conn_type": "spark", "host": "local[*]"}
 
 
+def gateway_environment(layout: Layout, key: str | None) -> dict[str, str]:
+    """With a gateway (`key` its master key): its URL and key, and the `ai_gateway` connection
+    (HTTP, the key as its password) for the endpoints of a spec that name it; the `llm`
+    connection the LLM pipeline's models name goes through it too."""
+    if key is None:
+        return {}
+    url = f"http://127.0.0.1:{layout.ai_gateway_port}"
+    connection = {"conn_type": "http", "host": "127.0.0.1", "port": layout.ai_gateway_port, "password": key}
+    return {"AI_GATEWAY_URL": url, "AI_GATEWAY_KEY": key, "AIRFLOW_CONN_AI_GATEWAY": json.dumps(connection),
+            "AIRFLOW_CONN_LLM": json.dumps(connection)}
+
+
 def environment(layout: Layout, brokers: int, security: str, credentials: Credentials,
                 spark: str) -> dict[str, str]:
     """The stack's addresses and credentials, and the Airflow settings that point at them."""
@@ -203,8 +224,10 @@ def environment(layout: Layout, brokers: int, security: str, credentials: Creden
         "AIRFLOW_CONN_POSTGRES_DEFAULT": database_url.replace("postgresql://", "postgres://"),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_connection(layout, spark)),
         "AIRFLOW_CONN_AI_SERVICE": f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true",
-        # The OpenAI-compatible models the LLM pipeline names: the stand-in serves them here.
+        # The OpenAI-compatible models the LLM pipeline names: the stand-in serves them, or the
+        # gateway in front of it when there is one (below).
         "AIRFLOW_CONN_LLM": f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true",
+        **gateway_environment(layout, credentials.gateway),
         "PYTHONPATH": f"{REPO}:{REPO / 'plugins'}",
         # spark-submit and the fleet commands come from the project's environment.
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
@@ -244,10 +267,24 @@ def ensure_spark(layout: Layout, state: dict, spark: str) -> None:
     save_state(layout, state)
 
 
-def up(layout: Layout, brokers: int, security: str, spark: str) -> None:
+def ensure_gateway(layout: Layout, state: dict, gateway: str, key: str | None) -> None:
+    """Start LiteLLM's proxy in front of the stand-in when asked and not running (again, should it
+    have died, as the stand-in is), stop it when not asked."""
+    pid = state.get("gateway")
+    if gateway == ai_gateway.LITELLM and not alive(pid):
+        print(f"starting LiteLLM's proxy on 127.0.0.1:{layout.ai_gateway_port} in front of the AI stand-in")
+        state["gateway"] = ai_gateway.start(ai_gateway.folder(layout), layout.ai_gateway_port,
+                                            f"http://127.0.0.1:{layout.ai_service_port}", key)
+    elif gateway == ai_gateway.NONE and pid:
+        terminate(pid, grace_s=10)
+        state["gateway"] = None
+    save_state(layout, state)
+
+
+def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) -> None:
     state = load_state(layout)
     saved = Credentials.saved(layout)
-    credentials = saved.completed(security)
+    credentials = saved.completed(security, gateway)
     if running(state):
         if state["brokers"] != brokers:
             raise SystemExit(f"the {layout.name} stack already runs {state['brokers']} broker(s); "
@@ -263,12 +300,13 @@ def up(layout: Layout, brokers: int, security: str, spark: str) -> None:
         if not alive(state.get("ai_service")):
             state["ai_service"] = start_ai_service(layout)
         save_state(layout, state)
+        ensure_gateway(layout, state, gateway, credentials.gateway)
         migrate(layout.database_url())  # migrations added since the stack started
         supervisor.start(supervisor.stack_paths(layout))
         ensure_spark(layout, state, spark)
         print(f"{layout.name} stack already running")
         return
-    check_ports_free(layout, brokers, spark)
+    check_ports_free(layout, brokers, spark, gateway)
     layout.root.mkdir(parents=True, exist_ok=True)
     changed = bool(state) and (state["brokers"], state.get("security", PLAINTEXT)) != (brokers, security)
     if changed or credentials.kafka != saved.kafka:
@@ -301,6 +339,7 @@ def up(layout: Layout, brokers: int, security: str, spark: str) -> None:
     print(f"starting the AI service stand-in on 127.0.0.1:{layout.ai_service_port}")
     state["ai_service"] = start_ai_service(layout)
     save_state(layout, state)
+    ensure_gateway(layout, state, gateway, credentials.gateway)
 
     paths = supervisor.stack_paths(layout)
     print(f"starting supervisord ({paths.socket}); deployed fleets start again")
@@ -315,17 +354,19 @@ def up(layout: Layout, brokers: int, security: str, spark: str) -> None:
 
 def down(layout: Layout) -> None:
     state = load_state(layout)
+    # The gateway's port is checked after the stop only when it ran: 4000 is a common port.
+    gateway = ai_gateway.LITELLM if state.get("gateway") else ai_gateway.NONE
     # First, while Kafka runs: the fleets finish their work, commit and leave their groups.
     supervisor.shutdown(supervisor.stack_paths(layout))
-    terminate(state.get("ai_service"), grace_s=10)
+    terminate(state.get("gateway"), state.get("ai_service"), grace_s=10)
     spark_cluster.stop(state.get("spark", {}))
     kafka_cluster.stop_nodes(*state.get("kafka", {}).values())
     postgres_server.stop(layout)
     if state:
-        state["kafka"], state["ai_service"], state["spark"] = {}, None, {}
+        state["kafka"], state["ai_service"], state["gateway"], state["spark"] = {}, None, None, {}
         save_state(layout, state)
     left = [f"{name} port {port}" for name, port
-            in ports(layout, state.get("brokers", 3), spark_cluster.CLUSTER).items()
+            in ports(layout, state.get("brokers", 3), spark_cluster.CLUSTER, gateway).items()
             if port_in_use(port)]
     if left:
         raise SystemExit("still listening after stop: " + ", ".join(left))
@@ -339,6 +380,9 @@ def status(layout: Layout) -> int:
     pg = port_in_use(layout.postgres_port)
     print(f"postgres: {'up' if pg else 'down'} on {layout.postgres_port}")
     print(f"AI service: {'up' if alive(state.get('ai_service')) else 'down'} on {layout.ai_service_port}")
+    if state.get("gateway"):
+        print(f"AI gateway (LiteLLM): {'up' if alive(state['gateway']) else 'down'} on "
+              f"{layout.ai_gateway_port}, log {ai_gateway.log_file(ai_gateway.folder(layout))}")
     if state.get("spark"):
         workers = spark_cluster.status(layout).get("workers", [])
         print(f"Spark master: {'up' if spark_cluster.running(state['spark'], layout) else 'down'} on "
@@ -383,7 +427,7 @@ def main() -> None:
     args = parser.parse_args()
     layout = current()
     if args.command == "up":
-        up(layout, args.brokers, security(), spark_cluster.mode())
+        up(layout, args.brokers, security(), spark_cluster.mode(), ai_gateway.mode())
     elif args.command == "down":
         down(layout)
     elif args.command == "status":

@@ -233,14 +233,14 @@ def test_every_stack_port_is_below_the_ephemeral_range() -> None:
     for name in PORT_OFFSETS:
         stack = Layout(name)
         assert max(stack.controller_port(3), stack.airflow_port, stack.ai_service_port,
-                   stack.postgres_port, stack.spark_master_port, stack.spark_master_ui_port,
-                   stack.spark_worker_ui_port) < 32768, name
+                   stack.ai_gateway_port, stack.postgres_port, stack.spark_master_port,
+                   stack.spark_master_ui_port, stack.spark_worker_ui_port) < 32768, name
 
 
 def test_no_two_stacks_share_a_port() -> None:
     taken: dict[int, str] = {}
     for name in PORT_OFFSETS:
-        for port in stack_ports(Layout(name), 3, "cluster").values():
+        for port in stack_ports(Layout(name), 3, "cluster", "litellm").values():
             assert taken.setdefault(port, name) == name, (port, taken[port], name)
 
 
