@@ -116,17 +116,21 @@ def overhead_ms(extras: dict[str, Any], q: float) -> float | None:
     return _ms(figures.percentile([e2e - ai for e2e, ai in extras["latency"] if ai is not None], q))
 
 
-def bench_limits(p: PresetParams, service: Mapping[str, Mapping[str, Any]] | None = None) -> capacity.Limits:
+def bench_limits(p: PresetParams, service: Mapping[str, Mapping[str, Any]] | None = None,
+                 gateway: Mapping[str, Mapping[str, int]] | None = None) -> capacity.Limits:
     """The endpoints' limits in a benchmark run: the spec's budgets, the run's concurrency for each
-    endpoint (the stand-in is configured so), its time scale, and the tokens per call of the kind
-    each tokens budget counts where the stand-in's counters (`/v1/stats`) have them."""
+    endpoint (the stand-in is configured so), its time scale, the budgets of a gateway in front
+    of an endpoint (`gateway`, in the run's minutes: bench.run's Stack.gateway_budgets), and the
+    tokens per call of the kind each tokens budget counts where the stand-in's counters
+    (`/v1/stats`) have them."""
     tokens = {}
     limits = limits_of(p.spec, p.concurrency, p.time_scale)
     endpoints = dict(limits.endpoints)
     for name in p.spec.endpoints:
         counted = (service or {}).get(name, {})
         # The budgets in force are the stand-in's (a run may set them over the spec's).
-        config = {**p.endpoint_settings.get(name, {}), **counted.get("config", {})}
+        config = {**p.endpoint_settings.get(name, {}), **counted.get("config", {}),
+                  **(gateway or {}).get(name, {})}
         budgets = replace(endpoints[name], **{k: config[k] for k in BUDGET_SETTINGS if k in config})
         endpoints[name] = budgets
         if budgets.tokens_per_minute and "tokens_input" in counted and "tokens_output" in counted:
@@ -187,10 +191,13 @@ def _relative(schedule: list[list[float]], p: PresetParams, applied_at: float,
 
 
 def limit_figures(result: dict[str, Any], p: PresetParams, schedule: list[list[float]],
-                  applied_at: float) -> dict[str, Any]:
+                  applied_at: float, gateway: Mapping[str, Mapping[str, int]] | None = None,
+                  gateway_refused: int = 0) -> dict[str, Any]:
     """The span against the physical minimum, the share of calls refused with 429, and the
-    stand-in's served calls on the binding endpoint (see the module docstring)."""
-    limits = bench_limits(p, result["ai_service"])
+    stand-in's served calls on the binding endpoint (see the module docstring); `gateway` as
+    for bench_limits, `gateway_refused` the 429s a gateway in front of the stand-in gave (the
+    stand-in never saw those calls)."""
+    limits = bench_limits(p, result["ai_service"], gateway)
     service_s, calls = result["service_s"], result["calls_per_request"]
     first = result["first_produced_s"] or applied_at
     concurrency = [(max(0.0, at), limit) for at, limit in _relative(schedule, p, applied_at, first)]
@@ -199,7 +206,7 @@ def limit_figures(result: dict[str, Any], p: PresetParams, schedule: list[list[f
     minimum = None if in_force is None else figures.physical_minimum_s(
         result["completed"], in_force, p.spec.ai_path_s * p.time_scale)
     service = result["ai_service"].values()
-    refused = sum(e["rejected_429"] + e["rate_limited"] for e in service)
+    refused = gateway_refused + sum(e["rejected_429"] + e["rate_limited"] for e in service)
     calls_made = refused + sum(e["served"] + e["errors_5xx"] + e["hangs"] for e in service)
     share = figures.overload_share(refused, calls_made)
     binding = capacity.capacity(limits, service_s, calls)
@@ -209,6 +216,13 @@ def limit_figures(result: dict[str, Any], p: PresetParams, schedule: list[list[f
                 figures.span_over_minimum(result["span_s"], minimum), 4),
             "ai_calls": calls_made, "ai_429": refused, "overload_share": _rounded(share, 5),
             "served_on_binding": capacity.served_check(binding, calls, limits, served, result["span_s"])}
+
+
+def refused_at_client(database_url: str, run_id: str, stages: list[str]) -> int:
+    """The tries of `stages` answered 429 in a run, as the attempt rows have them: a gateway's
+    refusals, which the stand-in behind it never counts."""
+    return int(rows(database_url, "SELECT count(*) FROM ai_attempts WHERE run_id = %s AND stage = ANY(%s) "
+                    "AND outcome = 'http_429'", (run_id, stages))[0][0])
 
 
 def _rounded(value: float | None, digits: int) -> float | None:

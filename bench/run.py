@@ -42,6 +42,8 @@ from consumers import pipeline_spec, presets
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline import Pipeline, new_run_id, remove_pipeline, running_pipeline
 from consumers.pipeline_config import Endpoints
+from consumers.pipeline_spec import PipelineSpec
+from infra import ai_gateway
 from infra import stack as local_stack
 from infra.layout import PLAINTEXT, Layout
 from infra.spark_cluster import LOCAL
@@ -52,6 +54,7 @@ STATS_INTERVAL_MS = 2000
 SCENARIOS = (*presets.NAMES, "durable")
 DURABLE_BROKERS = 3
 STEADY_SHARE = 0.8  # of the AI capacity: a load the pipeline keeps up with
+CONNECTION_ENV = "AIRFLOW_CONN_"  # how the stack hands Airflow its connections
 # flow-adaptive: the bottleneck's limit as a share of the concurrency, from a share of the time
 # the burst needs at full capacity on (real-scale seconds, scaled like every other duration).
 LIMIT_SCHEDULE = ((0.4, 0.5), (0.8, 1.0))
@@ -59,20 +62,54 @@ LIMIT_SCHEDULE = ((0.4, 0.5), (0.8, 1.0))
 
 @dataclass(frozen=True)
 class Stack:
-    """Where scenarios run: a local stack's Kafka, PostgreSQL and AI stand-in."""
+    """Where scenarios run: a local stack's Kafka, PostgreSQL and AI stand-in, and its AI
+    gateway when it has one (the Airflow connections that point at the gateway say which
+    endpoints are called through it)."""
 
     kafka: KafkaAccess
     database_url: str
     ai_url: str
     brokers: int
+    gateway_url: str | None = None
+    gateway_key: str | None = None
+    gateway_connections: frozenset[str] = frozenset()
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> Stack | None:
         kafka = KafkaAccess.from_environment(environ)
         if kafka is None or not environ.get("DATABASE_URL") or not environ.get("AI_SERVICE_URL"):
             return None
+        gateway = environ.get("AIRFLOW_CONN_AI_GATEWAY")
+        through = frozenset(name[len(CONNECTION_ENV):].lower() for name, value in environ.items()
+                            if gateway and name.startswith(CONNECTION_ENV) and value == gateway)
         return cls(kafka, environ["DATABASE_URL"], environ["AI_SERVICE_URL"],
-                   int(environ.get("KAFKA_BROKERS", "1")))
+                   int(environ.get("KAFKA_BROKERS", "1")), environ.get("AI_GATEWAY_URL"),
+                   environ.get("AI_GATEWAY_KEY"), through)
+
+    def endpoints(self, spec: PipelineSpec) -> Endpoints:
+        """Each endpoint of `spec` on the stand-in, or through the gateway with its key."""
+        endpoints = Endpoints.on(self.ai_url, spec)
+        for name in self.through_gateway(spec):
+            endpoints.urls[name] = f"{self.gateway_url}{spec.endpoints[name].path}"
+            endpoints.keys[name] = self.gateway_key or ""
+        return endpoints
+
+    def through_gateway(self, spec: PipelineSpec) -> list[str]:
+        return [name for name, e in spec.endpoints.items()
+                if self.gateway_url and e.connection in self.gateway_connections]
+
+    def gateway_budgets(self, p: presets.PresetParams) -> dict[str, dict[str, int]]:
+        """The per-minute limits the gateway sets on the models it serves to `p`'s endpoints, in
+        the run's minutes: the gateway meters the clock's (60 s), the run's durations are scaled
+        by its time scale, so N a clock minute is N x time scale a run's minute."""
+        models = {m.name: m for m in ai_gateway.MODELS}
+        budgets = {}
+        for name in self.through_gateway(p.spec):
+            model = models.get(p.spec.endpoints[name].model or "")
+            if model is not None:
+                budgets[name] = {"requests_per_minute": max(1, round(model.rpm * p.time_scale)),
+                                 "tokens_per_minute": max(1, round(model.tpm * p.time_scale))}
+        return budgets
 
 
 def configure_ai(base_url: str, settings: dict[str, Any]) -> None:
@@ -88,7 +125,8 @@ def limit_schedule(p: presets.PresetParams) -> list[list[float]]:
             for share, limit in LIMIT_SCHEDULE]
 
 
-def steady_phase(pipeline: Pipeline, p: presets.PresetParams, timeout_s: float) -> dict[str, Any]:
+def steady_phase(pipeline: Pipeline, p: presets.PresetParams, timeout_s: float,
+                 gateway: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
     """STEADY_SHARE of the capacity through the running pipeline under a run id of its own."""
     count = max(10, p.burst // 2)
     steady = replace(pipeline, run_id=f"{pipeline.run_id}-steady")
@@ -99,7 +137,7 @@ def steady_phase(pipeline: Pipeline, p: presets.PresetParams, timeout_s: float) 
     return {"rate_rps": round(STEADY_SHARE * p.ai_capacity_rps, 3),
             **figures.phase_figures(pipeline.database_url, steady.run_id, pipeline.topics,
                                     len(sent.request_ids), p.concurrency, sent.per_partition(p.partitions),
-                                    limits=figures.bench_limits(p)),
+                                    limits=figures.bench_limits(p, gateway=gateway)),
             **noise.figures}
 
 
@@ -120,7 +158,7 @@ def warm_up(p: presets.PresetParams, bench_id: str, stack: Stack) -> None:
     configure_ai(stack.ai_url, warm.stand_in_settings())
     console.rule(f"[bold]warm-up of {stack.kafka.bootstrap}")
     with running_pipeline(presets.build("flow", warm), stack.kafka, stack.database_url,
-                          Endpoints.on(stack.ai_url, warm.spec), run_id=f"{bench_id}-warm-up-{stack.brokers}",
+                          stack.endpoints(warm.spec), run_id=f"{bench_id}-warm-up-{stack.brokers}",
                           scenario="warm-up", fleet_processes=True) as pipeline:
         pipeline.send(warm.burst, progress=True)
         pipeline.wait_terminal(warm.burst, burst_timeout_s(warm), progress=True)
@@ -133,14 +171,14 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, stack: Stack
     config = replace(presets.build(preset, p), stats_interval_ms=STATS_INTERVAL_MS)
     schedule = limit_schedule(p) if name == "flow-adaptive" else []
     configure_ai(stack.ai_url, p.stand_in_settings())
-    endpoints = Endpoints.on(stack.ai_url, p.spec)
+    endpoints = stack.endpoints(p.spec)
     timeout_s = burst_timeout_s(p)
     console.rule(f"[bold]{name}")
     result: dict[str, Any] = {}
     with running_pipeline(config, stack.kafka, stack.database_url, endpoints,
                           run_id=f"{bench_id}-{name}", scenario=name, fleet_processes=True) as pipeline:
         if steady:
-            result["steady"] = steady_phase(pipeline, p, timeout_s)
+            result["steady"] = steady_phase(pipeline, p, timeout_s, stack.gateway_budgets(p))
             configure_ai(stack.ai_url, p.stand_in_settings())  # the burst's counters are its own
         if schedule:
             configure_ai(stack.ai_url, {p.bottleneck: {"limit_schedule": schedule}})
@@ -156,8 +194,13 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, stack: Stack
     result.update(figures.scenario_figures(stack.database_url, stack.kafka.default, pipeline.run_id,
                                            pipeline.topics, len(sent.request_ids), p.concurrency,
                                            sent.per_partition(p.partitions),
-                                           limits=figures.bench_limits(p, result["ai_service"])))
-    result.update(figures.limit_figures(result, p, [(0.0, p.concurrency), *schedule], schedule_at))
+                                           limits=figures.bench_limits(p, result["ai_service"],
+                                                                       stack.gateway_budgets(p))))
+    through = stack.through_gateway(p.spec)
+    by_gateway = [s for s in p.spec.ai_stages if p.spec.stages[s].work.endpoint in through]
+    result.update(figures.limit_figures(
+        result, p, [(0.0, p.concurrency), *schedule], schedule_at, stack.gateway_budgets(p),
+        figures.refused_at_client(stack.database_url, pipeline.run_id, by_gateway) if by_gateway else 0))
     if schedule:
         result["adaptive"] = figures.adaptive_figures(stack.database_url, pipeline.run_id, result, p,
                                                       schedule, schedule_at)
