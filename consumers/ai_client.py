@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -117,10 +118,16 @@ BAD_ANSWER = "bad_answer"
 CONCURRENCY = "concurrency"
 
 
+# How a refusal's message names a minute's budget: OpenAI's "on requests per min (RPM)", a
+# gateway's "RPM limit=120" (LiteLLM's proxy, which sends no rate-limit headers with its 429).
+_BUDGET_WORDS = {REQUESTS: re.compile(r"\brpm\b|requests per min", re.IGNORECASE),
+                 TOKENS: re.compile(r"\btpm\b|tokens per min", re.IGNORECASE)}
+
+
 def refusal_kind(body: bytes, headers: Mapping[str, str]) -> str:
     """What a 429 says ran out: `requests` or `tokens` (a minute's budget, said by the error's
-    `type` as OpenAI-compatible APIs give it, or by a remaining count of 0 in the rate-limit
-    headers), else `concurrency` (a service full of calls at once)."""
+    `type` as OpenAI-compatible APIs give it, by its message, or by a remaining count of 0 in
+    the rate-limit headers), else `concurrency` (a service full of calls at once)."""
     try:
         error = json.loads(body).get("error")
     except (ValueError, AttributeError):
@@ -128,6 +135,10 @@ def refusal_kind(body: bytes, headers: Mapping[str, str]) -> str:
     kind = error.get("type") if isinstance(error, dict) else None
     if kind in (REQUESTS, TOKENS, CONCURRENCY):
         return kind
+    message = str(error.get("message", "")) if isinstance(error, dict) else ""
+    for kind, words in _BUDGET_WORDS.items():
+        if words.search(message):
+            return kind
     for kind in (REQUESTS, TOKENS):
         if headers.get(f"x-ratelimit-remaining-{kind}", "").strip() in ("0", "0.0"):
             return kind

@@ -74,12 +74,14 @@ class Bucket:
     size: float
     window_s: float
     level: float
-    at: float
+    at: float  # when `level` was counted: it refills from then on
     held_until: float = -math.inf
+    refusals: int = 0  # budget refusals since the last answer
 
     def refill(self, now: float) -> None:
-        self.level = min(self.size, self.level + (now - self.at) * self.size / self.window_s)
-        self.at = now
+        if now > self.at:
+            self.level = min(self.size, self.level + (now - self.at) * self.size / self.window_s)
+            self.at = now
 
     def wait_for(self, need: float, now: float) -> float:
         """Seconds until `need` can be taken (0: now)."""
@@ -163,7 +165,7 @@ class RateBudget:
                     continue
                 bucket = self._buckets.setdefault(kind, Bucket(limit, self._minute_s, limit, now))
                 bucket.refill(now)
-                bucket.size = limit
+                bucket.size, bucket.refusals = limit, 0
                 reset = duration_s(headers.get(f"x-ratelimit-reset-{kind}"))
                 if reset and remaining < limit:
                     bucket.window_s = reset * limit / (limit - remaining)
@@ -172,8 +174,14 @@ class RateBudget:
                 bucket.level = min(bucket.level, remaining)
 
     def refused(self, kind: str, retry_after_s: float | None, headers: Mapping[str, str]) -> None:
-        """A budget refusal: its bucket is empty until the `Retry-After`, or until the refill
-        covers a try."""
+        """A budget refusal: its bucket is empty until the `Retry-After`. Without one, it holds
+        the time a try's refill takes (a request's, or a hundredth of the tokens), twice as long
+        after each refusal in a row up to a quarter of the minute, and refills only a try
+        meanwhile: a meter that counts clock minutes (LiteLLM's proxy) refuses until its minute
+        ends, whatever the refill, and counts each refusal against the next try; halving the
+        pace each time costs a handful of 429s there instead of one per refill, and a quarter
+        minute at most of the next minute's budget."""
+        refusals = self._buckets[kind].refusals if kind in self._buckets else 0
         self.observe(headers)
         with self._lock:
             now = self._clock()
@@ -182,8 +190,14 @@ class RateBudget:
                 return  # a budget never announced: the client's backoff spaces the tries
             bucket.refill(now)
             bucket.level = min(bucket.level, 0.0)
+            bucket.refusals = refusals + 1
             if retry_after_s is not None:
                 bucket.held_until = max(bucket.held_until, now + retry_after_s)
+                return
+            a_try = max(bucket.window_s / bucket.size, bucket.window_s / 100)
+            bucket.held_until = max(bucket.held_until,
+                                    now + min(bucket.window_s / 4, a_try * 2 ** (bucket.refusals - 1)))
+            bucket.at = max(bucket.at, bucket.held_until - a_try)
 
 
 def _number(value: str | None) -> float | None:

@@ -76,6 +76,13 @@ def test_a_budget_refusal_empties_the_bucket_until_its_retry_after() -> None:
     (b'{"error": {"type": "concurrency"}}', {"x-ratelimit-remaining-requests": "0"}, CONCURRENCY),
     (b'{"error": {"message": "No deployments available for selected model"}}',
      {"x-ratelimit-remaining-requests": "0"}, REQUESTS),
+    (b'{"error": {"type": "throttling_error", "message": "litellm.RateLimitError: Model rate limit '
+     b'exceeded. RPM limit=120, current usage=121"}}', {}, REQUESTS),
+    (b'{"error": {"type": "throttling_error", "message": "Model rate limit exceeded. TPM limit=60000"}}',
+     {}, TOKENS),
+    (b'{"error": {"code": "rate_limit_exceeded", "message": "Rate limit reached for small-model on '
+     b'requests per min (RPM): Limit 600"}}', {}, REQUESTS),
+    (b'{"error": {"message": "Too many requests in flight"}}', {}, CONCURRENCY),
     (b"not json", {}, CONCURRENCY),
 ])
 def test_a_429_is_read_by_what_ran_out(body: bytes, headers: dict, kind: str) -> None:
@@ -85,3 +92,33 @@ def test_a_429_is_read_by_what_ran_out(body: bytes, headers: dict, kind: str) ->
 def test_reset_durations_read_as_openai_writes_them() -> None:
     assert [duration_s(v) for v in ("12ms", "1.5s", "6m0s", "1h2m3.5s", "2", None)] == \
         [0.012, 1.5, 360.0, 3723.5, 2.0, None]
+
+
+def test_a_meter_of_clock_minutes_costs_a_handful_of_429s_not_one_per_refill() -> None:
+    """A gateway that counts each clock minute's requests, refused ones included, and says
+    neither when it resets nor Retry-After (LiteLLM's proxy): 120 a minute."""
+    clock = Clock()
+    budget = RateBudget(clock=clock)
+    minute, counted, served, refused = 0, 0, 0, []
+    while clock.now < 180:
+        wait = budget.try_take(0)
+        if wait > 0:
+            clock.now += wait
+            continue
+        if clock.now // 60 != minute:
+            minute, counted = int(clock.now // 60), 0
+        counted += 1
+        if counted <= 120:
+            served += 1
+            budget.observe({"x-ratelimit-limit-requests": "120",
+                            "x-ratelimit-remaining-requests": str(120 - counted)})
+        else:
+            refused.append(clock.now)
+            budget.refused(REQUESTS, None, {})
+        clock.now += 0.001  # a try's round trip
+    # The first minute's 120 go at once (the bucket learned full) and the refill's next try
+    # overflows it at 0.62 s; then holds of 0.6, 1.2, 2.4, 4.8, 9.6, 15 and 15 s (a quarter
+    # minute at most) bring the eighth refusal at 49.2 s and the first try of the next minute at
+    # 64.2 s; from then on 2 a second fill each minute without a refusal: 120 + 112 + 120.
+    assert [round(t, 1) for t in refused] == [0.6, 1.2, 2.4, 4.8, 9.6, 19.2, 34.2, 49.2]
+    assert served == 352
