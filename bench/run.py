@@ -292,7 +292,7 @@ def durable(layout: Layout) -> Iterator[Stack]:
     stack up, 1.60 and 1.64 M in two with it down; partition_load's best warm job took 11.5 and
     14.1 s up, 10.7-12.6 s in four sessions down."""
     was_running = local_stack.running(local_stack.load_state(layout))
-    local_stack.up(layout, DURABLE_BROKERS, PLAINTEXT, LOCAL)
+    local_stack.up(layout, DURABLE_BROKERS, PLAINTEXT, LOCAL, ai_gateway.NONE)
     try:
         stack = Stack.from_environment(layout.saved_env())
         if stack is None:
