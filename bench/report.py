@@ -56,8 +56,10 @@ def write(summary: dict[str, Any], series: dict[str, list[float]], starts: dict[
         for second in range(max((len(r) for r in rows.values()), default=0)):
             writer.writerow([second, *(r[second] if second < len(r) else 0 for r in rows.values())])
     _plot_completions(rows, summary.get("ai_capacity_rps"), out / "completions.png")
-    _plot_partitions({n: s["requests_per_partition"] for n, s in summary["scenarios"].items()},
-                     out / "requests_per_partition.png")
+    partitions = {n: s["requests_per_partition"] for n, s in summary["scenarios"].items()
+                  if "requests_per_partition" in s}  # the Router peer has none
+    if partitions:
+        _plot_partitions(partitions, out / "requests_per_partition.png")
     for name, scenario in summary["scenarios"].items():
         if "adaptive" in scenario:
             _plot_adaptive(name, scenario, series[name], out / "adaptive.png")
@@ -153,6 +155,12 @@ def _served(scenario: dict[str, Any]) -> str:
     return f"{check['served_rps']} of {check['limit_calls_rps']} ({check['share_of_limit']})"
 
 
+def _outcomes(scenario: dict[str, Any]) -> str:
+    """How the Router peer's requests ended (bench/peer.py)."""
+    peer = scenario.get("peer")
+    return " / ".join(str(n) for n in peer["outcomes"].values()) if peer else "-"
+
+
 def print_table(summary: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     table = Table(title=f"run {summary['run_id']}  time scale {summary['time_scale']}  "
@@ -164,6 +172,8 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
     for column in COLUMNS:
         table.add_row(column, *(str(s.get(column)) for s in scenarios))
     table.add_row("stand-in served/s on the binding endpoint over the span", *(_served(s) for s in scenarios))
+    if any("peer" in s for s in scenarios):
+        table.add_row("Router's requests: ok / rate-limited / error", *(_outcomes(s) for s in scenarios))
     for key, label in COST_ROWS:
         table.add_row(label, *(cost.shown(s["cost"][key]) if "cost" in s else "-" for s in scenarios))
     for stage in sorted({stage for s in scenarios for stage in s.get("busiest_partition", {})}):

@@ -9,11 +9,13 @@ Needs the stack (`make up`): Kafka, PostgreSQL and the AI service stand-in, whos
 latencies and concurrency limit the run sets through its config endpoint. The `durable`
 scenario is `flow` on three brokers with RF 3, min ISR 2 and acks=all: on the main stack when
 it has three brokers, else on a three-broker local stack of its own (`--durable-stack`), up for
-that scenario only (`durable`). `flow-adaptive` meets a limit that halves and comes back during
-its burst (LIMIT_SCHEDULE); the scenarios named by `--steady` first take a steady load at
-STEADY_SHARE of the capacity, which measures the platform's own overhead apart from the burst's
-queueing, beside how much the machine delayed a process with no work of its own meanwhile
-(bench/machine_noise.py).
+that scenario only (`durable`). `router-peer` (bench/peer.py), run only when named, sends the
+burst's requests of the pipeline's chat stage through LiteLLM's own Router client instead, held
+to the gateway's limits, without Kafka: what a team gets without the platform. `flow-adaptive`
+meets a limit that halves and comes back during its burst (LIMIT_SCHEDULE); the scenarios named
+by `--steady` first take a steady load at STEADY_SHARE of the capacity, which measures the
+platform's own overhead apart from the burst's queueing, beside how much the machine delayed a
+process with no work of its own meanwhile (bench/machine_noise.py).
 Each stack takes an unmeasured half burst before its first scenario, so that no scenario meets
 brokers whose JVMs have not compiled their hot code yet.
 Figures are computed from the database and Kafka (bench/figures.py); results go to
@@ -38,6 +40,7 @@ import requests
 from rich.console import Console
 
 from bench import figures, kafka_throughput, machine_noise, pause_benchmark, report, spark_partition_load
+from bench.peer import PEER, run_router_peer
 from consumers import pipeline_spec, presets
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline import Pipeline, new_run_id, remove_pipeline, running_pipeline
@@ -252,7 +255,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--burst", type=int, default=0, help="requests (default 20 x concurrency)")
     p.add_argument("--flow-members", type=int, default=4)
     p.add_argument("--pipeline", default=pipeline_spec.REFERENCE, help="the pipeline spec to benchmark")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help=f"comma list of {', '.join(SCENARIOS)}, and {PEER} (a pipeline with a chat stage)")
     p.add_argument("--stand-in", type=json.loads, default={}, metavar="JSON",
                    help='stand-in settings per endpoint over the spec\'s, e.g. a budget that binds: '
                         '\'{"summarize": {"requests_per_minute": 1800, "retry_after_on_budget": false}}\'')
@@ -324,6 +328,12 @@ def main(argv: list[str] | None = None) -> Path:
     results: dict[str, dict[str, Any]] = {}
     warmed: set[str] = set()  # the stacks' bootstrap addresses
     for name in names:
+        if name == PEER:  # no Kafka: the requests go straight to the stand-in
+            console.rule(f"[bold]{name}")
+            configure_ai(main_stack.ai_url, params.stand_in_settings())
+            results[name] = run_router_peer(params.spec, main_stack.ai_url, params.burst, params.concurrency,
+                                            f"{bench_id}-{name}")
+            continue
         with scenario_stack(name, main_stack, args.durable_stack) as where:
             p = replace(params, replication_factor=min(3, where.brokers))
             if where.kafka.bootstrap not in warmed:

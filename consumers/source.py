@@ -29,6 +29,7 @@ from consumers.kafka_connection import KafkaConnection
 from consumers.producer import DeliveryError, KeyedProducer
 
 FLUSH_TIMEOUT_S = 60.0
+SEED = 7  # of the load's random choices: every run sends the same sequence of requests
 
 
 @dataclass
@@ -48,7 +49,7 @@ class SourceReport:
 
 
 def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, count: int,
-                  rate: float | None = None, reject_share: float = 0.0, seed: int = 7,
+                  rate: float | None = None, reject_share: float = 0.0, seed: int = SEED,
                   progress: bool = True) -> SourceReport:
     """Send `count` requests, as a burst or at `rate` per second; wait for every ack.
 

@@ -110,13 +110,18 @@ def write_config(directory: Path, upstream: str, models: Sequence[Model] = MODEL
 
 
 def environment(key: str, upstream_key: str | None) -> dict[str, str]:
-    """The proxy's whole environment: the master key, the stand-in's token (or a placeholder for
-    a stand-in that checks none), and the settings that keep it off the network."""
+    """The proxy's whole environment: the master key and LiteLLM's own (`litellm_environment`)."""
+    return {**litellm_environment(upstream_key), KEY_ENV: key}
+
+
+def litellm_environment(upstream_key: str | None) -> dict[str, str]:
+    """The whole environment of a LiteLLM process, the proxy or a Router of the benchmark's: the
+    stand-in's token (or a placeholder for a stand-in that checks none), and the settings that
+    keep it off the network."""
     return {
         "PATH": f"{VENV / 'bin'}:/usr/bin:/bin",
         "HOME": os.environ.get("HOME", "/tmp"),
         "LANG": "C.UTF-8",
-        KEY_ENV: key,
         UPSTREAM_KEY_ENV: upstream_key or "no-token",
         "LITELLM_MODE": "PRODUCTION",  # no .env file read from the working folder
         "LITELLM_LOG": "WARNING",  # at INFO it writes six lines for every call
