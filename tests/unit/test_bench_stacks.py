@@ -24,8 +24,8 @@ class RecordedStacks:
     def running(self, state: dict[str, Any]) -> bool:
         return self.was_running
 
-    def up(self, layout: Layout, brokers: int, security: str, spark: str) -> None:
-        self.calls.append(("up", layout.name, brokers, security, spark))
+    def up(self, layout: Layout, brokers: int, security: str, spark: str, gateway: str) -> None:
+        self.calls.append(("up", layout.name, brokers, security, spark, gateway))
 
     def down(self, layout: Layout) -> None:
         self.calls.append(("down", layout.name))
@@ -62,8 +62,8 @@ def test_durable_on_one_broker_starts_its_stack_and_stops_it_after(
         stacks: RecordedStacks, durable_three: bench_run.Stack) -> None:
     with bench_run.scenario_stack("durable", stack(1), "durable") as where:
         assert where is durable_three
-        assert stacks.calls == [("up", "durable", 3, "plaintext", "local")]
-    assert stacks.calls == [("up", "durable", 3, "plaintext", "local"), ("down", "durable")]
+        assert stacks.calls == [("up", "durable", 3, "plaintext", "local", "none")]
+    assert stacks.calls == [("up", "durable", 3, "plaintext", "local", "none"), ("down", "durable")]
 
 
 def test_a_failing_scenario_still_stops_the_stack(stacks: RecordedStacks) -> None:
@@ -77,4 +77,4 @@ def test_a_failing_scenario_still_stops_the_stack(stacks: RecordedStacks) -> Non
 def test_a_stack_already_running_is_left_running(stacks: RecordedStacks) -> None:
     with bench_run.scenario_stack("durable", stack(1), "durable"):
         pass
-    assert stacks.calls == [("up", "durable", 3, "plaintext", "local")]
+    assert stacks.calls == [("up", "durable", 3, "plaintext", "local", "none")]
