@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.layout import LOCAL, Layout, port_in_use
+from infra.layout import LOCAL, Layout, chosen, port_in_use
 from infra.processes import alive, spawn, tail, terminate
 
 NONE, LITELLM = "none", "litellm"
@@ -62,10 +62,7 @@ MODELS = (
 
 def mode() -> str:
     """Which gateway `up` runs: GATEWAY, `none` (default) or `litellm`."""
-    value = os.environ.get("GATEWAY") or NONE
-    if value not in MODES:
-        raise SystemExit(f"unknown GATEWAY={value!r}; known: {', '.join(MODES)}")
-    return value
+    return chosen("GATEWAY", MODES)
 
 
 def new_key(token: str) -> str:

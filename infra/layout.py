@@ -17,6 +17,7 @@ import os
 import random
 import shlex
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
@@ -181,3 +182,12 @@ def wait_for_port(port: int, timeout_s: float) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+def chosen(variable: str, modes: Sequence[str]) -> str:
+    """A stack option from the environment (`SPARK`, `GATEWAY`): one of `modes`, the first by
+    default; anything else stops the command naming what is known."""
+    value = os.environ.get(variable) or modes[0]
+    if value not in modes:
+        raise SystemExit(f"unknown {variable}={value!r}; known: {', '.join(modes)}")
+    return value

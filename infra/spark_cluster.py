@@ -21,7 +21,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from infra.layout import Layout, port_in_use, wait_for_port
+from infra.layout import Layout, chosen, port_in_use, wait_for_port
 from infra.processes import alive, spawn, tail, terminate
 from spark.jars import resolved_jars
 from spark.session import QUICK_JIT
@@ -34,10 +34,7 @@ WORKER_MEMORY = "2g"
 
 def mode() -> str:
     """How `up` runs Spark: SPARK, `local` (default) or `cluster`."""
-    value = os.environ.get("SPARK") or LOCAL
-    if value not in MODES:
-        raise SystemExit(f"unknown SPARK={value!r}; known: {', '.join(MODES)}")
-    return value
+    return chosen("SPARK", MODES)
 
 
 def folder(layout: Layout) -> Path:
