@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -44,6 +44,7 @@ from consumers.ai_client import AIBadAnswer, AIUnavailable, EndpointDown
 from consumers.fetch_buffer import FetchBuffer
 from consumers.kafka_connection import KafkaConnection
 from consumers.offsets import OffsetTracker
+from consumers.outbox import Outgoing, TransactionalOutbox, transactional_id
 from consumers.pipeline_spec import Route
 from consumers.stages import RecordState, StageContext, handle
 from consumers.storage import Origin
@@ -60,6 +61,7 @@ STATS_RECORD_INTERVAL_S = 10.0
 TRANSIENT_BACKOFF_S = 0.1
 TRANSIENT_BACKOFF_MAX_S = 5.0
 
+TRANSACTIONAL_MODES = ("flow", "bounded")
 # Dead-letter reasons that mean the request failed for good: the spec's failure notice tells its user.
 FAILED_FOR_GOOD = ("ai_unavailable", "ai_bad_answer", "work_failed")
 
@@ -85,6 +87,15 @@ class MemberSettings:
     revoke_deadline_s: float = 30.0
     stats_interval_ms: int = 0
     consumer_overrides: tuple[tuple[str, Any], ...] = ()
+    exactly_once: bool = False  # outputs and offsets in one transaction (`consumers.outbox`)
+    producer_batch_records: int | None = None  # PipelineConfig.producer_batch_records
+
+    def __post_init__(self) -> None:
+        # A share group has no offsets to put in a transaction (KIP-932), and a baseline member
+        # is the reference's at-least-once client as it is.
+        if self.exactly_once and self.mode not in TRANSACTIONAL_MODES:
+            raise ValueError(f"exactly-once outputs need a stage in {' or '.join(TRANSACTIONAL_MODES)} "
+                             f"mode; {self.stage} is in {self.mode!r} mode")
 
     @property
     def transient_backoff_max_s(self) -> float:
@@ -248,26 +259,24 @@ class StageMember:
 
     def _dead_letter(self, msg: Message, origin: Origin, event: dict[str, Any] | None, reason: str,
                      detail: str, state: RecordState) -> None:
-        """To the dead-letter topic (a reference when a copy would not fit) and the table."""
+        """To the table, then to the dead-letter topic (a reference when a copy would not fit)
+        with the failure notice, if the request failed for good."""
         key = self.ctx.key(event) if event is not None else None
-        if not state.dead_letter_sent:
-            record = dead_letter.build(
-                msg.value(), msg.key(), msg.headers(), reason=reason, detail=detail,
-                topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
-                stage=self.settings.stage,
-                max_bytes=dead_letter.producer_max_bytes(self.settings.profile))
-            self.ctx.producer.send(self.ctx.topics.dead_letter, value=record.value or b"",
-                                   key=record.key, headers=record.headers).result(30)
-            state.dead_letter_sent = True
         spec = self.ctx.topics.spec
         self.ctx.storage.record_dead_letter(spec.name, self.settings.run_id, key, self.settings.stage,
                                            f"{reason}: {detail}"[:1000], origin,
                                            dead_letter.stored_payload(msg.value()), self.ctx.entry,
                                            kafka_key=msg.key())
+        record = dead_letter.build(
+            msg.value(), msg.key(), msg.headers(), reason=reason, detail=detail,
+            topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
+            stage=self.settings.stage, max_bytes=dead_letter.producer_max_bytes(self.settings.profile))
+        outgoing = [Outgoing(self.ctx.topics.dead_letter, record.value or b"", record.key, record.headers)]
         notice = spec.failure_notice
         if key is not None and notice is not None and reason in FAILED_FOR_GOOD:
             route = Route(to=notice.to, fields={**notice.fields, "reason": reason})
-            self.ctx.send((notice.to, stages.message(route, spec.key, key, event or {})))
+            outgoing.append(self.ctx.outgoing(notice.to, stages.message(route, spec.key, key, event or {})))
+        self.ctx.outbox.deliver(origin, outgoing, None)
         metrics.ERRORS.labels(**self.labels, reason=reason).inc()
 
     def _transient(self, msg: Message, exc: Exception) -> None:
@@ -317,14 +326,17 @@ class Member(StageMember):
     def __init__(self, name: str, settings: MemberSettings, ctx: StageContext) -> None:
         super().__init__(name, settings, ctx)
         self._consumer: Consumer | None = None
-        # baseline / bounded: the state of records sought back after a transient failure
+        # baseline / bounded: the state of records sought back after a transient failure, and
+        # positions handled whose commit failed (retried with the next batch's, unless revoked)
         self._retrying: dict[tuple[str, int, int], RecordState] = {}
+        self._uncommitted: dict[tuple[str, int], int] = {}
         # flow-mode state
         self._buffer: FetchBuffer | None = None
         self._done: queue.SimpleQueue[_Done] = queue.SimpleQueue()
         self._tracker = OffsetTracker()
         self._assignment_changed = False
         self._fatal: tuple[str, Exception] | None = None  # a worker failure that ends the member
+        self._transactions: TransactionalOutbox | None = None  # exactly once: the member's own
 
     # ----------------------------------------------------------------- lifecycle
     def _run(self, stop: threading.Event) -> None:
@@ -332,7 +344,10 @@ class Member(StageMember):
         config["client.id"] = self.name
         if self.settings.stats_interval_ms:
             config["stats_cb"] = self._on_stats
-        if self.settings.mode == "flow":
+        if self.settings.exactly_once:
+            self._transactions = self._transactional_outbox()
+            self.ctx = replace(self.ctx, outbox=self._transactions)
+        elif self.settings.mode == "flow":
             config["on_commit"] = self._on_commit
         self._consumer = Consumer(config)
         self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -344,7 +359,19 @@ class Member(StageMember):
                 self._run_batches(stop)
         finally:
             self._consumer.close()  # leaves the group; triggers a final revoke
+            if self._transactions is not None:
+                self._transactions.close()
             self._closed()
+
+    def _transactional_outbox(self) -> TransactionalOutbox:
+        """The member's own transactional producer. Its id outlives the process, so a restarted
+        member fences the one that died, whose open transaction is aborted at once instead of
+        holding `read_committed` readers of its outputs until the transaction timeout."""
+        s = self.settings
+        return TransactionalOutbox(s.kafka, s.profile, transactional_id(s.group_id, self.name),
+                                   self.ctx.storage.mark_notified,
+                                   transaction_timeout_ms=profiles.TRANSACTION_TIMEOUT_MS,
+                                   batch_records=s.producer_batch_records)
 
     # ----------------------------------------------------------------- group events
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -375,9 +402,12 @@ class Member(StageMember):
                 "pause_cycles": buffered.pause_cycles if buffered else 0}
 
     def _commit(self, positions: dict[tuple[str, int], int], asynchronous: bool = False) -> bool:
-        """Commit `positions`; asynchronously, True only says the request was queued."""
+        """Commit `positions` (with the outputs of the records below them, exactly once);
+        asynchronously, True only says the request was queued."""
         if not positions:
             return True
+        if self._transactions is not None:
+            return self._transactions.commit(positions, self._consumer)
         try:
             self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
                                   asynchronous=asynchronous)
@@ -426,7 +456,9 @@ class Member(StageMember):
                 processed[tp] = msg.offset() + 1
 
             self._accept(self._consumer.consume(num_messages=size, timeout=0.2), process)
-            self._commit(processed)
+            self._uncommitted.update(processed)
+            if self._commit(self._uncommitted):
+                self._uncommitted.clear()
             if waiting:
                 backoff = min(max(2 * backoff, TRANSIENT_BACKOFF_S), self.settings.transient_backoff_max_s)
                 stop.wait(backoff)
@@ -526,18 +558,25 @@ class Member(StageMember):
         for the coordinator there (tens of ms, more with replicated offsets) held back every
         record the loop would have dispatched meanwhile. Handing partitions back waits."""
         positions = self._tracker.committable(tps)
-        if asynchronous:
+        if asynchronous and self._transactions is None:
             self._commit(positions, asynchronous=True)  # marked committed in `_on_commit`
         elif self._commit(positions):
             self._tracker.mark_committed(positions)
 
     def _release(self, tps: set[tuple[str, int]], commit: bool) -> None:
-        """Hand partitions back: drop their buffered records, stop their retries, let in-flight
-        calls finish within the deadline, commit what was handled, forget them."""
+        """Hand partitions back: stop their retries and forget what they had not committed; in
+        flow mode, drop their buffered records, let in-flight calls finish within the deadline,
+        and commit what was handled."""
         for key in [k for k in self._retrying if k[:2] in tps]:
             del self._retrying[key]
-        if self._buffer is None:
-            return
+        for tp in tps & self._uncommitted.keys():
+            del self._uncommitted[tp]
+        if self._buffer is not None:
+            self._release_flow(tps, commit)
+        if self._transactions is not None:
+            self._transactions.drop(tps)
+
+    def _release_flow(self, tps: set[tuple[str, int]], commit: bool) -> None:
         self._buffer.drop(tps)
         self._tracker.releasing(tps)
         if commit:

@@ -30,6 +30,7 @@ from consumers.circuit import Circuit
 from consumers.concurrency_limit import AdaptiveLimit
 from consumers.consumer import Member, MemberSettings, StageMember
 from consumers.kafka_connection import KafkaAccess
+from consumers.outbox import DirectOutbox
 from consumers.pipeline_config import ENDPOINTS_ENV, KEYS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
 from consumers.pipeline_spec import HttpWork
 from consumers.producer import KeyedProducer
@@ -89,7 +90,6 @@ class FleetSettings:
     database_url: str
     pipeline: str = pipeline_spec.REFERENCE
     key_strategy: str = "uuid"  # keys of the events this stage sends downstream
-    producer_batch_records: int | None = None  # PipelineConfig.producer_batch_records
     ai_url: str | None = None  # the stage's AI endpoint, when its work calls one
     ai_endpoint: str = ""  # its name in the pipeline spec
     ai_timeout_s: float = 10.0
@@ -125,11 +125,12 @@ class Fleet:
         check_endpoint(spec, s)  # before anything connects or joins
         concurrency = s.member.window * s.members if s.member.mode in WINDOW_MODES else s.members
         self.storage = storage.sized_pool(s.database_url, min(DB_CONNECTIONS, concurrency + 2))
-        self.producer = KeyedProducer(s.member.kafka, profile=s.member.profile,
-                                      key_strategy=s.key_strategy, batch_records=s.producer_batch_records)
+        self.producer = KeyedProducer(s.member.kafka, profile=s.member.profile, key_strategy=s.key_strategy,
+                                      batch_records=s.member.producer_batch_records)
         self.ctx = StageContext(
             stage=s.member.stage, topics=events.Topics(s.prefix, spec),
-            storage=self.storage, producer=self.producer, ai=self._client(s.ai_url, concurrency, spec),
+            storage=self.storage, outbox=DirectOutbox(self.producer, self.storage.mark_notified),
+            key_strategy=s.key_strategy, ai=self._client(s.ai_url, concurrency, spec),
             claim_lease_s=s.claim_lease_s,
             windows=WindowPool(concurrency) if s.member.mode == "flow" else None,
         )
@@ -286,12 +287,12 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
         kafka=kafka.of(stage), profile=config.profile, time_scale=config.time_scale,
         group_protocol=config.group_protocol, batch_size=stage_cfg.batch_size,
         window=stage_cfg.window, buffer=4 * stage_cfg.window,
-        revoke_deadline_s=config.shutdown_deadline_s, stats_interval_ms=config.stats_interval_ms)
+        revoke_deadline_s=config.shutdown_deadline_s, stats_interval_ms=config.stats_interval_ms,
+        exactly_once=config.exactly_once, producer_batch_records=config.producer_batch_records(stage))
     work = topics.spec.stages[stage].work
     return FleetSettings(
         member=member, members=stage_cfg.members, prefix=topics.prefix, database_url=database_url,
         pipeline=config.pipeline, key_strategy=config.key_strategy,
-        producer_batch_records=config.producer_batch_records(stage),
         ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
         ai_endpoint=work.endpoint if isinstance(work, HttpWork) else "",
         ai_timeout_s=config.ai_timeout(stage),

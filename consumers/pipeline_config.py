@@ -72,6 +72,9 @@ class PipelineConfig:
     backoff_base_s: float | None = None
     stats_interval_ms: int = 0
     shutdown_deadline_s: float = 30.0
+    # Each stage's outputs and the input offsets they answer commit in one Kafka transaction, so
+    # a read_committed reader sees every output once, even after a member died mid-burst.
+    exactly_once: bool = False
 
     @property
     def spec(self) -> pipeline_spec.PipelineSpec:

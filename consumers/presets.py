@@ -10,6 +10,8 @@ flow         UUID keys and the flow-controlled consumer: a few members whose win
              concurrency, so records that wait on writing their result or on an acknowledged
              send never idle an AI slot
 flow-kip848  `flow` with the KIP-848 consumer group protocol (`group.protocol=consumer`)
+flow-exactly-once  `flow` whose stages send their outputs and commit their offsets in one Kafka
+             transaction per member and commit interval (`consumers.outbox`)
 flow-adaptive  `flow` told nothing of the AI concurrency: each fleet discovers its endpoint's
              limit while calling it (`consumers.concurrency_limit`); the members' windows only
              cap it at ADAPTIVE_CEILING calls
@@ -27,7 +29,7 @@ from typing import Any
 from consumers import pipeline_spec
 from consumers.pipeline_config import PipelineConfig, StageConfig
 
-NAMES = ("baseline", "tuned", "flow", "flow-kip848", "flow-adaptive", "share")
+NAMES = ("baseline", "tuned", "flow", "flow-kip848", "flow-exactly-once", "flow-adaptive", "share")
 ADAPTIVE_CEILING = 256  # calls in flight per AI stage, far above the published limits
 # Records in flight per AI call allowed. A record holds its place in the window for its call and
 # then while its result is written and its sends are acknowledged (Little's law: records in
@@ -115,6 +117,7 @@ def build(name: str, p: PresetParams) -> PipelineConfig:
         "tuned": common.with_stages(**ai_stages(StageConfig("bounded", members=members, batch_size=1))),
         "flow": flow,
         "flow-kip848": replace(flow, group_protocol="consumer"),
+        "flow-exactly-once": replace(flow, exactly_once=True),
         "flow-adaptive": common.with_stages(**ai_stages(StageConfig(
             "flow", members=p.flow_members, window=ADAPTIVE_CEILING // p.flow_members, adaptive=True))),
         "share": common.with_stages(**ai_stages(StageConfig(

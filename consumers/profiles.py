@@ -103,6 +103,11 @@ PROFILES: dict[str, Profile] = {
 MAX_POLL_INTERVAL_MS = 300_000
 SESSION_TIMEOUT_MS = 45_000
 HEARTBEAT_INTERVAL_MS = 3_000
+# How long a member's open transaction may last before the coordinator aborts it (exactly-once
+# outputs, `consumers.outbox`): a transaction spans one commit interval's outputs, so seconds are
+# plenty, and a member that died mid-transaction and is not restarted (a restart fences it at
+# once) holds `read_committed` readers of its outputs back no longer than this.
+TRANSACTION_TIMEOUT_MS = 10_000
 # Share groups: the broker's defaults (`group.share.*`). The delivery count limit is a broker
 # setting only, not a group one; a group's record lock must stay within the broker's bounds.
 SHARE_RECORD_LOCK_MS = 30_000
@@ -162,6 +167,9 @@ def consumer_config(profile: str, kafka: KafkaConnection, group_id: str, *, mode
         "group.protocol": group_protocol,
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
+        # the outputs of a stage's aborted transactions are never seen (librdkafka's default,
+        # said here because Java's is the opposite)
+        "isolation.level": "read_committed",
         "max.poll.interval.ms": scaled(MAX_POLL_INTERVAL_MS, time_scale, 1000),
     })
     if group_protocol == "classic":

@@ -7,7 +7,8 @@ Every stage of every pipeline runs the same steps:
 2. a join stage stops here until every field it waits for is on the row;
 3. the work: none, a Python callable, or an AI call;
 4. record the result, once, with the status its routes give the request;
-5. send the outcome to every route whose condition holds, and wait for the acknowledgements.
+5. hand the outcome for every route whose condition holds to the outbox (`consumers.outbox`):
+   sent and acknowledged now, or in the transaction that commits the record's offset.
 
 At most one AI call per (pipeline, key, stage): before calling, the stage claims the triple in
 PostgreSQL as it takes the request (`Storage.take` with a `CallClaim`), so a second copy of the
@@ -36,26 +37,28 @@ from typing import Any
 from consumers import pipeline_spec
 from consumers.ai_client import AIBadAnswer, AIClient, AIUnavailable, AIWaiting, EndpointDown, Try
 from consumers.concurrency_limit import NOT_SENT
-from consumers.events import InvalidEvent, Topics
+from consumers.events import InvalidEvent, Topics, encode
 from consumers.failures import ClaimHeld, Transient, WorkFailed
 from consumers.http_work import RenderError
+from consumers.outbox import Outbox, Outgoing
 from consumers.pipeline_spec import HttpWork, PythonWork, Route, StageSpec
-from consumers.producer import KeyedProducer
+from consumers.producer import key_for
 from consumers.storage import CallClaim, Claim, Ended, Key, Origin, Status, Storage
 from consumers.window_pool import WindowPool
 
-DELIVERY_TIMEOUT_S = 30.0
 TEMPLATE_FAILED = "request_template"  # the dead letter's reason: the event lacks what the request needs
 
 
 @dataclass
 class StageContext:
-    """Everything a stage handler needs; shared by the members of one fleet."""
+    """Everything a stage handler needs; shared by the members of one fleet (a member whose
+    outputs go out in its own transactions has a copy with its own `outbox`)."""
 
     stage: str
     topics: Topics
     storage: Storage
-    producer: KeyedProducer
+    outbox: Outbox
+    key_strategy: str = "uuid"  # keys of the events the stage sends downstream
     ai: AIClient | None = None  # the stage's endpoint, when its work is an AI call
     claim_lease_s: float = 30.0  # longer than one try plus the backoff before the next
     windows: WindowPool | None = None  # flow: the members' windows, pooled
@@ -78,14 +81,9 @@ class StageContext:
         rank = 2 * self.topics.spec.stage_names.index(self.stage) + int(route)
         return Status(name, rank, settles=name in pipeline_spec.TERMINAL_STATUSES)
 
-    def send(self, *outgoing: tuple[str, dict[str, Any]]) -> None:
-        """Send each (topic, event) downstream, then wait for every acknowledgement: a record
-        only completes after them. All are sent before the first is waited for: waiting for each
-        in turn held a record one acknowledgement per route (a stage that feeds the next and
-        tells the bot waited for two, one after the other)."""
-        pending = [self.producer.send(self.topics.name(topic), event) for topic, event in outgoing]
-        for delivery in pending:
-            delivery.result(DELIVERY_TIMEOUT_S)
+    def outgoing(self, topic: str, event: dict[str, Any]) -> Outgoing:
+        """The record that carries `event` to the pipeline's topic `topic`."""
+        return Outgoing(self.topics.name(topic), encode(event), key_for(self.key_strategy, event))
 
 
 @dataclass
@@ -99,7 +97,6 @@ class RecordState:
     tries: list[Try] = field(default_factory=list)
     unwritten: list[Ended] = field(default_factory=list)  # tries whose attempt rows are not completed
     recorded_first: bool = False  # this handling recorded the stage's result
-    dead_letter_sent: bool = False
     skipped_duplicate: bool = False
 
 
@@ -125,10 +122,9 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
     state.recorded_first = ctx.storage.record_result(key, ctx.stage, state.result, origin, status,
                                                      ctx.entry, state.unwritten) or state.recorded_first
     state.unwritten.clear()
-    ctx.send(*[(route.to, message(route, ctx.topics.spec.key, key, outcome))
-               for route in routes if state.recorded_first or not route.once])
-    if status is not None and status.settles:
-        ctx.storage.mark_notified(key)
+    ctx.outbox.deliver(origin, [ctx.outgoing(route.to, message(route, ctx.topics.spec.key, key, outcome))
+                                for route in routes if state.recorded_first or not route.once],
+                       key if status is not None and status.settles else None)
 
 
 def message(route: Route, key_field: str, key: Key, outcome: dict[str, Any]) -> dict[str, Any]:

@@ -298,7 +298,10 @@ class Storage:
         """A stage's result, once, with what it does to the request row (the kept fields, the
         status, an entry stage's count) and the endings of the tries that got it (`ended`, see
         `end_attempts`), in one statement (atomic as a transaction, one round trip instead of
-        five); True when this call recorded the result, False for a duplicate."""
+        five). True when this record holds the result: recorded now, or by an earlier handling
+        of the same record (topic, partition, offset) that ended before sending its outputs, so
+        a route sent `once` goes out with the handling that completes that record; False for
+        another record of the same request."""
         with self._tx(atomic=False) as cur:
             cur.execute(
                 f"WITH ended AS ({_END_ATTEMPTS}), "
@@ -311,7 +314,9 @@ class Storage:
                 "finished_at = CASE WHEN %(settles)s AND NOT requests.status = ANY(%(settled)s) "
                 f"THEN now() ELSE finished_at END, {_FORWARD} "
                 "WHERE pipeline = %(p)s AND request_id = %(r)s AND EXISTS (SELECT FROM first)) "
-                "SELECT EXISTS (SELECT FROM first)",
+                "SELECT EXISTS (SELECT FROM first) OR EXISTS (SELECT FROM stage_results WHERE "
+                "pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s AND topic = %(topic)s "
+                "AND kafka_partition = %(partition)s AND kafka_offset = %(offset)s)",
                 {**_row_of(key, stage, origin), "result": None if result is None else json.dumps(result),
                  "fields": json.dumps(result or {}), "entry": int(entry),
                  "settles": bool(status and status.settles),
@@ -320,11 +325,16 @@ class Storage:
                  "settled": list(TERMINAL_STATUSES), **_ended(ended)})
             return cur.fetchone()[0]
 
-    def mark_notified(self, key: Key) -> None:
-        """The settling route's messages were acknowledged: the end of the request's latency."""
+    def mark_notified(self, *keys: Key) -> None:
+        """The settling routes' messages were acknowledged (or their transaction committed):
+        the end of the requests' latency."""
+        if not keys:
+            return
         with self._tx(atomic=False) as cur:
-            cur.execute("UPDATE requests SET notified_at = coalesce(notified_at, now()) "
-                        "WHERE pipeline = %s AND request_id = %s", (key.pipeline, key.request_id))
+            cur.execute("UPDATE requests r SET notified_at = coalesce(r.notified_at, now()) "
+                        "FROM unnest(%s::text[], %s::text[]) AS k(pipeline, request_id) "
+                        "WHERE r.pipeline = k.pipeline AND r.request_id = k.request_id",
+                        ([k.pipeline for k in keys], [k.request_id for k in keys]))
 
     def start_attempt(self, key: Key, stage: str, origin: Origin, owner: str, lease_s: float,
                       attempt: int, started: float) -> int:

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 
 from consumers.kafka_connection import KafkaConnection
@@ -31,6 +32,7 @@ TOOLS = {
     "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
     "producer-perf": "org.apache.kafka.tools.ProducerPerformance",
     "console-producer": "org.apache.kafka.tools.ConsoleProducer",
+    "console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
     "consumer-perf": "org.apache.kafka.tools.ConsumerPerformance",
     "get-offsets": "org.apache.kafka.tools.GetOffsetShell",
 }
@@ -67,6 +69,30 @@ def connection_args(connection: KafkaConnection | None, args: tuple[str, ...]) -
         file.write(properties(java))
         file.flush()
         yield [*extra, "--command-config", file.name]
+
+
+def topic_values(connection: KafkaConnection, topics: list[str], isolation: str = "read_committed",
+                 idle_ms: int = 10_000) -> dict[str, list[str]]:
+    """Every value of each topic as Kafka's own console consumer reads it with `isolation`
+    (`read_committed`: what a downstream service sees; `read_uncommitted`: every record written,
+    aborted transactions' too), one consumer per topic, all at once; each stops after `idle_ms`
+    without a record. Values are UTF-8 text, one per line (the pipelines' events are one-line JSON)."""
+    with contextlib.ExitStack() as cleanup:
+        processes: dict[str, subprocess.Popen[str]] = {}
+        for topic in topics:
+            args = ("--topic", topic, "--from-beginning", "--isolation-level", isolation,
+                    "--timeout-ms", str(idle_ms), "--group", f"read-{isolation}-{uuid.uuid4().hex[:8]}")
+            extra = cleanup.enter_context(connection_args(connection, args))
+            processes[topic] = cleanup.enter_context(subprocess.Popen(
+                command("console-consumer", *args, *extra), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True))
+        values = {}
+        for topic, process in processes.items():
+            out, err = process.communicate(timeout=idle_ms / 1000 + 120)
+            if process.returncode != 0 or "Processed a total of" not in err:
+                raise RuntimeError(f"console consumer of {topic} exited {process.returncode}: {err[-2000:]}")
+            values[topic] = out.splitlines()
+        return values
 
 
 def main() -> None:

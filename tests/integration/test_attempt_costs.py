@@ -56,7 +56,7 @@ def call(storage: Storage, client: AIClient, key: Key, i: int) -> bool:
     reply or has had its own tries (False)."""
     origin = Origin(f"{STAGE}-0", "costs.tickets", 0, i)
     state = stages.RecordState()
-    ctx = stages.StageContext(stage=STAGE, topics=None, storage=storage, producer=None)  # type: ignore[arg-type]
+    ctx = stages.StageContext(stage=STAGE, topics=None, storage=storage, outbox=None)  # type: ignore[arg-type]
     payload = {"model": "small", "user": key.request_id, "max_tokens": 40,
                "messages": [{"role": "system", "content": "Answer support tickets briefly."},
                             {"role": "user", "content": message(i)}]}

@@ -27,6 +27,7 @@ from consumers import pipeline_spec
 from consumers.consumer import Member, MemberSettings
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
+from consumers.outbox import Outgoing
 from consumers.producer import DeliveryError
 from consumers.storage import Key
 from consumers.window_pool import WindowPool
@@ -179,10 +180,8 @@ class Sink:
     def __init__(self) -> None:
         self.sent: list[Any] = []
 
-    def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
-        self.sent.append(topic)
-        done = SimpleNamespace(result=lambda timeout=None: (0, 0))
-        return done
+    def deliver(self, origin: Any, outgoing: list[Outgoing], settles: Any) -> None:
+        self.sent.extend(record.topic for record in outgoing)
 
 
 @pytest.fixture
@@ -202,9 +201,9 @@ def make_member(mode: str, sink: Sink, windows: WindowPool | None = None) -> Mem
     storage = SimpleNamespace(record_rebalance=lambda *a: None, record_stats=lambda *a: None,
                               record_dead_letter=lambda *a: sink.sent.append("table"))
     topics = Topics("unit", pipeline_spec.load("genai_image"))
-    ctx = SimpleNamespace(topics=topics, storage=storage, producer=sink, entry=True, ai=None, windows=windows,
+    ctx = SimpleNamespace(topics=topics, storage=storage, outbox=sink, entry=True, ai=None, windows=windows,
                           key=lambda event: Key("genai_image", event["request_id"], event["run_id"]),
-                          send=lambda *outgoing: None)
+                          outgoing=lambda topic, event: Outgoing(topic, b"{}"))
     settings = MemberSettings(run_id="r", stage="check", mode=mode, group_id="g",
                               kafka=KafkaConnection.plain("unused"), time_scale=0.02, window=4, buffer=8,
                               batch_size=1, commit_interval_s=0.01,

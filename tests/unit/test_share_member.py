@@ -27,6 +27,7 @@ from consumers.ai_client import AIUnavailable
 from consumers.consumer import MemberSettings
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
+from consumers.outbox import Outgoing
 from consumers.share_member import ShareMember
 from consumers.storage import Key
 from tests.unit.test_member_delivery import FakeMessage, Script, database_down, defect, wait_for
@@ -101,10 +102,11 @@ class DeadLetters:
         self.sent: dict[int, str] = {}
         self.stored: dict[int, str] = {}
 
-    def send(self, topic: str, value: bytes, key: bytes | None, headers: list) -> Any:
-        found = dict(headers)
-        self.sent[int(found["source_offset"])] = found["reason"].decode()
-        return SimpleNamespace(result=lambda timeout=None: None)
+    def deliver(self, origin: Any, outgoing: list[Outgoing], settles: Key | None) -> None:
+        for record in outgoing:
+            if record.headers is not None:  # the letter; the failure notice has none
+                found = dict(record.headers)
+                self.sent[int(found["source_offset"])] = found["reason"].decode()
 
     def record(self, pipeline: str, run_id: str, key: Key | None, stage: str, reason: str, origin: Any,
                payload: bytes | None, entry: bool, kafka_key: bytes | None = None) -> None:
@@ -148,9 +150,9 @@ def make_member(dead: DeadLetters, group_events: list[tuple[str, list[str]]]) ->
                                   (event, parts)),
                               record_stats=lambda *a: None, record_dead_letter=dead.record)
     ctx = SimpleNamespace(topics=Topics("unit", pipeline_spec.load("genai_image")), storage=storage,
-                          producer=dead, entry=True, ai=None,
+                          outbox=dead, entry=True, ai=None,
                           key=lambda event: Key("genai_image", event["request_id"], event["run_id"]),
-                          send=lambda *outgoing: None)
+                          outgoing=lambda topic, event: Outgoing(topic, b"{}"))
     settings = MemberSettings(run_id="r", stage="check", mode="share", group_id="unit.check",
                               kafka=KafkaConnection.plain("unused"), time_scale=0.02, window=WINDOW)
     return ShareMember("check-0", settings, ctx)

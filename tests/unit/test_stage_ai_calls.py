@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 from collections import deque
-from concurrent.futures import Future
 from typing import Any
 
 import psycopg2
@@ -32,6 +32,7 @@ from consumers.ai_client import (
 )
 from consumers.circuit import Circuit
 from consumers.failures import POISON, TRANSIENT, ClaimHeld, Verdict, classify
+from consumers.outbox import Outgoing
 from consumers.storage import CallClaim, Claim, Ended, Key, Origin, Status
 from tests import bad_input
 
@@ -148,19 +149,19 @@ class FakeStorage:
 
 
 class Sent:
+    """An outbox that keeps what each record handed over: (topic, event) pairs."""
+
     def __init__(self) -> None:
         self.events: list[tuple[str, dict]] = []
 
-    def __call__(self, *outgoing: tuple[str, dict]) -> None:
-        self.events.extend(outgoing)
+    def deliver(self, origin: Origin, outgoing: list[Outgoing], settles: Key | None) -> None:
+        self.events.extend((o.topic.removeprefix("p."), json.loads(o.value)) for o in outgoing)
 
 
 def context(spec: pipeline_spec.PipelineSpec, stage: str, storage: FakeStorage,
             client: ScriptedClient) -> stages.StageContext:
-    ctx = stages.StageContext(stage=stage, topics=events.Topics("p", spec), storage=storage,  # type: ignore[arg-type]
-                              producer=None, ai=client)  # type: ignore[arg-type]
-    ctx.send = Sent()  # type: ignore[method-assign]
-    return ctx
+    return stages.StageContext(stage=stage, topics=events.Topics("p", spec), storage=storage,  # type: ignore[arg-type]
+                               outbox=Sent(), ai=client)
 
 
 def handle(ctx: stages.StageContext, state: stages.RecordState,
@@ -329,7 +330,7 @@ def test_an_answer_received_before_a_database_outage_is_stored_without_calling_a
     assert handle(ctx, state) is None
     assert client.sent == 1 and storage.claims == 1  # the retries neither claim nor call again
     assert len(storage.results) == 1
-    assert [topic for topic, _ in ctx.send.events] == ROUTED[spec.name, stage]  # type: ignore[attr-defined]
+    assert [topic for topic, _ in ctx.outbox.events] == ROUTED[spec.name, stage]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(("claim", "expected"),
@@ -344,33 +345,6 @@ def test_a_claimed_or_finished_request_is_not_called(ai_stage: tuple, claim: Cla
     if expected is None:
         assert failure is None and storage.claims == 1
         assert storage.results == [{"recorded": "before"}]
-        assert [topic for topic, _ in ctx.send.events] == ROUTED[spec.name, stage]  # re-sent downstream
+        assert [topic for topic, _ in ctx.outbox.events] == ROUTED[spec.name, stage]  # re-sent downstream
     else:
         assert isinstance(failure, expected) and classify(failure).kind == TRANSIENT
-
-
-class AckedTogether:
-    """A producer whose sends are acknowledged only once `expected` of them were sent."""
-
-    def __init__(self, expected: int) -> None:
-        self.expected = expected
-        self.futures: list[Future] = []
-
-    def send(self, topic: str, event: dict) -> Future:
-        self.futures.append(Future())
-        if len(self.futures) == self.expected:
-            for i, future in enumerate(self.futures):
-                future.set_result((0, i))
-        return self.futures[-1]
-
-
-def test_a_record_sends_every_route_before_waiting_for_the_acknowledgements(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # Had the first send been waited for before the second was sent, its acknowledgement (which
-    # comes only with the second) would never arrive.
-    monkeypatch.setattr(stages, "DELIVERY_TIMEOUT_S", 0.5)
-    producer = AckedTogether(expected=2)
-    ctx = stages.StageContext(stage="check", topics=events.Topics("p", pipeline_spec.load("genai_image")),
-                              storage=None, producer=producer)  # type: ignore[arg-type]
-    ctx.send(("generate", {"request_id": "r"}), ("notify", {"request_id": "r"}))
-    assert [f.result(0) for f in producer.futures] == [(0, 0), (0, 1)]

@@ -1,0 +1,221 @@
+"""Where a stage's outputs go: straight to Kafka, or into the member's next transaction.
+
+A record's outputs (its routes' events, its dead letter and failure notice) are handed over
+once its handling is done, all at once, with the key of the request they settle, if any.
+
+`DirectOutbox` (at least once) sends them through the fleet's shared producer and waits for
+every acknowledgement; a member that dies between the sends and its offset commit sends them
+again when the record is consumed again, so a reader may see an output twice.
+
+`TransactionalOutbox` (exactly once for a `read_committed` reader, KIP-98 and KIP-447) keeps
+them until the member commits the input offsets they answer, then produces them and commits
+those offsets in one transaction of the member's own producer, with the consumer group's
+metadata, so a member fenced by a rebalance cannot commit. Only the outputs of records below the
+committed positions go in: a record completed past a position (one below it still in flight)
+waits, so outputs never run ahead of offsets, and a record handled again after a crash or a
+rebalance sends its outputs in the transaction that commits it, never in one that did not.
+A record's hand-over replaces what an earlier try of the same record handed over: one record,
+one set of outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from consumers import failures, profiles
+from consumers.kafka_connection import KafkaConnection
+from consumers.producer import KeyedProducer
+from consumers.storage import Key, Origin
+
+log = logging.getLogger(__name__)
+
+DELIVERY_TIMEOUT_S = 30.0
+Position = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One record to produce, ready to send (topic name, bytes, key, headers)."""
+
+    topic: str
+    value: bytes
+    key: bytes | None = None
+    headers: list[tuple[str, bytes]] | None = None
+
+
+class Outbox(Protocol):
+    def deliver(self, origin: Origin, outgoing: list[Outgoing], settles: Key | None) -> None:
+        """Hand over a record's outputs; `settles` is the request they settle, if any."""
+
+
+class DirectOutbox:
+    """Send at once and wait for every acknowledgement; then the request is notified."""
+
+    def __init__(self, producer: KeyedProducer, notified: Callable[..., None]) -> None:
+        self._producer = producer
+        self._notified = notified
+
+    def deliver(self, origin: Origin, outgoing: list[Outgoing], settles: Key | None) -> None:
+        # All are sent before the first is waited for: a stage that feeds the next and tells
+        # the bot would otherwise wait for two acknowledgements one after the other.
+        pending = [self._producer.send(o.topic, value=o.value, key=o.key, headers=o.headers)
+                   for o in outgoing]
+        for delivery in pending:
+            delivery.result(DELIVERY_TIMEOUT_S)
+        if settles is not None:
+            self._notified(settles)
+
+
+class TransactionFenced(RuntimeError):
+    """Another producer with the member's transactional id started: this one is a zombie."""
+
+
+@dataclass
+class _Handed:
+    outgoing: list[Outgoing]
+    settles: Key | None
+
+
+class TransactionalOutbox:
+    """The member's transactional producer and the outputs waiting for their offsets' commit.
+
+    Workers hand outputs over (`deliver`); the member's poll loop commits (`commit`), the only
+    thread that touches the producer.
+    """
+
+    def __init__(self, kafka: KafkaConnection, profile: str, transactional_id: str,
+                 notified: Callable[..., None], *, transaction_timeout_ms: int,
+                 batch_records: int | None = None) -> None:
+        config = profiles.producer_config(profile, kafka, batch_records=batch_records,
+                                          **{"transactional.id": transactional_id,
+                                             "transaction.timeout.ms": transaction_timeout_ms})
+        self._producer = Producer(config)
+        self._notified = notified
+        self._lock = threading.Lock()
+        self._handed: dict[Position, dict[int, _Handed]] = {}
+        self._unmarked: list[Key] = []  # committed, notified_at not written yet (database down)
+        self.transactions = 0
+        self.aborted = 0
+        # Fences an earlier producer of this id (a member that died mid-transaction): its open
+        # transaction is aborted now rather than holding read_committed readers until it times out.
+        self._producer.init_transactions(DELIVERY_TIMEOUT_S)
+
+    def deliver(self, origin: Origin, outgoing: list[Outgoing], settles: Key | None) -> None:
+        with self._lock:
+            self._handed.setdefault((origin.topic, origin.partition), {})[origin.offset] = \
+                _Handed(list(outgoing), settles)
+
+    def waiting(self) -> int:
+        """Records whose outputs wait for their offsets' commit."""
+        with self._lock:
+            return sum(len(by_offset) for by_offset in self._handed.values())
+
+    def drop(self, tps: Iterable[Position]) -> None:
+        """Forget the outputs of partitions the member no longer owns: the records will be
+        handled again by their next owner, who sends their outputs."""
+        with self._lock:
+            for tp in tps:
+                self._handed.pop(tp, None)
+
+    def commit(self, positions: dict[Position, int], consumer: Consumer) -> bool:
+        """Produce the outputs of the records below `positions` and commit those positions, in
+        one transaction. False when the transaction was aborted (the group moved on, or the
+        cluster failed it): nothing of it is visible, the outputs stay handed over and the
+        positions uncommitted, for the next commit or the partitions' next owner."""
+        if not positions:
+            return True
+        taken = self._take(positions)
+        try:
+            self._producer.begin_transaction()
+            for handed in taken.values():
+                for o in handed.outgoing:
+                    self._produce(o)
+            self._producer.send_offsets_to_transaction(
+                [TopicPartition(t, p, o) for (t, p), o in positions.items()],
+                consumer.consumer_group_metadata(), DELIVERY_TIMEOUT_S)
+            self._commit_transaction()
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.fatal():
+                raise TransactionFenced(f"transactional producer unusable: {error}") from exc
+            if not error.txn_requires_abort() and not error.retriable():
+                raise
+            log.warning("transaction of %s aborted: %s", sorted(positions), error)
+            self._abort()
+            self._give_back(taken)
+            return False
+        self.transactions += 1
+        self._mark_notified([h.settles for h in taken.values() if h.settles is not None])
+        return True
+
+    def close(self) -> None:
+        """An open transaction cannot be left behind: `commit` always ends the one it began."""
+        self._producer.flush(DELIVERY_TIMEOUT_S)
+
+    # ----------------------------------------------------------------- inside
+    def _take(self, positions: dict[Position, int]) -> dict[tuple[str, int, int], _Handed]:
+        """Remove and return the outputs of the records below the positions, in offset order."""
+        taken: dict[tuple[str, int, int], _Handed] = {}
+        with self._lock:
+            for tp, position in positions.items():
+                by_offset = self._handed.get(tp, {})
+                for offset in sorted(o for o in by_offset if o < position):
+                    taken[(*tp, offset)] = by_offset.pop(offset)
+        return taken
+
+    def _give_back(self, taken: dict[tuple[str, int, int], _Handed]) -> None:
+        """Outputs of an aborted transaction wait again, unless a newer try replaced them."""
+        with self._lock:
+            for (topic, partition, offset), handed in taken.items():
+                self._handed.setdefault((topic, partition), {}).setdefault(offset, handed)
+
+    def _produce(self, o: Outgoing) -> None:
+        while True:
+            try:
+                self._producer.produce(o.topic, value=o.value, key=o.key, headers=o.headers)
+                return
+            except BufferError:
+                self._producer.poll(0.05)  # local queue full: let deliveries drain, then retry
+
+    def _commit_transaction(self) -> None:
+        """Commit, retrying what the client says may be retried (a slow coordinator)."""
+        while True:
+            try:
+                self._producer.commit_transaction(DELIVERY_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                if not exc.args[0].retriable():
+                    raise
+
+    def _abort(self) -> None:
+        self.aborted += 1
+        try:
+            self._producer.abort_transaction(DELIVERY_TIMEOUT_S)
+        except KafkaException as exc:
+            if exc.args[0].fatal():
+                raise TransactionFenced(f"transactional producer unusable: {exc.args[0]}") from exc
+            raise
+
+    def _mark_notified(self, keys: list[Key]) -> None:
+        """The committed outputs are visible: their requests' latency ends now. A database
+        outage keeps them for the next commit (the figure is a measurement, not a state)."""
+        pending = self._unmarked + keys
+        try:
+            self._notified(*pending)
+            self._unmarked = []
+        except Exception as exc:
+            if failures.classify(exc).kind != failures.TRANSIENT:
+                raise
+            self._unmarked = pending
+
+
+def transactional_id(group_id: str, member: str) -> str:
+    """Stable across restarts of the same member, so a restarted member fences its predecessor."""
+    return f"{group_id}.{member}"
+
