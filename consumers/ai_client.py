@@ -188,8 +188,9 @@ class CallObserver(Protocol):
     """Told before each try is sent and after it ends, so every try is on record even when
     the process dies in between; raising from `started` stops the try from being sent.
 
-    `started` runs before the try waits for the limiter's permit, so that recording it never
-    holds an AI slot; the `Try` it ends with carries the moment it was actually sent."""
+    `started` runs once the try holds its permit and budget, right before it is sent: a try
+    counts as a call (one the provider may bill) from then, as the provider counts it, not while
+    it waits for a permit, where a crash leaves nothing sent."""
 
     def started(self, attempt: int, at: float) -> None: ...
 
@@ -266,8 +267,6 @@ class AIClient:
         """One try, inside a permit of the limiter when there is one; its outcome, when it was
         sent (epoch s, for the record) and how long it took (on the steady clock: the wall
         clock jumps, and a step mid-call would make a latency of an hour, or a negative one)."""
-        if observer is not None:
-            observer.started(attempt, time.time())
         budget = self.rate_budget
         estimate = None
         if budget is not None:
@@ -277,6 +276,8 @@ class AIClient:
         permit = self.limiter.renew(self.limiter.acquire()) if self.limiter is not None else None
         reply = Reply(None, {}, NOT_SENT)
         try:
+            if observer is not None:
+                observer.started(attempt, time.time())
             started, sent = time.time(), time.monotonic()
             reply = self._post(payload)
             took = time.monotonic() - sent

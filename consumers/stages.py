@@ -171,8 +171,8 @@ def _python_result(work: PythonWork, max_attempts: int, event: dict[str, Any],
 
 @dataclass
 class _AttemptLog:
-    """Writes each try's row before it is sent (renewing the claim) and keeps its ending. The
-    first try's row was written with the claim (`_ids` starts with it)."""
+    """Puts each try on record as sent right before it is sent (renewing the claim) and keeps
+    its ending. The first try's row was written with the claim (`_ids` starts with it)."""
 
     ctx: StageContext
     key: Key
@@ -181,10 +181,9 @@ class _AttemptLog:
     _ids: dict[int, int]
 
     def started(self, attempt: int, at: float) -> None:
-        if attempt not in self._ids:
-            self._ids[attempt] = self.ctx.storage.start_attempt(
-                self.key, self.ctx.stage, self.origin, self.state.owner, self.ctx.claim_lease_s,
-                attempt, at)
+        self._ids[attempt] = self.ctx.storage.start_attempt(
+            self.key, self.ctx.stage, self.origin, self.state.owner, self.ctx.claim_lease_s,
+            attempt, at, row=self._ids.get(attempt))
 
     def ended(self, attempt: Try) -> None:
         self.state.tries.append(attempt)

@@ -158,6 +158,9 @@ _TAKE = ("INSERT INTO requests (pipeline, request_id, run_id, status, status_ran
          "produced_at = least(requests.produced_at, EXCLUDED.produced_at), "
          f"{_FORWARD} RETURNING fields")
 
+# The outcome of the first try's row while it waits for its permit: not a call (figures count
+# 'started' and 'ok' rows as calls, measure.figures.CALL_OUTCOMES), so a crash meanwhile is none.
+QUEUED = "queued"
 # A try's attempt row (`_row_of`'s parameters, %(attempt)s, %(sent)s), one per row of {source}.
 _START_ATTEMPT = (
     "INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
@@ -168,7 +171,8 @@ _START_ATTEMPT = (
 # _TAKE, then the claim of (key, stage) unless its result is recorded (`done`: the skip is on
 # record then) or the fields of %(join)s are not all on the row yet. The claim is %(o)s's when
 # nobody holds it, when %(o)s holds it already, or when the holder's lease has expired (a member
-# that died mid-call): then it is taken over. A claim won writes the first try's attempt row.
+# that died mid-call): then it is taken over. A claim won writes the first try's attempt row,
+# QUEUED until the try is sent (`start_attempt`).
 _TAKE_AND_CLAIM = (
     f"WITH taken AS ({_TAKE}), "
     "done AS (SELECT coalesce(result, '{}'::jsonb) AS result FROM stage_results "
@@ -183,7 +187,7 @@ _TAKE_AND_CLAIM = (
     "takeovers = stage_claims.takeovers + (stage_claims.owner <> EXCLUDED.owner)::int "
     "WHERE stage_claims.owner = EXCLUDED.owner OR stage_claims.lease_until < now() "
     "RETURNING 1), "
-    "first AS (" + _START_ATTEMPT.format(attempt=1, ended="NULL", outcome="started", source="claimed") + "), "
+    "first AS (" + _START_ATTEMPT.format(attempt=1, ended="NULL", outcome=QUEUED, source="claimed") + "), "
     "own AS (SELECT count(*) AS n FROM ai_attempts WHERE pipeline = %(p)s AND request_id = %(r)s "
     "AND stage = %(s)s AND redrive = %(round)s AND own_failure) "
     "SELECT (SELECT fields FROM taken), (SELECT result FROM done), (SELECT id FROM first), "
@@ -337,25 +341,28 @@ class Storage:
                         ([k.pipeline for k in keys], [k.request_id for k in keys]))
 
     def start_attempt(self, key: Key, stage: str, origin: Origin, owner: str, lease_s: float,
-                      attempt: int, started: float) -> int:
-        """Renew the claim and write the attempt row before the try is sent; the row's id.
+                      attempt: int, started: float, row: int | None = None) -> int:
+        """Renew the claim and put the try on record as sent, right before it is sent: the first
+        try's `row` (written QUEUED with the claim) becomes 'started', a later try gets a row of
+        its own. The row's id.
 
         Raises `ClaimLost` when the lease expired and another member took the claim over: the
         try is then not sent, and the record waits for that member's result.
         """
+        renew = ("WITH renewed AS (UPDATE stage_claims "
+                 "SET lease_until = now() + make_interval(secs => %(l)s) WHERE pipeline = %(p)s "
+                 "AND request_id = %(r)s AND stage = %(s)s AND owner = %(o)s RETURNING 1) ")
+        write = ("UPDATE ai_attempts SET outcome = 'started', started_at = %(sent)s WHERE id = %(id)s "
+                 "AND EXISTS (SELECT FROM renewed) RETURNING id" if row is not None
+                 else _START_ATTEMPT.format(attempt="%(attempt)s", ended="NULL", outcome="started",
+                                            source="renewed"))
         with self._tx(atomic=False) as cur:
-            cur.execute(
-                "WITH renewed AS (UPDATE stage_claims SET lease_until = now() + make_interval(secs => %(l)s) "
-                "WHERE pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s AND owner = %(o)s "
-                "RETURNING 1) "
-                + _START_ATTEMPT.format(attempt="%(attempt)s", ended="NULL", outcome="started",
-                                        source="renewed"),
-                {**_row_of(key, stage, origin), "l": lease_s, "o": owner, "attempt": attempt,
-                 "sent": ts(started)})
-            row = cur.fetchone()
-            if row is None:
+            cur.execute(renew + write, {**_row_of(key, stage, origin), "l": lease_s, "o": owner,
+                                        "attempt": attempt, "sent": ts(started), "id": row})
+            found = cur.fetchone()
+            if found is None:
                 raise ClaimLost(f"{stage} claim of {key.request_id} taken over by another member")
-            return row[0]
+            return found[0]
 
     def end_attempts(self, ended: Sequence[Ended]) -> None:
         """Complete the attempt rows of tries that got no result (a result completes its own

@@ -115,10 +115,15 @@ class FakeStorage:
         if call is None:
             return fields, None
         self.claims += 1
-        return fields, self.claim_answer or Claim(first_attempt=self.start_attempt())
-
-    def start_attempt(self, *args: Any) -> int:
+        if self.claim_answer is not None:
+            return fields, self.claim_answer
         row_id = len(self.attempts) + 1
+        self.attempts[row_id] = ["queued"]
+        return fields, Claim(first_attempt=row_id)
+
+    def start_attempt(self, *args: Any, row: int | None = None) -> int:
+        """The try is sent: the first try's row (the claim's) or a row of its own."""
+        row_id = row if row is not None else len(self.attempts) + 1
         self.attempts[row_id] = ["started"]
         return row_id
 
