@@ -128,7 +128,14 @@ test-fast: venv
 # `serial` ones alone (they stop a service of the stack, or count what a busy machine changes).
 # The gateway's test starts LiteLLM's proxy of its own, from the gateway's environment.
 test: deps gateway-venv
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
 	@STACK=test SECURITY=plaintext SPARK=cluster $(PY) -m infra.stack up --brokers 3 && \
 	  STACK=secure SECURITY=sasl_ssl SPARK=local $(PY) -m infra.stack up --brokers 3; rc=$$?; \
 	if [ $$rc -eq 0 ]; then $(TEST_ENV) && .venv/bin/ruff check . && $(TEST_RUN); rc=$$?; fi; \
 	STACK=secure $(PY) -m infra.stack down; STACK=test $(PY) -m infra.stack down; exit $$rc
+
+# The documentation site (mkdocs.yml, pages in docs/) into .local/site; --strict fails on a broken
+# link or anchor. Nothing is fetched while it builds.
+.PHONY: docs
+docs: venv
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict

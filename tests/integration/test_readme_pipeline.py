@@ -1,5 +1,5 @@
-"""The README's specs (the minimal one, and one of a real model API), loaded from the README
-itself and run against the stack."""
+"""The documentation's specs (the minimal one, and one of a real model API), loaded from its
+page on pipelines (docs/pipelines.md) itself and run against the stack."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ from consumers.pipeline_config import PipelineConfig
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query
 from tests.stack import Stack
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SPECS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "pipelines.md"
 MARKER = "<!-- minimal spec -->"
 
 
 def readme_block(marker: str) -> str:
-    block = README.read_text().split(marker)[1]
+    block = SPECS_PAGE.read_text().split(marker)[1]
     found = re.search(r"```yaml\n(.*?)```", block, re.DOTALL)
-    assert found, f"the README's block {marker} is missing"
+    assert found, f"{SPECS_PAGE.name}'s block {marker} is missing"
     return found.group(1)
 
 
@@ -33,8 +33,8 @@ def readme_spec() -> str:
 
 @pytest.fixture
 def digest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AIService]:
-    """The stand-in serving the shipped specs and the README's, with the pipelines folder being
-    a copy of the project's plus the README's spec."""
+    """The stand-in serving the shipped specs and the documentation's, with the pipelines folder
+    being a copy of the project's plus the documentation's spec."""
     for shipped in pipeline_spec.directory().glob("*.yaml"):
         (tmp_path / shipped.name).write_text(shipped.read_text())
     (tmp_path / "digest.yaml").write_text(readme_spec())
@@ -44,7 +44,7 @@ def digest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AIServic
 
 
 def test_the_readme_spec_is_valid_and_minimal() -> None:
-    spec = pipeline_spec.parse(yaml.safe_load(readme_spec()), "README")
+    spec = pipeline_spec.parse(yaml.safe_load(readme_spec()), "docs/pipelines.md")
     assert spec.stage_names == spec.entry_stages == ("summarize",)
     assert spec.completing_stage == "summarize"
 

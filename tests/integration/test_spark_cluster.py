@@ -1,6 +1,6 @@
 """The analysis jobs on the test stack's Spark standalone master, submitted as the DAGs submit
 them (`SparkSubmitOperator` on `spark_default`), give exactly what `local[*]` gives; and the
-README's `spark-submit` command runs as written."""
+documentation's `spark-submit` command (docs/analysis.md) runs as written."""
 
 from __future__ import annotations
 
@@ -94,10 +94,10 @@ def test_the_jobs_on_the_standalone_master_match_local(cluster_stack: Stack, run
 
 
 def readme_command() -> str:
-    """The README's spark-submit example, exactly as a user would copy it."""
-    text = (REPO / "README.md").read_text()
+    """The documentation's spark-submit example, exactly as a user would copy it."""
+    text = (REPO / "docs" / "analysis.md").read_text()
     block = re.search(r"<!-- spark-submit example -->\n```bash\n(.*?)```", text, re.DOTALL)
-    assert block, "README.md lost its spark-submit example"
+    assert block, "docs/analysis.md lost its spark-submit example"
     return block.group(1)
 
 
