@@ -52,6 +52,8 @@ from consumers import pipeline_spec
 from consumers.capacity import group_lag
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
+from infra.kafka_tools import topic_values
+from measure.figures import beyond_first
 
 RECOVERY_SHARE = 0.9
 FINAL_KINDS = ("result", "rejected", "failed")  # notifications that end a request for the user
@@ -190,6 +192,12 @@ def verdict(record: Mapping[str, Any]) -> list[str]:
         failures.append(f"{record['lost']} lost")
     if record.get("duplicate_results", 0) > 0:
         failures.append(f"{record['duplicate_results']} duplicate results")
+    if record.get("exactly_once") and record.get("duplicate_outputs", 0) > 0:
+        failures.append(f"{record['duplicate_outputs']} output events seen twice by a read_committed reader")
+    if record.get("calls_counted_as_served") and "service_duplicates" in record and \
+            record.get("duplicate_ai_calls") != record["service_duplicates"]:
+        failures.append(f"{record.get('duplicate_ai_calls')} duplicate AI calls by our rows, "
+                        f"{record['service_duplicates']} by the service")
     served_twice, allowed = record.get("service_duplicates", 0), record.get("allowed_service_duplicates", 0)
     if served_twice > allowed:
         failures.append(f"{served_twice} AI calls served twice (allowed {allowed})")
@@ -215,6 +223,18 @@ def verdict(record: Mapping[str, Any]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- Kafka readers
+def committed_outputs(kafka: KafkaConnection, topics: Topics) -> dict[str, dict[str, int]]:
+    """Per topic the stages write: the events Kafka's own console consumer reads `read_committed`
+    (what a downstream service sees), and those beyond the first per (request, kind)."""
+    spec = topics.spec
+    written = sorted({topics.name(t) for stage in spec.stage_names for t in spec.outputs_of(stage)})
+    counted = {}
+    for topic, values in topic_values(kafka, written).items():
+        seen = Counter((event.get(spec.key), event.get("kind")) for event in map(json.loads, values))
+        counted[topic] = {"records": len(values), "duplicates": beyond_first(seen.values())}
+    return counted
+
+
 Record = tuple[bytes | None, dict[str, bytes]]
 
 
@@ -331,6 +351,7 @@ def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_
                        (phase.run_id, len(spec.entry_stages)))[0][0]
     service = {name: {k: service_stats[name][k] for k in SERVICE_COUNTERS}
                for name in spec.endpoints}
+    outputs = committed_outputs(kafka, topics)
     poison = {}
     if phase.poison is not None:
         measured = [json.loads(value)[spec.key]
@@ -351,6 +372,8 @@ def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_
         "intake_unrecorded": unrecorded,
         "duplicate_results": len(recorded_twice | told_twice),
         "resent_notifications": resent,
+        "outputs_read_committed": outputs,
+        "duplicate_outputs": sum(o["duplicates"] for o in outputs.values()),
         "duplicate_ai_calls": shared["duplicate_ai_calls"],
         "service": service,
         "service_duplicates": sum(s["duplicate_served"] for s in service.values()),

@@ -140,33 +140,39 @@ def freeze_broker(t: Target) -> Window:
     return Window(start, time.time(), {"broker": node, "partitions_led": led, "pid": pid})
 
 
-def in_flight_window(config: PipelineConfig, stage: str = "generate") -> int:
+def in_flight_window(config: PipelineConfig, stage: str) -> int:
     """AI calls a stage's fleet can have under way at once: what a kill -9 may leave answered
-    but unrecorded, so called again after the restart. Not yet a guarantee: a call gives its
-    AI slot back when answered, and its answer is recorded with the record's result after
-    that, so a kill in between repeats calls beyond it (17 with 16 under way, faults-8954c32877)."""
+    but unrecorded, so called again after the restart."""
     return config.stage(stage).ai_calls_at_once
 
 
-def kill_fleet(t: Target) -> Window:
-    """kill -9 the generate stage's fleet process. The fault is the kill itself: supervisord's
-    restart and the group's rebalance (the dead members expire first) are the recovery, whose
-    steps are timed in the detail."""
-    pid = t.fleets.kill("generate", signal.SIGKILL)
-    start = time.time()
-    t.say(f"generate fleet (pid {pid}) killed; supervisord restarts it")
-    while t.fleets.pid("generate") in (0, pid):
-        if time.time() - start > 60:
-            raise TimeoutError(f"supervisord did not restart the generate fleet: see "
-                               f"{t.fleets.log_file('generate')}")
-        time.sleep(0.2)
-    restarted = time.time()
-    t.say("generate fleet restarted; waiting for its group to settle")
-    settled = t.fleets.wait_stable(("generate",), since=start)
-    return Window(start, start, {"killed_pid": pid, "new_pid": t.fleets.pid("generate"),
-                                 "restarted_after_s": round(restarted - start, 1),
-                                 "group_settled_after_s": round(settled - start, 1),
-                                 "in_flight_window": in_flight_window(t.config)})
+def fleet_kill(stage: str) -> Fault:
+    """kill -9 of a stage's fleet process, which supervisord restarts. The calls it had under
+    way may be served twice (the service's count is bounded by its in-flight window), and the
+    platform's count of duplicate calls must be the service's: a try counts once it is sent."""
+
+    def kill(t: Target) -> Window:
+        """The fault is the kill itself: supervisord's restart and the group's rebalance (the
+        dead members expire first) are the recovery, whose steps are timed in the detail."""
+        pid = t.fleets.kill(stage, signal.SIGKILL)
+        start = time.time()
+        t.say(f"{stage} fleet (pid {pid}) killed; supervisord restarts it")
+        while t.fleets.pid(stage) in (0, pid):
+            if time.time() - start > 60:
+                raise TimeoutError(f"supervisord did not restart the {stage} fleet: see "
+                                   f"{t.fleets.log_file(stage)}")
+            time.sleep(0.2)
+        restarted = time.time()
+        t.say(f"{stage} fleet restarted; waiting for its group to settle")
+        settled = t.fleets.wait_stable((stage,), since=start)
+        return Window(start, start, {"killed_pid": pid, "new_pid": t.fleets.pid(stage),
+                                     "restarted_after_s": round(restarted - start, 1),
+                                     "group_settled_after_s": round(settled - start, 1),
+                                     "in_flight_window": in_flight_window(t.config, stage)})
+
+    return Fault(f"fleet-kill-{stage}", f"kill -9 of the {stage} fleet; supervisord restarts it", 0.0,
+                 kill, allowed_service_duplicates=lambda config: in_flight_window(config, stage),
+                 calls_counted_as_served=True)
 
 
 def stop_postgres(t: Target) -> Window:
@@ -289,19 +295,20 @@ class Fault:
     fleets_stay_up: bool = False  # a fleet process that exits fails the phase
     pipeline: str = pipeline_spec.REFERENCE  # the spec the phase runs
     poison: Poison | None = None  # requests that pipeline fails by design
+    calls_counted_as_served: bool = False  # duplicate AI calls by our rows == the service's count
 
     def describe(self) -> dict[str, Any]:
         return {"summary": self.summary, "allowed_dead_letters": dict(self.allowed_dead_letters),
                 "max_recovery_s": self.max_recovery_s, "fleets_stay_up": self.fleets_stay_up,
-                "pipeline": self.pipeline}
+                "pipeline": self.pipeline, "calls_counted_as_served": self.calls_counted_as_served}
 
 
 FAULTS = (
     Fault("broker-kill", "kill -9 of the busiest leader, restarted after 30 s", BROKER_DOWN_S, kill_broker),
     Fault("broker-freeze", "SIGSTOP of the busiest leader for 20 s, then SIGCONT", BROKER_FROZEN_S,
           freeze_broker),
-    Fault("fleet-kill", "kill -9 of the generate fleet; supervisord restarts it", 0.0, kill_fleet,
-          allowed_service_duplicates=in_flight_window),
+    fleet_kill("check"),
+    fleet_kill("generate"),
     Fault("postgres-stop", "PostgreSQL stopped for 15 s", POSTGRES_DOWN_S + 3, stop_postgres),
     Fault("ai-faults", "AI: 10% 5xx, 5% hangs past the timeout, 429 bursts",
           AI_BURSTS * (AI_BURST_S + AI_BURST_GAP_S), degrade_ai,

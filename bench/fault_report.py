@@ -56,6 +56,7 @@ ROWS: tuple[tuple[str, Any], ...] = (
     ("duplicate AI calls (rows)", lambda p: p.get("duplicate_ai_calls")),
     ("served twice (AI service)", lambda p: p.get("service_duplicates")),
     ("served twice allowed", lambda p: p.get("allowed_service_duplicates")),
+    ("outputs seen twice (read_committed)", lambda p: p.get("duplicate_outputs")),
     ("uncommitted records", lambda p: sum(p["uncommitted"].values()) if "uncommitted" in p else None),
     ("pre-fault completions/s", lambda p: p.get("pre_fault_rps")),
     ("completions/s during it", lambda p: p.get("fault_rps")),

@@ -4,30 +4,34 @@
     python -m bench.faults --faults broker-kill,oversize
 
 Faults, in order (bench/fault_injection.py): kill -9 of the broker leading most partitions,
-restarted after 30 s; that broker frozen with SIGSTOP for 20 s; kill -9 of the generate fleet,
-which supervisord restarts; PostgreSQL stopped for 15 s; the AI service answering 10 % 500s,
-5 % hangs past the client's timeout and 429 bursts; one record over the producer's size limit
-on each input topic; an outage of the generate endpoint (every call answered 500 for 60 s,
-wall seconds whatever the time scale), and the same with every call hanging past the client's
-timeout; a team's Python stage raising on 1 % of the requests (chosen by key), run in a
-pipeline of the harness's own (bench/fault_pipeline.py, written with the shipped specs into
-results/<run id>/pipelines, the run's PIPELINES_DIR). Figures per fault
-(bench/fault_figures.py, on top of bench/figures.py): produced, completed, dead-lettered by
-reason, lost, duplicate results, duplicate AI calls by our rows and by the service's own count,
-uncommitted records per group, each fleet's process id at the start and the end, and seconds
-from the fault's end (when the harness undoes it; a fleet kill ends with the kill, supervisord's
-restart being the recovery) back to 90 % of the pre-fault completion rate; for the raising
-stage, how the requests it raises on ended. The run writes results/<run id>/faults.json and
-faults.png and exits 1 when any fault fails (lost, duplicate results, AI calls the service
-served twice beyond the fleet kill's in-flight window, dead letters for a reason the fault did
-not inject, records left uncommitted, an outage's recovery over 10 s, a fleet process that
-exited under a fault it must survive, a raising request not dead-lettered exactly once with its
-exception, or a fault that could not be measured).
+restarted after 30 s; that broker frozen with SIGSTOP for 20 s; kill -9 of each AI stage's
+fleet in turn (check, then generate), which supervisord restarts; PostgreSQL stopped for 15 s;
+the AI service answering 10 % 500s, 5 % hangs past the client's timeout and 429 bursts; one
+record over the producer's size limit on each input topic; an outage of the generate endpoint
+(every call answered 500 for 60 s, wall seconds whatever the time scale), and the same with
+every call hanging past the client's timeout; a team's Python stage raising on 1 % of the
+requests (chosen by key), run in a pipeline of the harness's own (bench/fault_pipeline.py,
+written with the shipped specs into results/<run id>/pipelines, the run's PIPELINES_DIR).
+Figures per fault (bench/fault_figures.py, on top of bench/figures.py): produced, completed,
+dead-lettered by reason, lost, duplicate results, duplicate AI calls by our rows and by the
+service's own count, output events a read_committed reader sees twice, uncommitted records per
+group, each fleet's process id at the start and the end, and seconds from the fault's end (when
+the harness undoes it; a fleet kill ends with the kill, supervisord's restart being the
+recovery) back to 90 % of the pre-fault completion rate; for the raising stage, how the
+requests it raises on ended. The run writes results/<run id>/faults.json and faults.png and
+exits 1 when any fault fails (lost, duplicate results, output events seen twice, AI calls the
+service served twice beyond a fleet kill's in-flight window, a fleet kill's duplicate calls by
+our rows other than the service's, dead letters for a reason the fault did not inject, records
+left uncommitted, an outage's recovery over 10 s, a fleet process that exited under a fault it
+must survive, a raising request not dead-lettered exactly once with its exception, or a fault
+that could not be measured).
 
 Why this setup:
-- The durability profile (RF 3, min ISR 2, acks=all, idempotent producers) with the `flow`
-  preset on 16 partitions: the configuration that is meant to survive a broker, so the one
-  whose guarantees are worth testing.
+- The durability profile (RF 3, min ISR 2, acks=all, idempotent producers) with the
+  `flow-exactly-once` preset on 16 partitions (each stage's outputs and offsets in one Kafka
+  transaction): the configuration that is meant to survive a broker and a killed fleet, so the
+  one whose guarantees are worth testing. Each phase reads every topic the stages write with
+  Kafka's own console consumer, `read_committed`, and fails on an event seen twice.
 - AI time scale 0.25 and 16 concurrent calls per endpoint: capacity 16 / (3 s x 0.25) = 21.3
   requests/s, the reference scenario's ceiling (64 / 3 s) with calls four times shorter and
   four times fewer in flight. On this 2-core machine that keeps the fleets' threads and the
@@ -94,6 +98,7 @@ class Settings:
     baseline_s: float = 15.0  # the pre-fault rate is measured over the last seconds before it
     window_s: float = 5.0  # recovery: completions counted over this window
     drain_s: float = 90.0  # after the load, how long to wait for every request to settle
+    preset: str = "flow-exactly-once"
 
     @property
     def params(self) -> presets.PresetParams:
@@ -110,9 +115,10 @@ class Settings:
         return round(self.load_share * self.capacity_rps, 2)
 
     def config(self, pipeline: str = pipeline_spec.REFERENCE) -> PipelineConfig:
-        config = presets.build("flow", replace(self.params, pipeline=pipeline))
+        config = presets.build(self.preset, replace(self.params, pipeline=pipeline))
         if config.profile != "durability":
-            raise RuntimeError(f"the flow preset runs the {config.profile} profile; faults need durability")
+            raise RuntimeError(f"the {self.preset} preset runs the {config.profile} profile; "
+                               "faults need durability")
         return config
 
 
@@ -166,7 +172,8 @@ class Phase:
     def run(self) -> dict[str, Any]:
         allowed = self.fault.allowed_service_duplicates(self.config)
         record: dict[str, Any] = {"fault": self.fault.name, **self.fault.describe(), "run_id": self.run_id,
-                                  "allowed_service_duplicates": allowed}
+                                  "allowed_service_duplicates": allowed,
+                                  "exactly_once": self.config.exactly_once}
         source: subprocess.Popen[str] | None = None
         try:
             self.prepare()
@@ -350,10 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     folder = fault_report.write(summary)
     fault_report.print_table(summary, console)
     for phase in phases:
-        if phase["fault"] == "fleet-kill":
-            console.print(f"fleet kill: in-flight window {phase['allowed_service_duplicates']} generate "
-                          "calls (the most the service may serve twice); served twice: "
-                          f"{phase.get('service_duplicates', '-')}")
+        if phase["fault"].startswith("fleet-kill-"):
+            console.print(f"{phase['fault']}: in-flight window {phase['allowed_service_duplicates']} calls "
+                          f"(the most the service may serve twice); served twice: "
+                          f"{phase.get('service_duplicates', '-')}, by our rows: "
+                          f"{phase.get('duplicate_ai_calls', '-')}; output events seen twice "
+                          f"(read_committed): {phase.get('duplicate_outputs', '-')}")
     console.print(f"results in {folder} (faults.json, faults.png)")
     return 0 if summary["passed"] else 1
 

@@ -2,10 +2,13 @@
 
 The load source may write the topics requests enter by; each stage of the run's pipeline may read
 its source topic as its own consumer group and write its routes' topics and the dead-letter
-topic; nothing else.
+topic, and, when its outputs are exactly once, use its members' transactional ids; nothing else.
 Topics are per run, so the admin grants these when it provisions a run's topics, with LITERAL
 patterns (a prefixed pattern cannot say "the `.style` topic of any run"), and takes them back
-when it deletes them. An open cluster has no principals to grant to, and nothing is done.
+when it deletes them. Transactional ids are granted by PREFIXED pattern, the group's name and a
+dot: a member's id is its group's and its own name (`consumers.outbox.transactional_id`), and
+the members a fleet runs are not known when the run's topics are provisioned. An open cluster
+has no principals to grant to, and nothing is done.
 
 CreateAcls returns once the controller has committed the bindings, but each broker authorizes
 from its own copy of the cluster metadata, which catches up a moment later. A fleet that reached
@@ -29,6 +32,7 @@ from confluent_kafka.admin import (
 
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaAccess
+from consumers.outbox import transactional_id
 
 Grant = tuple[ResourceType, str, AclOperation]
 
@@ -44,7 +48,15 @@ def grants(topics: Topics, role: str) -> list[Grant]:
     return [(ResourceType.TOPIC, topics.source_of(role), AclOperation.READ),
             (ResourceType.GROUP, topics.group_of(role), AclOperation.READ),
             (ResourceType.GROUP, topics.group_of(role), AclOperation.ALTER_CONFIGS),
+            (ResourceType.TRANSACTIONAL_ID, transactional_id(topics.group_of(role), ""), AclOperation.WRITE),
             *((ResourceType.TOPIC, t, AclOperation.WRITE) for t in topics.outputs_of(role))]
+
+
+def pattern(kind: ResourceType) -> ResourcePatternType:
+    """How a grant's name matches: transactional ids by prefix, everything else literally."""
+    if kind == ResourceType.TRANSACTIONAL_ID:
+        return ResourcePatternType.PREFIXED
+    return ResourcePatternType.LITERAL
 
 
 def grantees(topics: Topics, access: KafkaAccess) -> dict[str, str]:
@@ -56,8 +68,7 @@ def grantees(topics: Topics, access: KafkaAccess) -> dict[str, str]:
 
 def bindings(topics: Topics, access: KafkaAccess) -> list[AclBinding]:
     """ALLOW bindings for every role of the run that runs as a principal of its own."""
-    return [AclBinding(kind, name, ResourcePatternType.LITERAL, principal, "*", operation,
-                       AclPermissionType.ALLOW)
+    return [AclBinding(kind, name, pattern(kind), principal, "*", operation, AclPermissionType.ALLOW)
             for role, principal in grantees(topics, access).items()
             for kind, name, operation in grants(topics, role)]
 
@@ -96,7 +107,7 @@ def revoke(admin: AdminClient, topics: Topics, access: KafkaAccess, timeout_s: f
     if not grantees(topics, access):
         return 0
     resources = {(kind, name) for role in grantees(topics, access) for kind, name, _ in grants(topics, role)}
-    filters = [AclBindingFilter(kind, name, ResourcePatternType.LITERAL, None, None, AclOperation.ANY,
+    filters = [AclBindingFilter(kind, name, pattern(kind), None, None, AclOperation.ANY,
                                 AclPermissionType.ANY) for kind, name in sorted(resources)]
     return sum(len(future.result())
                for future in admin.delete_acls(filters, request_timeout=timeout_s).values())

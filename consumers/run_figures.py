@@ -145,7 +145,7 @@ def standard_figures(database_url: str, run_id: str, final_stage: str, produced:
         service_s={stage: statistics.fmean(s) for stage, s in per_stage.items()}, ai_limit=ai_limit,
         ok_calls={stage: len(s) for stage, s in per_stage.items()},
         band_work=capacity.band_work(((stage, a, b) for stage, _, a, b in spans), band), band=band,
-        limits=limits, duplicate_ai_calls=figures.duplicate_calls(repeated), skew_max_over_mean=max_over_mean,
+        limits=limits, duplicate_ai_calls=figures.beyond_first(repeated), skew_max_over_mean=max_over_mean,
         skew_cv=cv, skew_records=sum(per_partition), skew_partitions=len(per_partition),
         latency_s={q: figures.percentile(e2e, q) for q in figures.QUANTILES})
     extras = {"first_produced_s": first, "last_terminal_s": last, "completion_times": times,

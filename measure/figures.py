@@ -28,6 +28,8 @@ turns them into figures, so a figure cannot mean two things.
 - duplicate_ai_calls: AI calls that may have produced a result or been charged: attempts with
   an outcome in CALL_OUTCOMES ('ok', or 'started' and never ended: cut short by a crash),
   beyond the first per (request, stage).
+- duplicate outputs: events a `read_committed` reader of a topic the stages write sees beyond
+  the first per (request, kind): a route's message delivered twice.
 - skew over a topic's partitions (records per partition, empty partitions included): max/mean
   and coefficient of variation (population standard deviation / mean), the Gini coefficient
   (2 * sum(i * x_i) / (n * sum(x)) - (n + 1) / n, x ascending, i from 1: 0 for an even load,
@@ -136,9 +138,11 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[below] + (ordered[above] - ordered[below]) * (rank - below)
 
 
-def duplicate_calls(calls_per_pair: Iterable[int]) -> int:
-    """Calls beyond the first, from the number of CALL_OUTCOMES attempts per (request, stage)."""
-    return sum(n - 1 for n in calls_per_pair if n > 1)
+def beyond_first(counts: Iterable[int]) -> int:
+    """Occurrences beyond the first of each thing counted: duplicate AI calls from the
+    CALL_OUTCOMES attempts per (request, stage), duplicate outputs from the events per (topic,
+    request, kind)."""
+    return sum(n - 1 for n in counts if n > 1)
 
 
 def skew(counts: Sequence[int]) -> tuple[float | None, float | None]:

@@ -243,7 +243,7 @@ def analyse(frames: RunFrames, run_id: str, *, bucket_seconds: int = 1,
     repeated: dict[str, list[int]] = {}
     for r in collect_sorted(repeated_calls(frames.attempts), "stage"):
         repeated.setdefault(r["stage"], []).append(r["calls"])
-    duplicates = {stage: figures.duplicate_calls(calls) for stage, calls in repeated.items()}
+    duplicates = {stage: figures.beyond_first(calls) for stage, calls in repeated.items()}
     stages = {r["stage"]: _quantiles(r) for r in collect_sorted(stage_latency(frames.attempts), "stage")}
     band = figures.steady_band(times)
     work = {} if band is None else {r["stage"]: {"busy_s": r["busy_s"], "calls": r["calls"]}

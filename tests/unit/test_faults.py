@@ -115,6 +115,21 @@ def test_verdict_lists_every_breach() -> None:
                                "3 records uncommitted after the run"]
 
 
+def test_verdict_fails_outputs_seen_twice_only_when_the_phase_ran_exactly_once() -> None:
+    twice = {**CLEAN, "duplicate_outputs": 3}
+    assert verdict(twice) == []  # at least once: a resent output is the documented behaviour
+    assert verdict({**twice, "exactly_once": True}) == [
+        "3 output events seen twice by a read_committed reader"]
+
+
+def test_verdict_holds_a_fleet_kills_duplicate_calls_to_the_services_count() -> None:
+    killed = {**CLEAN, "calls_counted_as_served": True}
+    assert verdict({**killed, "duplicate_ai_calls": 16}) == []
+    assert verdict({**killed, "duplicate_ai_calls": 19}) == [
+        "19 duplicate AI calls by our rows, 16 by the service"]
+    assert verdict({**CLEAN, "duplicate_ai_calls": 19}) == []  # other faults: rows may count more
+
+
 def test_verdict_holds_the_recovery_to_the_fault_bound() -> None:
     # CLEAN recovered 11 s after the fault's end: no bound, or one of 11 s, passes; 10 s fails.
     assert verdict({**CLEAN, "max_recovery_s": None}) == []
@@ -233,9 +248,9 @@ def test_holdings_follow_assign_revoke_and_lost_in_order() -> None:
 
 def test_in_flight_window_is_members_times_window_in_flow_mode() -> None:
     flow = PipelineConfig(stages={"generate": StageConfig("flow", members=4, window=4)})
-    assert in_flight_window(flow) == 16
+    assert in_flight_window(flow, "generate") == 16
     bounded = PipelineConfig(stages={"generate": StageConfig("bounded", members=3, window=4)})
-    assert in_flight_window(bounded) == 3
+    assert in_flight_window(bounded, "generate") == 3
 
 
 def test_oversize_records_exceed_the_producer_limit_and_are_refused_as_oversize() -> None:

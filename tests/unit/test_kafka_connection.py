@@ -84,6 +84,7 @@ def test_grants_follow_the_topics_each_role_uses() -> None:
     assert acls.grants(t, "check") == [(ResourceType.TOPIC, "r1.style", AclOperation.READ),
                                        (ResourceType.GROUP, "r1.check", AclOperation.READ),
                                        (ResourceType.GROUP, "r1.check", AclOperation.ALTER_CONFIGS),
+                                       (ResourceType.TRANSACTIONAL_ID, "r1.check.", AclOperation.WRITE),
                                        (ResourceType.TOPIC, "r1.generate", AclOperation.WRITE),
                                        (ResourceType.TOPIC, "r1.notify", AclOperation.WRITE),
                                        (ResourceType.TOPIC, "r1.dlq", AclOperation.WRITE)]
@@ -97,8 +98,11 @@ def test_only_principals_other_than_the_admin_are_granted_anything() -> None:
     admin_as_role = KafkaAccess(KafkaConnection(SECURED), {"check": KafkaConnection(SECURED)})
     assert acls.bindings(t, admin_as_role) == []
     bindings = acls.bindings(t, KafkaAccess(KafkaConnection(SECURED), {"generate": role("generate")}))
-    # generate: read its topic and group (and set its group's configs), write notify and the DLQ
-    assert sorted((b.restype.name, b.name, b.operation.name) for b in bindings) == [
-        ("GROUP", "r1.generate", "ALTER_CONFIGS"), ("GROUP", "r1.generate", "READ"),
-        ("TOPIC", "r1.dlq", "WRITE"), ("TOPIC", "r1.generate", "READ"), ("TOPIC", "r1.notify", "WRITE")]
+    # generate: read its topic and group (and set its group's configs), write notify and the DLQ,
+    # use its members' transactional ids (by prefix: the members are not known yet)
+    assert sorted((b.restype.name, b.name, b.resource_pattern_type.name, b.operation.name)
+                  for b in bindings) == [
+        ("GROUP", "r1.generate", "LITERAL", "ALTER_CONFIGS"), ("GROUP", "r1.generate", "LITERAL", "READ"),
+        ("TOPIC", "r1.dlq", "LITERAL", "WRITE"), ("TOPIC", "r1.generate", "LITERAL", "READ"),
+        ("TOPIC", "r1.notify", "LITERAL", "WRITE"), ("TRANSACTIONAL_ID", "r1.generate.", "PREFIXED", "WRITE")]
     assert {b.principal for b in bindings} == {"User:generate"}

@@ -60,8 +60,8 @@ def test_span_and_throughput() -> None:
 
 
 def test_duplicate_calls_are_calls_beyond_the_first_per_pair() -> None:
-    assert figures.duplicate_calls([1, 3, 2, 1]) == 3
-    assert figures.duplicate_calls([]) == 0
+    assert figures.beyond_first([1, 3, 2, 1]) == 3
+    assert figures.beyond_first([]) == 0
 
 
 def test_skew_of_even_hot_and_empty_partitions() -> None:
