@@ -36,7 +36,6 @@ a fault run needs. Definitions:
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -49,7 +48,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from bench import figures
 from bench.report import per_second
 from consumers import pipeline_spec
-from consumers.capacity import group_lag
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
 from infra.kafka_tools import topic_values
@@ -242,31 +240,21 @@ def read_topic(kafka: KafkaConnection, topic: str, timeout_s: float = 30.0) -> l
     """Every record of a topic as (value, headers), read up to the high watermarks."""
     consumer = Consumer(kafka.client(**{"group.id": "faults-reader", "enable.auto.commit": False}))
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        ends = {}
-        for pid in meta.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, pid), timeout=10)
-            if high > low:
-                ends[pid] = high
-        consumer.assign([TopicPartition(topic, pid, OFFSET_BEGINNING) for pid in ends])
-        records = []
-        positions = dict.fromkeys(ends, -1)
-        deadline = time.monotonic() + timeout_s
-        while any(positions[p] + 1 < ends[p] for p in ends) and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=10_000, timeout=0.5):
-                if msg.error() is None:
-                    positions[msg.partition()] = msg.offset()
-                    records.append((msg.value(), {k: v for k, v in (msg.headers() or []) if v is not None}))
-        return records
+        return [(msg.value(), {k: v for k, v in (msg.headers() or []) if v is not None})
+                for msg in figures.read_to_end(consumer, topic, timeout_s=timeout_s)]
     finally:
         consumer.close()
 
 
 def group_uncommitted(kafka: KafkaConnection, group: str, topic: str) -> int:
-    """Records of `topic` past `group`'s committed offsets (from the brokers, not the database)."""
+    """Records of `topic` past `group`'s committed offsets (from the brokers, not the database),
+    counted by reading them: offsets would count transaction markers too."""
     consumer = Consumer(kafka.client(**{"group.id": group, "enable.auto.commit": False}))
     try:
-        return group_lag(consumer, topic)
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        starts = {tp.partition: tp.offset if tp.offset >= 0 else OFFSET_BEGINNING for tp in committed}
+        return len(figures.read_to_end(consumer, topic, starts))
     finally:
         consumer.close()
 

@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
@@ -86,29 +86,47 @@ def refetch_amplification(database_url: str, kafka: KafkaConnection, run_id: str
 
 
 def topic_bytes(kafka: KafkaConnection, topic: str, timeout_s: float = 60.0) -> int:
-    """Key + value bytes of every record of a topic (read once, from the beginning).
-
-    Each read waits at most POLL_S: `consume` holds out for its whole timeout until it has
-    `num_messages`, so a long timeout cost every scenario 5 s a stage for a topic of a few
-    thousand records. A topic that does not deliver all its records within `timeout_s` raises
-    rather than give a figure over part of it.
-    """
+    """Key + value bytes of every record of a topic (read once, from the beginning)."""
     consumer = Consumer(kafka.client(**{"group.id": "figures-bytes", "enable.auto.commit": False}))
-    counts = kafka.partition_counts(topic)
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(len(counts))])
-    total, seen, want = 0, 0, sum(counts)
-    deadline = time.monotonic() + timeout_s
     try:
-        while seen < want:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: read {seen} of {want} records in {timeout_s:.0f} s")
-            for msg in consumer.consume(num_messages=10_000, timeout=POLL_S):
-                if msg.error() is None:
-                    seen += 1
-                    total += len(msg.value() or b"") + len(msg.key() or b"")
+        return sum(len(msg.value() or b"") + len(msg.key() or b"")
+                   for msg in read_to_end(consumer, topic, timeout_s=timeout_s))
     finally:
         consumer.close()
-    return total
+
+
+def read_to_end(consumer: Consumer, topic: str, starts: Mapping[int, int] | None = None,
+                timeout_s: float = 60.0) -> list[Message]:
+    """The records of `topic` from `starts` (partition -> offset; default: every partition from
+    its beginning) up to the high watermarks as they were when the read began.
+
+    The read ends when the consumer's position reaches each partition's high watermark, not
+    after as many records as the offsets span: a topic written in transactions holds a marker
+    per transaction and partition, which takes an offset and is no record. Each read waits at
+    most POLL_S: `consume` holds out for its whole timeout until it has `num_messages`, so a
+    long timeout cost every scenario 5 s a stage for a topic of a few thousand records. A topic
+    not read to its end within `timeout_s` raises rather than give a figure over part of it.
+    """
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    starts = starts if starts is not None else dict.fromkeys(partitions, OFFSET_BEGINNING)
+    ends = {}
+    for p, start in starts.items():
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        if high > max(low, start):
+            ends[p] = high
+    consumer.assign([TopicPartition(topic, p, starts[p]) for p in ends])
+    records: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    while ends:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{topic}: partitions {sorted(ends)} not read to their end in "
+                               f"{timeout_s:.0f} s")
+        fetched = consumer.consume(num_messages=10_000, timeout=POLL_S)
+        records += [msg for msg in fetched if msg.error() is None]
+        for position in consumer.position([TopicPartition(topic, p) for p in ends]):
+            if position.offset >= ends[position.partition]:
+                del ends[position.partition]
+    return records
 
 
 def overhead_ms(extras: dict[str, Any], q: float) -> float | None:
