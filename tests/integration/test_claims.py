@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from consumers.storage import CallClaim, Claim, Ended, Key, Origin, Storage
+from consumers.storage import CallClaim, Claim, ClaimLost, Ended, Key, Origin, Storage
 from tests.integration.pipeline_fixtures import query
 from tests.stack import Stack
 
@@ -51,8 +51,32 @@ def test_a_won_claim_comes_with_the_request_row_and_its_first_attempt_row(stack:
     row, claim = take(storage, key, "a", {"style": "dark"})
     assert row == {"style": "dark"}
     assert claim is not None and claim.done is None and claim.first_attempt is not None
-    assert attempts(stack, key) == [(1, "started", "check-0", 41, True)]
+    assert attempts(stack, key) == [(1, "queued", "check-0", 41, True)]  # no call yet
     assert claim_row(stack, key) == [("a", 0)]
+
+
+def test_the_first_try_is_a_call_once_it_is_sent_and_a_later_try_gets_a_row(
+        stack: Stack, storage: Storage, key: Key) -> None:
+    _, claim = take(storage, key, "a", lease_s=0.5)
+    assert claim is not None and claim.first_attempt is not None
+    sent = storage.start_attempt(key, STAGE, ORIGIN, "a", 30.0, 1, time.time(), row=claim.first_attempt)
+    assert sent == claim.first_attempt
+    storage.start_attempt(key, STAGE, ORIGIN, "a", 30.0, 2, time.time())
+    assert [a[:2] for a in attempts(stack, key)] == [(1, "started"), (2, "started")]
+    # sending renewed the lease for 30 s: another member cannot take the claim over meanwhile
+    time.sleep(0.6)
+    _, other = take(storage, key, "b")
+    assert other == Claim() and claim_row(stack, key) == [("a", 0)]
+
+
+def test_a_try_is_not_sent_once_its_claim_was_taken_over(stack: Stack, storage: Storage, key: Key) -> None:
+    _, claim = take(storage, key, "a", lease_s=0.0)
+    assert claim is not None and claim.first_attempt is not None
+    time.sleep(0.01)
+    take(storage, key, "b")  # the lease expired while the try waited for its permit
+    with pytest.raises(ClaimLost):
+        storage.start_attempt(key, STAGE, ORIGIN, "a", 30.0, 1, time.time(), row=claim.first_attempt)
+    assert [a[:2] for a in attempts(stack, key)] == [(1, "queued"), (1, "queued")]  # neither a call
 
 
 def test_a_held_claim_is_refused_without_an_attempt_row_and_the_holder_may_claim_again(
@@ -63,7 +87,7 @@ def test_a_held_claim_is_refused_without_an_attempt_row_and_the_holder_may_claim
     assert claim == Claim()
     _, again = take(storage, key, "a")  # the holder's retry of the record renews it
     assert again is not None and again.first_attempt is not None
-    assert [a[:2] for a in attempts(stack, key)] == [(1, "started"), (1, "started")]
+    assert [a[:2] for a in attempts(stack, key)] == [(1, "queued"), (1, "queued")]
     assert claim_row(stack, key) == [("a", 0)]
 
 
