@@ -1,7 +1,7 @@
-"""Start and stop the stack's long-running processes.
+"""Start and stop long-running processes: the stack's services and supervisord.
 
-Each service runs in its own session (so `make` finishing does not take it down) with its
-output in a log file; stopping sends SIGTERM to the whole process group, waits, then SIGKILL.
+Each runs in its own session (so `make` finishing does not take it down) with its output in a
+log file; stopping sends SIGTERM to the whole process group, waits, then SIGKILL.
 """
 
 from __future__ import annotations
