@@ -55,7 +55,7 @@ def terminate(*pids: int | None, grace_s: float = 30.0) -> None:
     controlled shutdown asks the controller quorum, and the last of three nodes stopped one by
     one found no quorum left and waited out its whole grace period before being killed.
     """
-    running = [pid for pid in pids if alive(pid)]
+    running = [pid for pid in pids if pid is not None and alive(pid)]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         for pid in running:
             with contextlib.suppress(ProcessLookupError):

@@ -270,7 +270,8 @@ class Client:
             if fault.faultCode not in (Faults.NOT_RUNNING, Faults.BAD_NAME):
                 raise
 
-    def _stop_and_remove(self, name: str, timeout_s: float = 300.0) -> ProcessInfo:
+    def _stop_and_remove(self, name: str, timeout_s: float = 300.0) -> ProcessInfo | None:
+        """Stop the program and forget it; its last info (None once supervisord has none)."""
         self.stop(name)
         deadline = time.monotonic() + timeout_s
         while (info := self.info(name)) is not None and info.state not in STOPPED_STATES:
