@@ -19,8 +19,8 @@ import psycopg2
 from consumers import events
 from consumers.kafka_connection import KafkaAccess
 from consumers.pipeline_config import PipelineConfig
-from infra import supervisor
-from infra.fleet_program import fleet_program
+from host import supervisor
+from pipeline_ops.fleets.program import fleet_program
 
 
 def holdings(group_events: Iterable[tuple[str, str, Sequence[str]]]) -> dict[str, set[str]]:

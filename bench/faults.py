@@ -75,9 +75,11 @@ from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.pipeline import Pipeline, new_run_id, provision_pipeline, remove_pipeline
 from consumers.pipeline_config import Endpoints, PipelineConfig
 from consumers.storage import Storage
-from infra import kafka_cluster, supervisor
+from host import supervisor
+from infra import kafka_cluster
 from infra.layout import Layout, current
 from infra.stack import load_state
+from infra.supervisor import stack_paths
 
 console = Console()
 FLEET_ENV = ("DATABASE_URL", "AI_SERVICE_URL")
@@ -321,9 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     run_id = new_run_id("faults")
     out = run_dir(run_id)
     if any(by_name[name].pipeline not in pipeline_spec.available() for name in args.faults.split(",")):
-        # the harness, the source and the fleets (infra.fleet_program passes it on) all read it
+        # the harness, the source and the fleets (pipeline_ops.fleets.program passes it on) all read it
         os.environ["PIPELINES_DIR"] = str(fault_pipeline.write_folder(out / "pipelines"))
-    paths = supervisor.stack_paths(layout)
+    paths = stack_paths(layout)
     started_supervisord = not supervisor.Client(paths).alive()
     client = supervisor.start(paths)
     for name in remove_leftovers(client):

@@ -107,7 +107,8 @@ def revoke(admin: AdminClient, topics: Topics, access: KafkaAccess, timeout_s: f
     if not grantees(topics, access):
         return 0
     resources = {(kind, name) for role in grantees(topics, access) for kind, name, _ in grants(topics, role)}
-    filters = [AclBindingFilter(kind, name, pattern(kind), None, None, AclOperation.ANY,
-                                AclPermissionType.ANY) for kind, name in sorted(resources)]
+    # None: any principal and host, as AclBindingFilter's documentation says; its hints are AclBinding's.
+    filters = [AclBindingFilter(kind, name, pattern(kind), None, None,  # type: ignore[arg-type]
+                                AclOperation.ANY, AclPermissionType.ANY) for kind, name in sorted(resources)]
     return sum(len(future.result())
                for future in admin.delete_acls(filters, request_timeout=timeout_s).values())

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import urllib3
+from urllib3.connection import HTTPConnection
 
 from consumers.circuit import Circuit
 from consumers.concurrency_limit import NOT_SENT, AdaptiveLimit
@@ -273,7 +274,8 @@ class AIClient:
             estimate = budget.estimate(payload)
             budget.take(estimate.total)
         # (renewed as the try goes out: its thread may have waited to run since it was granted)
-        permit = self.limiter.renew(self.limiter.acquire()) if self.limiter is not None else None
+        limiter = self.limiter
+        permit = limiter.renew(limiter.acquire()) if limiter is not None else None
         reply = Reply(None, {}, NOT_SENT)
         try:
             if observer is not None:
@@ -282,9 +284,9 @@ class AIClient:
             reply = self._post(payload)
             took = time.monotonic() - sent
         finally:
-            if permit is not None:
+            if limiter is not None and permit is not None:
                 counts = reply.outcome != "http_429" or reply.refusal == CONCURRENCY
-                self.limiter.release(permit, reply.outcome if counts else NOT_SENT, reply.retry_after_s)
+                limiter.release(permit, reply.outcome if counts else NOT_SENT, reply.retry_after_s)
         if budget is not None and estimate is not None:
             if reply.outcome == "ok":
                 budget.observe(reply.headers)
@@ -344,14 +346,15 @@ def _read_within(response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:
     lease renewed before the try, and another member would call again. So each read gets what
     is left of the try's time; an answer not in by then ends as a timeout and its connection is
     closed rather than reused."""
-    chunks = []
+    chunks: list[bytes] = []
     try:
         while True:
             remaining = deadline - time.monotonic()
             connection = response.connection
             if remaining <= 0:
-                raise urllib3.exceptions.ReadTimeoutError(None, None, "answer not in within the timeout")
-            if connection is not None and connection.sock is not None:
+                # Without a pool, as urllib3's own reads raise it: its hint asks for one.
+                raise urllib3.exceptions.ReadTimeoutError(None, None, "answer not in within the timeout")  # type: ignore[arg-type]
+            if isinstance(connection, HTTPConnection) and connection.sock is not None:
                 connection.sock.settimeout(remaining)
             chunk = response.read1(64 * 1024)
             if not chunk:

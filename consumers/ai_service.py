@@ -195,10 +195,12 @@ class EndpointConfig:
     @classmethod
     def from_spec(cls, spec: EndpointSpec) -> EndpointConfig:
         """The endpoint a spec declares, as the stand-in serves it."""
-        latency = spec.latency
-        return cls(path=spec.path, protocol=spec.stand_in.protocol, model=spec.model,
-                   required=tuple(spec.stand_in.required),
-                   answers=tuple({"when": dict(a.when), "body": dict(a.body)} for a in spec.stand_in.answers),
+        latency, stand_in = spec.latency, spec.stand_in
+        if stand_in is None:
+            raise ConfigError(f"endpoint {spec.path} has no stand_in: a real API only")
+        return cls(path=spec.path, protocol=stand_in.protocol, model=spec.model,
+                   required=tuple(stand_in.required),
+                   answers=tuple({"when": dict(a.when), "body": dict(a.body)} for a in stand_in.answers),
                    latency_s=latency.median_s, limit=spec.concurrency, distribution=latency.distribution,
                    sigma=latency.sigma, per_output_token_s=latency.per_output_token_s,
                    requests_per_minute=spec.requests_per_minute, tokens_per_minute=spec.tokens_per_minute,
@@ -957,7 +959,7 @@ def _ai_route(names: Mapping[str | None, str]) -> Route:
         else:
             handler._send_json(Reply(404, {"error": {
                 "type": "invalid_request_error", "code": "model_not_found",
-                "message": f"model {model!r} is not served here (served: {sorted(names)})"}}))
+                "message": f"model {model!r} is not served here (served: {sorted(n for n in names if n)})"}}))
     return route
 
 

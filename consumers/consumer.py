@@ -32,14 +32,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from consumers import dead_letter, events, failures, metrics, profiles, stages
+from consumers import dead_letter, events, failures, metrics, profiles, records, stages
 from consumers.ai_client import AIBadAnswer, AIUnavailable, EndpointDown
 from consumers.fetch_buffer import FetchBuffer
 from consumers.kafka_connection import KafkaConnection
@@ -118,7 +118,7 @@ class MemberSettings:
 
 
 def _tp(msg: Message) -> tuple[str, int]:
-    return msg.topic(), msg.partition()
+    return records.place(msg)[:2]
 
 
 def _names(partitions: list[TopicPartition]) -> list[str]:
@@ -250,8 +250,7 @@ class StageMember:
         return True
 
     def _origin(self, msg: Message) -> Origin:
-        return Origin(self.name, msg.topic(), msg.partition(), msg.offset(),
-                      dead_letter.redrive_round(msg.headers()))
+        return Origin(self.name, *records.place(msg), dead_letter.redrive_round(records.headers(msg)))
 
     def _event(self, msg: Message) -> dict[str, Any]:
         """The record's event, validated against the stage's schema (raises InvalidEvent)."""
@@ -268,8 +267,8 @@ class StageMember:
                                            dead_letter.stored_payload(msg.value()), self.ctx.entry,
                                            kafka_key=msg.key())
         record = dead_letter.build(
-            msg.value(), msg.key(), msg.headers(), reason=reason, detail=detail,
-            topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
+            msg.value(), msg.key(), records.headers(msg), reason=reason, detail=detail,
+            topic=origin.topic, partition=origin.partition, offset=origin.offset,
             stage=self.settings.stage, max_bytes=dead_letter.producer_max_bytes(self.settings.profile))
         outgoing = [Outgoing(self.ctx.topics.dead_letter, record.value or b"", record.key, record.headers)]
         notice = spec.failure_notice
@@ -306,7 +305,7 @@ class StageMember:
                 backoff = (TRANSIENT_BACKOFF_S if isinstance(exc, EndpointDown)
                            else min(2 * backoff, self.settings.transient_backoff_max_s))
 
-    def _accept(self, msgs: list[Message], on_record: Callable[[Message], None]) -> None:
+    def _accept(self, msgs: Iterable[Message], on_record: Callable[[Message], None]) -> None:
         """Route fetched records, handling the client errors that arrive as messages."""
         for msg in msgs:
             err = msg.error()
@@ -325,7 +324,7 @@ class Member(StageMember):
 
     def __init__(self, name: str, settings: MemberSettings, ctx: StageContext) -> None:
         super().__init__(name, settings, ctx)
-        self._consumer: Consumer | None = None
+        self._consumer: Consumer  # made by _run, which runs everything else
         # baseline / bounded: the state of records sought back after a transient failure, and
         # positions handled whose commit failed (retried with the next batch's, unless revoked)
         self._retrying: dict[tuple[str, int, int], RecordState] = {}
@@ -409,7 +408,8 @@ class Member(StageMember):
         if self._transactions is not None:
             return self._transactions.commit(positions, self._consumer)
         try:
-            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
+            # The client's stubs overload `commit` on a literal `asynchronous` only.
+            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],  # type: ignore[call-overload]
                                   asynchronous=asynchronous)
             return True
         except KafkaException as exc:
@@ -435,10 +435,11 @@ class Member(StageMember):
             waiting: set[tuple[str, int]] = set()
 
             def process(msg: Message, processed: dict = processed, waiting: set = waiting) -> None:
-                tp = _tp(msg)
+                topic, partition, offset = records.place(msg)
+                tp = (topic, partition)
                 if stop.is_set() or tp in waiting:
                     return  # shutting down, or behind a record that waits: not committed
-                key = (*tp, msg.offset())
+                key = (topic, partition, offset)
                 state = self._retrying.pop(key, None) or RecordState()
                 metrics.IN_FLIGHT.labels(**self.labels).set(1)
                 try:
@@ -449,11 +450,11 @@ class Member(StageMember):
                     self._transient(msg, exc)
                     self._retrying[key] = state
                     waiting.add(tp)
-                    self._consumer.seek(TopicPartition(msg.topic(), msg.partition(), msg.offset()))
+                    self._consumer.seek(TopicPartition(topic, partition, offset))
                     return
                 finally:
                     metrics.IN_FLIGHT.labels(**self.labels).set(0)
-                processed[tp] = msg.offset() + 1
+                processed[tp] = offset + 1
 
             self._accept(self._consumer.consume(num_messages=size, timeout=0.2), process)
             self._uncommitted.update(processed)
@@ -480,7 +481,7 @@ class Member(StageMember):
                     self._collect_done(block_s=0.02 if waiting else 0)
                     if self._fatal is not None:
                         raise RuntimeError(self._fatal[0]) from self._fatal[1]
-                    self._dispatch(pool)
+                    self._dispatch(pool, self._buffer)
                     if self._assignment_changed:
                         self._buffer.reassert_pause()
                         self._assignment_changed = False
@@ -493,7 +494,7 @@ class Member(StageMember):
                         self._store_group_events()
                         last_commit = time.monotonic()
             finally:
-                self._shutdown_flow()
+                self._shutdown_flow(self._buffer)
         if self._fatal is not None:  # a worker failed while the member was stopping
             raise RuntimeError(self._fatal[0]) from self._fatal[1]
 
@@ -511,11 +512,12 @@ class Member(StageMember):
         limiter = self.ctx.ai.limiter if self.ctx.ai is not None else None
         return free if limiter is None else min(free, limiter.spare())
 
-    def _dispatch(self, pool: ThreadPoolExecutor) -> None:
+    def _dispatch(self, pool: ThreadPoolExecutor, buffer: FetchBuffer) -> None:
         for _ in range(self._free_slots()):  # counted once: workers take their permits later
-            if (msg := self._buffer.pop()) is None:
+            if (msg := buffer.pop()) is None:
                 break
-            epoch = self._tracker.dispatched(_tp(msg), msg.offset())
+            topic, partition, offset = records.place(msg)
+            epoch = self._tracker.dispatched((topic, partition), offset)
             pool.submit(self._work, msg, epoch)
         in_flight = self._tracker.in_flight()
         if self.ctx.windows is not None:
@@ -543,7 +545,8 @@ class Member(StageMember):
         except queue.Empty:
             return
         while True:
-            self._tracker.completed(_tp(done.msg), done.msg.offset(), done.epoch, done.handled)
+            topic, partition, offset = records.place(done.msg)
+            self._tracker.completed((topic, partition), offset, done.epoch, done.handled)
             if done.failure is not None and self._fatal is None:
                 self._fatal = (f"{self.name}: {done.msg.topic()}:{done.msg.partition()}@"
                                f"{done.msg.offset()} failed in a way no retry or dead letter "
@@ -572,12 +575,12 @@ class Member(StageMember):
         for tp in tps & self._uncommitted.keys():
             del self._uncommitted[tp]
         if self._buffer is not None:
-            self._release_flow(tps, commit)
+            self._release_flow(self._buffer, tps, commit)
         if self._transactions is not None:
             self._transactions.drop(tps)
 
-    def _release_flow(self, tps: set[tuple[str, int]], commit: bool) -> None:
-        self._buffer.drop(tps)
+    def _release_flow(self, buffer: FetchBuffer, tps: set[tuple[str, int]], commit: bool) -> None:
+        buffer.drop(tps)
         self._tracker.releasing(tps)
         if commit:
             deadline = time.monotonic() + self.settings.revoke_deadline_s
@@ -590,9 +593,9 @@ class Member(StageMember):
             self._commit_completed(tps)
         self._tracker.forget(tps)
 
-    def _shutdown_flow(self) -> None:
+    def _shutdown_flow(self, buffer: FetchBuffer) -> None:
         """Stop taking work, let in-flight records finish within the deadline, commit."""
-        self._buffer.clear()
+        buffer.clear()
         self._release(set(self.assignment), commit=True)
         if self.ctx.windows is not None:
             self.ctx.windows.hold(self.name, self._tracker.in_flight())

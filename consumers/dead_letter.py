@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from consumers import profiles
+from consumers.records import Header
 
 # librdkafka's `message.max.bytes` default: what a producer sends unless configured otherwise.
 LIBRDKAFKA_MESSAGE_MAX_BYTES = 1_000_000
@@ -32,8 +33,6 @@ SOURCE_HEADER_PREFIX = "source_header."
 # the dead letter it came from. The round restarts the record's try budget (`consumers.stages`).
 REDRIVE_COUNT_HEADER = "redrive_count"
 DEAD_LETTER_ID_HEADER = "dead_letter_id"
-
-Header = tuple[str, bytes | None]
 
 
 @dataclass(frozen=True)

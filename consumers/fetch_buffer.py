@@ -20,6 +20,8 @@ from collections import deque
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from consumers import records
+
 TP = tuple[str, int]
 
 
@@ -80,7 +82,7 @@ class FetchBuffer:
                 errors.append(msg)
                 continue
             self.delivered_bytes += len(msg.value() or b"") + len(msg.key() or b"")
-            self._queues.setdefault((msg.topic(), msg.partition()), deque()).append(msg)
+            self._queues.setdefault(records.place(msg)[:2], deque()).append(msg)
             self._size += 1
         return errors
 

@@ -17,7 +17,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -174,15 +175,18 @@ class Fleet:
         stops, then the last ones; show the circuit's state as a metric."""
         s = self.settings
         stage, endpoint = s.member.stage, s.ai_endpoint
-        writes = [(ai.circuit.changes, lambda changes: self.storage.record_circuit(
-            s.member.run_id, stage, endpoint, changes))]
+        circuit = ai.circuit
+        assert circuit is not None  # the fleet's client always has one (`_client`)
+        writes: list[tuple[deque[Any], Callable[[list[Any]], None]]] = [(
+            circuit.changes,
+            lambda changes: self.storage.record_circuit(s.member.run_id, stage, endpoint, changes))]
         if s.adaptive and ai.limiter is not None:
             writes.append((ai.limiter.changes, lambda changes: self.storage.record_limits(
                 s.member.run_id, stage, [(epoch_of(at), limit, n) for at, limit, n in changes])))
         stopping = False
         while not stopping:
             stopping = self._stop.wait(CHANGES_RECORD_INTERVAL_S)
-            metrics.CIRCUIT.labels(stage=stage, endpoint=endpoint).set(CIRCUIT_STATES[ai.circuit.state])
+            metrics.CIRCUIT.labels(stage=stage, endpoint=endpoint).set(CIRCUIT_STATES[circuit.state])
             for pending, write in writes:
                 changes = [pending.popleft() for _ in range(len(pending))]
                 if not changes:

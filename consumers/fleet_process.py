@@ -70,10 +70,13 @@ class FleetProcess:
     def wait_assigned(self) -> None:
         """Block until the child's members have their partitions and the group is settled."""
         stage, timeout_s = self.settings.member.stage, self.settings.assignment_timeout_s
+        process = self._process
+        if process is None:
+            raise RuntimeError(f"fleet {stage} is not started: wait inside `running()`")
         deadline = time.monotonic() + timeout_s + 30  # plus the child's start-up
         while not self._ready.wait(0.2):
-            if not self._process.is_alive():
-                raise RuntimeError(f"fleet {stage} exited with code {self._process.exitcode} "
+            if not process.is_alive():
+                raise RuntimeError(f"fleet {stage} exited with code {process.exitcode} "
                                    "before its members were assigned (its log says why)")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fleet {stage} not ready within {timeout_s}s")

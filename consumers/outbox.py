@@ -24,13 +24,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from consumers import failures, profiles
 from consumers.kafka_connection import KafkaConnection
 from consumers.producer import KeyedProducer
+from consumers.records import Header
 from consumers.storage import Key, Origin
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ class Outgoing:
     topic: str
     value: bytes
     key: bytes | None = None
-    headers: list[tuple[str, bytes]] | None = None
+    headers: list[Header] | None = None
 
 
 class Outbox(Protocol):
@@ -92,9 +93,9 @@ class TransactionalOutbox:
     def __init__(self, kafka: KafkaConnection, profile: str, transactional_id: str,
                  notified: Callable[..., None], *, transaction_timeout_ms: int,
                  batch_records: int | None = None) -> None:
-        config = profiles.producer_config(profile, kafka, batch_records=batch_records,
-                                          **{"transactional.id": transactional_id,
-                                             "transaction.timeout.ms": transaction_timeout_ms})
+        transactional: dict[str, Any] = {"transactional.id": transactional_id,
+                                         "transaction.timeout.ms": transaction_timeout_ms}
+        config = profiles.producer_config(profile, kafka, batch_records=batch_records, **transactional)
         self._producer = Producer(config)
         self._notified = notified
         self._lock = threading.Lock()
@@ -178,7 +179,8 @@ class TransactionalOutbox:
     def _produce(self, o: Outgoing) -> None:
         while True:
             try:
-                self._producer.produce(o.topic, value=o.value, key=o.key, headers=o.headers)
+                # the client's stubs forbid a header without a value, which Kafka allows
+                self._producer.produce(o.topic, value=o.value, key=o.key, headers=o.headers)  # type: ignore[arg-type]
                 return
             except BufferError:
                 self._producer.poll(0.05)  # local queue full: let deliveries drain, then retry

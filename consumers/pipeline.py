@@ -95,15 +95,16 @@ class RunRecords:
     def _rows(self, sql: str, params: tuple) -> list[tuple]:
         if self._conn is not None:
             try:
-                return self._read(sql, params)
+                return self._read(self._conn, sql, params)
             except psycopg2.OperationalError:
                 if not self._conn.closed:
                     raise
         self._conn = psycopg2.connect(self.pipeline.database_url)
-        return self._read(sql, params)
+        return self._read(self._conn, sql, params)
 
-    def _read(self, sql: str, params: tuple) -> list[tuple]:
-        with self._conn, self._conn.cursor() as cur:  # a transaction per read: each sees the latest
+    @staticmethod
+    def _read(conn: connection, sql: str, params: tuple) -> list[tuple]:
+        with conn, conn.cursor() as cur:  # a transaction per read: each sees the latest
             cur.execute(sql, params)
             return cur.fetchall()
 

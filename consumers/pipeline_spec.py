@@ -210,7 +210,7 @@ class PythonWork(_Model):
 
     @cached_property
     def transient_classes(self) -> tuple[type[BaseException], ...]:
-        return tuple(resolve(reference) for reference in self.transient)
+        return tuple(exception_class(reference) for reference in self.transient)
 
 
 Work = Annotated[HttpWork | PythonWork, Field(discriminator="kind")]
@@ -391,9 +391,11 @@ def _cross_checks(spec: PipelineSpec) -> Iterable[tuple[str, str]]:
                 yield f"{at}.work.callable", problem
             for i, reference in enumerate(stage.work.transient):
                 problem = _callable_problem(reference)
-                target = None if problem else resolve(reference)
-                if problem is None and not (isinstance(target, type) and issubclass(target, BaseException)):
-                    problem = f"{reference!r} is not an exception class"
+                if problem is None:
+                    try:
+                        exception_class(reference)
+                    except TypeError as exc:
+                        problem = str(exc)
                 if problem:
                     yield f"{at}.work.transient.{i}", problem
         for i, route in enumerate(stage.routes):
@@ -468,6 +470,14 @@ def resolve(reference: str) -> Callable[..., Any]:
     target = getattr(importlib.import_module(module), function)
     if not callable(target):
         raise TypeError(f"{reference} is not callable")
+    return target
+
+
+def exception_class(reference: str) -> type[BaseException]:
+    """The exception class a `module:Class` reference names."""
+    target = resolve(reference)
+    if not (isinstance(target, type) and issubclass(target, BaseException)):
+        raise TypeError(f"{reference!r} is not an exception class")
     return target
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from consumers import profiles
+from consumers import profiles, records
 from consumers.kafka_connection import KafkaConnection
 
 
@@ -89,7 +89,7 @@ class KeyedProducer:
             self._producer.poll(0.1)
 
     def send(self, topic: str, event: dict[str, Any] | None = None, *, value: bytes | None = None,
-             key: bytes | None = None, headers: list[tuple[str, bytes]] | None = None,
+             key: bytes | None = None, headers: list[records.Header] | None = None,
              partition: int | None = None) -> Future[tuple[int, int]]:
         """Send an event (JSON-encoded) or raw bytes; the key follows the strategy unless given."""
         from consumers.events import encode
@@ -106,7 +106,7 @@ class KeyedProducer:
             if err is not None:
                 future.set_exception(DeliveryError(f"delivery to {topic} failed: {err}", err))
             else:
-                future.set_result((msg.partition(), msg.offset()))
+                future.set_result(records.place(msg)[1:])
 
         kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers,
                                   "on_delivery": on_delivery}

@@ -140,7 +140,9 @@ class RateBudget:
 
     def settle(self, estimate: Estimate, answer: Mapping[str, Any]) -> None:
         """The answer is in: its tokens (`usage`, or its text's length) replace the estimate."""
-        usage = answer.get("usage") if isinstance(answer.get("usage"), Mapping) else {}
+        usage = answer.get("usage")
+        if not isinstance(usage, Mapping):
+            usage = {}
         output = usage.get("completion_tokens")
         if not isinstance(output, int):
             output = tokens_of("".join(strings_of({k: v for k, v in answer.items() if k != "usage"})))

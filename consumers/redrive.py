@@ -45,6 +45,7 @@ from consumers import dead_letter, kafka_connection, pipeline_spec
 from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline_spec import PipelineSpec
 from consumers.producer import KeyedProducer
+from consumers.records import Header
 
 REDRIVEN = "redriven"
 SKIPPED_DONE = "skipped_done"
@@ -168,7 +169,7 @@ class Letter:
         (a record without a value, which the producer cannot send and no stage could read)."""
         return self.payload is not None and len(self.payload) < dead_letter.STORED_PAYLOAD_BYTES
 
-    def headers(self) -> list[tuple[str, bytes]]:
+    def headers(self) -> list[Header]:
         return [(dead_letter.REDRIVE_COUNT_HEADER, str(self.round).encode()),
                 (dead_letter.DEAD_LETTER_ID_HEADER, str(self.id).encode())]
 

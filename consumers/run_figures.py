@@ -101,7 +101,8 @@ def prices_of(spec: PipelineSpec) -> dict[str, cost.Prices | None]:
     """Each AI stage's declared prices (its endpoint's `price`; None: none declared)."""
     prices = {}
     for stage in spec.ai_stages:
-        price = spec.endpoint_of(stage).price
+        endpoint = spec.endpoint_of(stage)
+        price = endpoint.price if endpoint else None
         prices[stage] = cost.Prices(price.input_per_1k, price.output_per_1k) if price else None
     return prices
 

@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import AcknowledgeType, KafkaException, Message, ShareConsumer, TopicPartition
 
-from consumers import metrics, profiles, provisioning
+from consumers import metrics, profiles, provisioning, records
 from consumers.consumer import MemberSettings, StageMember, stats_summary
 from consumers.stages import RecordState, StageContext
 
@@ -58,7 +58,7 @@ class ShareMember(StageMember):
 
     def __init__(self, name: str, settings: MemberSettings, ctx: StageContext) -> None:
         super().__init__(name, settings, ctx)
-        self._consumer: ShareConsumer | None = None
+        self._consumer: ShareConsumer  # made by _run, which runs everything else
         self._holds_partitions = False
         self._lock_s = profiles.share_record_lock_ms(settings.time_scale) / 1000
 
@@ -101,9 +101,9 @@ class ShareMember(StageMember):
             self._consumer.acknowledge(msg, ack)
         metrics.IN_FLIGHT.labels(**self.labels).set(0)
         if fatal is not None:
-            msg, exc = fatal
-            raise RuntimeError(f"{self.name}: {msg.topic()}:{msg.partition()}@{msg.offset()} failed in "
-                               "a way no retry or dead letter fits; it was released, not accepted") from exc
+            msg, failure = fatal
+            raise RuntimeError(f"{self.name}: {msg.topic()}:{msg.partition()}@{msg.offset()} failed in a "
+                               "way no retry or dead letter fits; it was released, not accepted") from failure
 
     def _work(self, msg: Message, retry_until: float, stop: threading.Event,
               failed: threading.Event) -> AcknowledgeType:
@@ -118,7 +118,7 @@ class ShareMember(StageMember):
                                     lambda: not halted() and time.monotonic() < retry_until)
             if completed is not None:
                 return AcknowledgeType.ACCEPT if completed else AcknowledgeType.REJECT
-            if msg.delivery_count() < profiles.SHARE_DELIVERY_COUNT_LIMIT:
+            if records.delivery_count(msg) < profiles.SHARE_DELIVERY_COUNT_LIMIT:
                 return AcknowledgeType.RELEASE
             return self._last_delivery(msg, state, halted)
         except Exception:

@@ -103,11 +103,13 @@ class RecordState:
 def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
     """Run the stage's steps for one validated event."""
     spec, key = ctx.spec, ctx.key(event)
-    calls = isinstance(spec.work, HttpWork) and state.result is None and state.failure is None
-    if calls and ctx.ai is None:
-        raise RuntimeError(f"stage {ctx.stage} has no URL for endpoint {spec.work.endpoint}")
-    if calls and ctx.ai.circuit is not None and ctx.ai.circuit.closed_to(key.request_id):
-        raise EndpointDown(f"{spec.work.endpoint} is down for every caller (circuit {ctx.ai.circuit.state})")
+    endpoint = spec.work.endpoint if isinstance(spec.work, HttpWork) else None
+    calls = endpoint is not None and state.result is None and state.failure is None
+    if calls:
+        if ctx.ai is None:
+            raise RuntimeError(f"stage {ctx.stage} has no URL for endpoint {endpoint}")
+        if ctx.ai.circuit is not None and ctx.ai.circuit.closed_to(key.request_id):
+            raise EndpointDown(f"{endpoint} is down for every caller (circuit {ctx.ai.circuit.state})")
     row, claim = ctx.storage.take(key, event["produced_at"], {f: event[f] for f in spec.record if f in event},
                                   ctx.status(spec.status, route=False),
                                   CallClaim(ctx.stage, state.owner, ctx.claim_lease_s, origin, spec.join)
@@ -206,6 +208,7 @@ def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any
             return
         if claim.first_attempt is None:
             raise ClaimHeld(f"{ctx.stage} of {key.request_id} is being called by another member")
+        assert ctx.ai is not None  # a claim to call is taken only with the stage's client (`handle`)
         own = max(claim.own_failures, sum(t.own for t in state.tries))
         log = _AttemptLog(ctx, key, origin, state, {1: claim.first_attempt})
         try:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import yaml
 
+from host.processes import alive, spawn, tail, terminate
 from infra.layout import LOCAL, Layout, chosen, port_in_use
-from infra.processes import alive, spawn, tail, terminate
 
 NONE, LITELLM = "none", "litellm"
 MODES = (NONE, LITELLM)

@@ -25,8 +25,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from host.processes import alive, spawn, tail, terminate
 from infra.layout import REPO, Layout, current, port_in_use, wait_for_port
-from infra.processes import alive, spawn, tail, terminate
 
 COMPONENTS = ("metadatabase", "scheduler", "dag_processor", "triggerer")
 

@@ -29,8 +29,9 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from consumers.kafka_connection import KafkaConnection
-from infra.layout import KAFKA_JARS, REPO, Layout, port_in_use, write_private
-from infra.processes import alive, spawn, tail, terminate
+from host.files import write_private
+from host.processes import alive, spawn, tail, terminate
+from infra.layout import KAFKA_JARS, REPO, Layout, port_in_use
 from infra.tls import TlsFiles
 
 LOG4J_CONFIG = REPO / "infra" / "kafka" / "log4j2.properties"

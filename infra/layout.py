@@ -12,9 +12,7 @@ A stack is started `plaintext` or `sasl_ssl` (SECURITY). Either way its password
 
 from __future__ import annotations
 
-import itertools
 import os
-import random
 import shlex
 import socket
 from collections.abc import Sequence
@@ -28,11 +26,9 @@ KAFKA_JARS = LOCAL / "jars" / "kafka"
 
 # Every port of every stack stays below 32768, where Linux's ephemeral range begins: a listening
 # port inside it can already be the source port of some outgoing connection (at offset 30000 the
-# secure stack's third controller port, 39194, was, and that broker could not start).
+# secure stack's third controller port, 39194, was, and that broker could not start). Supervised
+# fleets serve /metrics from above them all (pipeline_ops.fleets.supervisord.FLEET_METRICS_PORTS).
 PORT_OFFSETS = {"dev": 0, "durable": 2000, "test": 10000, "faults": 20000, "secure": 22000}
-# A supervised fleet's /metrics port comes from here (`free_port`): under that range too, above
-# every stack's own ports (the secure stack's highest, its third controller, is 31194).
-FLEET_METRICS_PORTS = range(31500, 32768)
 PLAINTEXT, SASL_SSL = "plaintext", "sasl_ssl"
 SECURITIES = (PLAINTEXT, SASL_SSL)
 
@@ -135,41 +131,11 @@ def security() -> str:
     return value
 
 
-def write_private(path: Path, text: str) -> None:
-    """An owner-only file (it holds a password or a private key), renamed into place so no
-    reader sees half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.chmod(tmp, 0o600)  # the file may have been left from before with wider permissions
-    os.replace(tmp, path)
-
-
 def port_in_use(port: int) -> bool:
     """True when something already listens on 127.0.0.1:port."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
         return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-_next_port = itertools.count(random.randrange(len(FLEET_METRICS_PORTS)))
-
-
-def free_port(ports: range = FLEET_METRICS_PORTS) -> int:
-    """A port of `ports` that can be listened on now. Each call probes from past the port the
-    last one gave, from a random place at first, so that the fleets of one run, started before
-    any of them listens, get different ports."""
-    for _ in range(len(ports)):
-        port = ports[next(_next_port) % len(ports)]
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def wait_for_port(port: int, timeout_s: float) -> bool:

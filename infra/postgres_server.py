@@ -21,8 +21,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from infra.layout import Layout, write_private
-from infra.processes import tail
+from host.files import write_private
+from host.processes import tail
+from infra.layout import Layout
 
 DATABASES = ("pipeline", "airflow")
 PG_HBA = ("# Written by infra/postgres_server.py: password (SCRAM) authentication only.\n"

@@ -21,8 +21,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from host.processes import alive, spawn, tail, terminate
 from infra.layout import Layout, chosen, port_in_use, wait_for_port
-from infra.processes import alive, spawn, tail, terminate
 from spark.jars import resolved_jars
 from spark.session import QUICK_JIT
 

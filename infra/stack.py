@@ -37,7 +37,10 @@ from pathlib import Path
 
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.pipeline_spec import roles
-from infra import ai_gateway, kafka_cluster, postgres_server, spark_cluster, supervisor, tls
+from host import supervisor
+from host.files import write_private
+from host.processes import alive, spawn, terminate
+from infra import ai_gateway, kafka_cluster, postgres_server, spark_cluster, tls
 from infra.layout import (
     LOCAL,
     PLAINTEXT,
@@ -48,10 +51,9 @@ from infra.layout import (
     port_in_use,
     security,
     wait_for_port,
-    write_private,
 )
 from infra.migrate import migrate
-from infra.processes import alive, spawn, terminate
+from infra.supervisor import stack_paths
 from spark.jars import resolved_jars
 
 
@@ -204,7 +206,7 @@ def environment(layout: Layout, brokers: int, security: str, credentials: Creden
         **access.environment(),  # KAFKA_CLIENT_CONFIG, KAFKA_BOOTSTRAP_SERVERS, ..._<ROLE>
         "DATABASE_URL": database_url,
         "AI_SERVICE_URL": f"http://127.0.0.1:{layout.ai_service_port}",
-        "SUPERVISOR_URL": supervisor.stack_paths(layout).url,
+        "SUPERVISOR_URL": stack_paths(layout).url,
         "SPARK": spark,
         "SPARK_CONF_DIR": str(spark_cluster.conf_dir(layout)),
         "SPARK_JARS": resolved_jars(),
@@ -302,7 +304,7 @@ def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) ->
         save_state(layout, state)
         ensure_gateway(layout, state, gateway, credentials.gateway)
         migrate(layout.database_url())  # migrations added since the stack started
-        supervisor.start(supervisor.stack_paths(layout))
+        supervisor.start(stack_paths(layout))
         ensure_spark(layout, state, spark)
         print(f"{layout.name} stack already running")
         return
@@ -341,7 +343,7 @@ def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) ->
     save_state(layout, state)
     ensure_gateway(layout, state, gateway, credentials.gateway)
 
-    paths = supervisor.stack_paths(layout)
+    paths = stack_paths(layout)
     print(f"starting supervisord ({paths.socket}); deployed fleets start again")
     supervisor.start(paths)
 
@@ -357,7 +359,7 @@ def down(layout: Layout) -> None:
     # The gateway's port is checked after the stop only when it ran: 4000 is a common port.
     gateway = ai_gateway.LITELLM if state.get("gateway") else ai_gateway.NONE
     # First, while Kafka runs: the fleets finish their work, commit and leave their groups.
-    supervisor.shutdown(supervisor.stack_paths(layout))
+    supervisor.shutdown(stack_paths(layout))
     terminate(state.get("gateway"), state.get("ai_service"), grace_s=10)
     spark_cluster.stop(state.get("spark", {}))
     kafka_cluster.stop_nodes(*state.get("kafka", {}).values())
@@ -388,7 +390,7 @@ def status(layout: Layout) -> int:
         print(f"Spark master: {'up' if spark_cluster.running(state['spark'], layout) else 'down'} on "
               f"{spark_cluster.master_url(layout, spark_cluster.CLUSTER)}, {len(workers)} worker(s), "
               f"status {spark_cluster.status_url(layout)}")
-    paths = supervisor.stack_paths(layout)
+    paths = stack_paths(layout)
     client = supervisor.Client(paths)
     supervising = client.alive()
     print(f"supervisord: {'up' if supervising else 'down'} on {paths.socket}")

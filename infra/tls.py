@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from infra.layout import write_private
+from host.files import write_private
 
 VALID_DAYS = 3650  # a local stack's certificates should not expire under it
 

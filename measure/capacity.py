@@ -74,7 +74,7 @@ class Limits:
         names = list(stages)
         return cls({s: Endpoint(concurrency) for s in names}, {s: s for s in names})
 
-    def with_concurrency(self, endpoint: str, concurrency: float) -> Limits:
+    def with_concurrency(self, endpoint: str, concurrency: int) -> Limits:
         """The same limits with one endpoint's concurrency replaced (a limit schedule's piece)."""
         changed = {**self.endpoints, endpoint: Endpoint(
             concurrency, self.endpoints[endpoint].requests_per_minute,
@@ -161,11 +161,11 @@ def candidates(limits: Limits, service_s: Mapping[str, float],
                                    f"{n:.4g} calls = {rps:.4g} rps"))
         if e.tokens_per_minute:
             tokens = limits.tokens_per_call.get(name)
-            rps = e.tokens_per_minute / minute / (tokens * n) if tokens else None
-            found.append(Candidate(name, "tokens_per_minute", rps,
+            token_rps = e.tokens_per_minute / minute / (tokens * n) if tokens else None
+            found.append(Candidate(name, "tokens_per_minute", token_rps,
                                    f"{name}.tokens_per_minute: {e.tokens_per_minute} / {minute:g} s / "
-                                   f"({tokens:.5g} {e.tokens} tokens x {n:.4g} calls) = {rps:.4g} rps"
-                                   if rps is not None else
+                                   f"({tokens:.5g} {e.tokens} tokens x {n:.4g} calls) = {token_rps:.4g} rps"
+                                   if token_rps is not None else
                                    f"{name}.tokens_per_minute: {e.tokens} tokens per call not measured"))
     return found
 
@@ -179,7 +179,7 @@ def capacity(limits: Limits, service_s: Mapping[str, float], calls: Mapping[str,
 
 
 def capacity_schedule(limits: Limits, service_s: Mapping[str, float], calls: Mapping[str, float],
-                      endpoint: str, concurrency: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+                      endpoint: str, concurrency: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
     """(from_s, capacity rps) for a concurrency schedule of one endpoint, (from_s, limit):
     measure.figures' capacity schedule, every other limit held."""
     pieces = []

@@ -257,7 +257,7 @@ def run_figures(*, produced: int, status: Mapping[str, int], span: float | None,
         "skew_cv": _round(skew_cv, 3),
         "skew_hashing_bound": round(hashing_skew_bound(skew_records, skew_partitions), 3)
         if skew_records and skew_partitions else None,
-        **{f"p{round(q * 100)}_ms": _round(None if latency_s.get(q) is None else latency_s[q] * 1000, 1)
+        **{f"p{round(q * 100)}_ms": _round(None if (at_q := latency_s.get(q)) is None else at_q * 1000, 1)
            for q in QUANTILES},
     }
 

@@ -106,15 +106,17 @@ def diagnose(counts: Sequence[int], keyless: Sequence[int], hottest_keys: Sequen
     max_over_mean, _ = figures.skew(counts)
     bound = figures.hashing_skew_bound(records, partitions)
     hot, _ = figures.hottest(counts)
+    assert max_over_mean is not None and hot is not None  # None only without records
     mean = records / partitions
     excess = counts[hot] - mean
     top = hottest_keys[0] if hottest_keys else None
     key_records = top["share"] * counts[hot] if top else 0.0
-    decided = {"records": records, "partitions": partitions, "max_over_mean": round(max_over_mean, 4),
-               "hashing_bound": round(bound, 4), "hottest_partition": hot,
-               "hottest_excess_records": round(excess, 1), "keyless_share": round(sum(keyless) / records, 5),
-               "hottest_keyless": keyless[hot],
-               "top_key": dict(top) if top else None}
+    decided: dict[str, Any] = {
+        "records": records, "partitions": partitions, "max_over_mean": round(max_over_mean, 4),
+        "hashing_bound": round(bound, 4), "hottest_partition": hot,
+        "hottest_excess_records": round(excess, 1), "keyless_share": round(sum(keyless) / records, 5),
+        "hottest_keyless": keyless[hot],
+        "top_key": dict(top) if top else None}
     if sizing is not None:
         decided["sizing_partitions"] = sizing["partitions"]
         decided["sizing"] = list(sizing["reasoning"])

@@ -174,7 +174,7 @@ def last_terminal_us(frames: RunFrames) -> int | None:
             .select(_micros("at").alias("t")))
     finished = (requests.where(F.col("status").isin("completed", "rejected"))
                 .select(_micros("finished_at").alias("t")))
-    return finished.unionByName(dead).agg(F.max("t")).first()[0]
+    return _aggregate(finished.unionByName(dead), F.max("t"))
 
 
 def rebalance_windows(rebalances: DataFrame, run_end_us: int) -> DataFrame:
@@ -212,8 +212,15 @@ def rebalance_cost(windows: DataFrame, stage_results: DataFrame, final_stage: st
             .agg((F.count(F.when(F.col("busy").isNull(), 1)) * bucket_seconds).alias("cost_seconds")))
 
 
+def _aggregate(frame: DataFrame, column: Column) -> Any:
+    """One aggregate over the whole frame: its one row is always there (None over no rows)."""
+    row = frame.agg(column).first()
+    assert row is not None
+    return row[0]
+
+
 def _max_micros(frame: DataFrame, name: str) -> int | None:
-    return frame.agg(F.max(_micros(name))).first()[0]
+    return _aggregate(frame, F.max(_micros(name)))
 
 
 def _quantiles(row: dict[str, Any]) -> dict[str, Any]:
@@ -228,7 +235,7 @@ def analyse(frames: RunFrames, run_id: str, *, bucket_seconds: int = 1,
     times = sorted(r[0] / 1e6 for r in final.select(_micros("completed_at")).collect())
     status = {r["status"]: r["count"]
               for r in collect_sorted(frames.requests.groupBy("status").count(), "status")}
-    first_produced = frames.requests.agg(F.min(_micros("produced_at"))).first()[0]
+    first_produced = _aggregate(frames.requests, F.min(_micros("produced_at")))
     last_terminal = last_terminal_us(frames)
     span = figures.span_s(None if first_produced is None else first_produced / 1e6,
                           None if last_terminal is None else last_terminal / 1e6)

@@ -1,7 +1,7 @@
 # The one image every Airflow service in docker-compose.yaml runs (and the one-shot `migrate`).
-# Only the pinned Python dependencies are baked in: dags/, plugins/, consumers/, measure/, spark/
-# and infra/ are bind-mounted by docker-compose.yaml, so code changes need no rebuild; a change to
-# requirements.lock does (`docker compose build`).
+# Only the pinned Python dependencies are baked in: dags/, plugins/, consumers/, measure/, spark/,
+# infra/ and host/ are bind-mounted by docker-compose.yaml, so code changes need no rebuild; a
+# change to requirements.lock does (`docker compose build`).
 
 # The Spark Kafka connector and JDBC driver, resolved by the same pom as `make jars`.
 FROM maven:3.9-eclipse-temurin-17 AS spark-jars

@@ -82,15 +82,19 @@ class Decision:
             f"{c.name} {c.measured} ({c.required})" for c in shown)
 
 
+def _known(values: Sequence[Any]) -> list[float] | None:
+    """The values as numbers; None when one is unknown."""
+    known = [v for v in values if v is not None]
+    return [float(v) for v in known] if len(known) == len(values) else None
+
+
 def _values(trials: Sequence[Mapping[str, Any]], key: str) -> list[float] | None:
-    values = [t.get(key) for t in trials]
-    return None if any(v is None for v in values) else [float(v) for v in values]
+    return _known([t.get(key) for t in trials])
 
 
 def _costs_per_request(trials: Sequence[Mapping[str, Any]]) -> list[float] | None:
     """Each trial's AI cost per completed request; None when one trial's is unknown."""
-    values = [(t.get("cost") or {}).get("cost_per_request") for t in trials]
-    return None if any(v is None for v in values) else [float(v) for v in values]
+    return _known([(t.get("cost") or {}).get("cost_per_request") for t in trials])
 
 
 def summarise(trials: Sequence[Mapping[str, Any]], confidence: float = 0.95) -> dict[str, Any]:

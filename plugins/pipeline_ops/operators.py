@@ -68,7 +68,7 @@ def endpoint_keys(spec: PipelineSpec) -> dict[str, str]:
     """Each AI endpoint's key: its Airflow connection's password, when it has one."""
     passwords = {conn_id: BaseHook.get_connection(conn_id).password
                  for conn_id in {e.connection for e in spec.endpoints.values()}}
-    return {name: passwords[e.connection] for name, e in spec.endpoints.items() if passwords[e.connection]}
+    return {name: password for name, e in spec.endpoints.items() if (password := passwords[e.connection])}
 
 
 def fleet_environment(kafka_config_id: str, postgres_conn_id: str, spec: PipelineSpec) -> FleetEnvironment:
@@ -125,8 +125,9 @@ class CheckPipelineOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         try:
             spec = pipeline_check.validated(self.pipeline)
-            if int(self.version or 0):  # rendered templates are text: "" or "0" means none
-                ConfigRegistry(self.postgres_conn_id).get(int(self.version), spec.name)
+            version = int(self.version or 0)  # rendered templates are text: "" or "0" means none
+            if version:
+                ConfigRegistry(self.postgres_conn_id).get(version, spec.name)
         except ValueError as exc:  # SpecError is one, as is a version of another pipeline
             raise AirflowFailException(str(exc)) from None
         self.log.info("pipeline %s", spec.summary())
@@ -260,6 +261,8 @@ class DeployFleetOperator(BaseOperator):
             return fleets.stop(self.run_id)
         if self.action == "check":
             return fleets.check(self.run_id)
+        if self.version is None:
+            raise ValueError(f"{self.action} needs the configuration version")
         version = ConfigRegistry(self.conns[1]).get(int(self.version))
         config = version.config
         n = int(self.members or 0)  # rendered templates are text: "0" means the version's own
@@ -411,7 +414,7 @@ class PromotionGateOperator(BaseBranchOperator):
         figures = {"trials": trials, "summary": gate.summarise(trials, thresholds.confidence),
                    "conditions": measured["conditions"],
                    "reference": {"version": active.version, "steady_throughput_rps": reference}
-                   if reference else None}
+                   if active and reference else None}
         decision_id = registry.record_decision(candidate["run_id"], candidate["version"],
                                                active.version if active else None, decision.passed,
                                                decision.reasons(), figures, asdict(thresholds))

@@ -4,6 +4,7 @@ user who triggered the run is kept with each (`consumers.redrive` does the work)
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -23,7 +24,7 @@ def requested_by(context: Any) -> str:
     return getattr(dag_run, "triggering_user_name", None) or SCHEDULER
 
 
-def _listed(value: list[str] | str) -> tuple[str, ...]:
+def _listed(value: Sequence[str] | str) -> tuple[str, ...]:
     """A list field, as given or as the JSON its template rendered (`| tojson`)."""
     return tuple(json.loads(value) if isinstance(value, str) else value)
 
@@ -37,8 +38,8 @@ class RedriveOperator(BaseOperator):
     template_fields = ("pipeline", "run", "stages", "reasons", "since", "until", "limit", "rate",
                        "max_redrives")
 
-    def __init__(self, *, pipeline: str, run: str = "", stages: list[str] | str = (),
-                 reasons: list[str] | str = (), since: str = "", until: str = "",
+    def __init__(self, *, pipeline: str, run: str = "", stages: Sequence[str] | str = (),
+                 reasons: Sequence[str] | str = (), since: str = "", until: str = "",
                  limit: int | str = 100, rate: float | str = 20.0, max_redrives: int | str = 3,
                  kafka_config_id: str = "kafka_default", postgres_conn_id: str = "postgres_default",
                  **kwargs: Any) -> None:

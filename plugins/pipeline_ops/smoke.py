@@ -58,7 +58,7 @@ class KafkaRoundTripOperator(BaseOperator):
                     continue
                 if msg.error():
                     raise RuntimeError(f"consume from {topic} failed: {msg.error()}")
-                return msg.value().decode()
+                return (msg.value() or b"").decode()
             return None
         finally:
             consumer.close()

@@ -24,10 +24,10 @@ import pytest
 import requests
 
 from consumers.ai_service import EndpointConfig, ServiceConfig, serve
+from host.processes import terminate
 from infra import ai_gateway
 from infra.ai_gateway import Model
 from infra.layout import Layout
-from infra.processes import terminate
 
 # Prices far above real ones, so the cost of a few tokens is a number to check by hand.
 MODEL = Model("support-small", rpm=4, tpm=100_000, input_cost_per_token=0.001, output_cost_per_token=0.002)

@@ -23,7 +23,7 @@ import pytest
 from consumers import events, provisioning
 from consumers.pipeline import provision_pipeline
 from consumers.pipeline_config import Endpoints, PipelineConfig, StageConfig
-from infra import supervisor
+from host import supervisor
 from infra.layout import REPO
 from pipeline_ops.fleets import FleetEnvironment, FleetSupervisor
 from pipeline_ops.registry import ConfigRegistry

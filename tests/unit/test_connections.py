@@ -13,9 +13,9 @@ import pytest
 from consumers import pipeline_spec
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.pipeline_config import PipelineConfig
-from infra.fleet_program import fleet_program
 from pipeline_ops import connections
 from pipeline_ops.fleets import FleetEnvironment
+from pipeline_ops.fleets.program import fleet_program
 
 ADMIN = {"bootstrap.servers": "127.0.0.1:39092", "security.protocol": "SASL_SSL",
          "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "admin", "sasl.password": "admin-pw",

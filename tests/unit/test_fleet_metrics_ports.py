@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from consumers.pipeline_config import PipelineConfig
-from infra import supervisor
+from host import supervisor
 from infra.layout import PORT_OFFSETS, Layout
 from infra.stack import ports as stack_ports
 from pipeline_ops.fleets.supervisord import FleetSupervisor

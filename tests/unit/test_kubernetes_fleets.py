@@ -44,13 +44,13 @@ from consumers import fleet, presets
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.pipeline_config import Endpoints, PipelineConfig
-from infra.fleet_program import fleet_program
 from infra.layout import REPO
 from pipeline_ops import fleets, operators
 from pipeline_ops.fleets import manifests
 from pipeline_ops.fleets.backend import TOKEN_ENV
 from pipeline_ops.fleets.kubernetes import KubernetesFleets, health_of
 from pipeline_ops.fleets.kubernetes import main as render_main
+from pipeline_ops.fleets.program import fleet_program
 from pipeline_ops.fleets.records import Deployment
 
 RUN = "r1"

@@ -7,7 +7,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from infra.processes import alive, spawn, terminate
+from host.processes import alive, spawn, terminate
 from tests.unit.test_member_delivery import wait_for
 
 

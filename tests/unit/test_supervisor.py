@@ -1,4 +1,4 @@
-"""The supervisord files infra/supervisor.py writes, read back by supervisord's own parser."""
+"""The supervisord files host/supervisor.py writes, read back by supervisord's own parser."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from supervisor.datatypes import RestartUnconditionally, process_or_group_name
 from supervisor.options import ServerOptions
 
-from infra import supervisor
-from infra.layout import write_private
+from host import supervisor
+from host.files import write_private
 
 # What a fleet's command and environment can hold: JSON with quotes and '%', URLs with
 # URL-encoded passwords, commas and '=' in values.

@@ -31,7 +31,7 @@ from kubernetes.client.rest import ApiException
 from consumers import kafka_connection, pipeline_spec, presets
 from consumers.fleet import member_name
 from consumers.pipeline_config import Endpoints, PipelineConfig
-from infra.layout import write_private
+from host.files import write_private
 from pipeline_ops.fleets import manifests
 from pipeline_ops.fleets.backend import FleetEnvironment
 from pipeline_ops.fleets.records import KUBERNETES, Deployment, Records, wait_ready

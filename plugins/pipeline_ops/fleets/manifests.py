@@ -7,7 +7,7 @@ token) and a `Deployment` of one pod per member, each running `python -m consume
 Deployment. A pod is ready once it serves /metrics. Kubernetes stops a pod with SIGTERM, on
 which the fleet's member stops taking work, finishes what is in flight within the
 configuration's shutdown deadline, commits and leaves the group; the grace period before SIGKILL
-is the supervisord backend's stop wait (that deadline plus `fleet_program.STOP_MARGIN_S`).
+is the supervisord backend's stop wait (that deadline plus `program.STOP_MARGIN_S`).
 
 Optionally (KEDA installed), per AI stage a `ScaledObject` on the consumer lag of the stage's group
 on its source topic, from the configuration's members up to the partition count (a member beyond
@@ -26,8 +26,8 @@ from pathlib import Path
 from consumers.events import Topics
 from consumers.kafka_connection import KafkaConnection
 from consumers.pipeline_config import PipelineConfig
-from infra.fleet_program import fleet_command, stop_wait_s
 from pipeline_ops.fleets.backend import FleetEnvironment
+from pipeline_ops.fleets.program import fleet_command, stop_wait_s
 
 KEDA_GROUP, KEDA_VERSION = "keda.sh", "v1alpha1"
 KEDA_API = f"{KEDA_GROUP}/{KEDA_VERSION}"

@@ -3,7 +3,7 @@
 A row per (run, stage) fleet while it runs (state `running`), closed as `stopped`, `failed` or
 `scaled` (replaced by a row at another member count). `program` names what runs the fleet: a
 supervisord program, or `<namespace>/<deployment>` on Kubernetes. A supervisord name never holds a
-'/' (infra.supervisor.program_name), so each row tells its backend without a column for it.
+'/' (host.supervisor.program_name), so each row tells its backend without a column for it.
 """
 
 from __future__ import annotations

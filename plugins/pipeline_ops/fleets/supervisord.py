@@ -1,7 +1,7 @@
 """Deploy a configuration's consumer fleets as supervisord programs on this machine.
 
 One program per (run, stage of the configuration's pipeline) runs `python -m consumers.fleet`;
-supervisord (infra/supervisor.py, started with the stack) starts a fleet again when it crashes
+supervisord (host/supervisor.py, started with the stack) starts a fleet again when it crashes
 or exits non-zero because a member died, so a deployment outlives the task that made it and
 needs no one to watch it. The `deployments` table keeps the history: program, pid (the new one
 after a restart), metrics port, member count, supervisord's state, health and how each ended.
@@ -11,21 +11,43 @@ work, commit and leave their groups (SIGKILL only past the stop wait).
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
+import socket
 import urllib.request
 from pathlib import Path
 
 from consumers.pipeline_config import PipelineConfig
-from infra import supervisor
-from infra.fleet_program import fleet_program
-from infra.layout import free_port
-from infra.processes import tail
+from host import supervisor
+from host.processes import tail
 from pipeline_ops.fleets.backend import FleetEnvironment
+from pipeline_ops.fleets.program import fleet_program
 from pipeline_ops.fleets.records import SUPERVISORD, Deployment, Records, wait_ready
 
 # supervisord's states as deployment health (RUNNING is healthy once /metrics answers).
 HEALTH = {"STARTING": "starting", "BACKOFF": "restarting", "EXITED": "restarting",
           "STOPPING": "stopping"}
+# A fleet's /metrics port comes from here (`free_port`): below Linux's ephemeral range (32768 up)
+# like every local stack's ports (infra/layout.py says why), and above them all (the secure
+# stack's highest, its third controller, is 31194).
+FLEET_METRICS_PORTS = range(31500, 32768)
+_next_port = itertools.count(random.randrange(len(FLEET_METRICS_PORTS)))
+
+
+def free_port(ports: range = FLEET_METRICS_PORTS) -> int:
+    """A port of `ports` that can be listened on now. Each call probes from past the port the
+    last one gave, from a random place at first, so that the fleets of one run, started before
+    any of them listens, get different ports."""
+    for _ in range(len(ports)):
+        port = ports[next(_next_port) % len(ports)]
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def default_paths() -> supervisor.Paths:

@@ -1,6 +1,6 @@
 """How a stage's consumer fleet is started (its command) and how long a graceful stop may take:
-the one place both deployment backends read, supervisord programs here and Kubernetes pods
-(plugins/pipeline_ops/fleets/manifests.py)."""
+the one place both deployment backends read, supervisord programs here (`supervisord`) and
+Kubernetes pods (`manifests`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,16 @@ import math
 import os
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
+import consumers
 from consumers.pipeline_config import PipelineConfig
-from infra import supervisor
-from infra.layout import REPO
+from host import supervisor
 
 # Beyond the fleet's shutdown deadline: its threads' join margin and closing its clients.
 STOP_MARGIN_S = 30
+# Where `python -m consumers.fleet` runs: the folder holding the runtime's package.
+RUNTIME_ROOT = Path(consumers.__file__).resolve().parent.parent
 
 
 def fleet_command(run_id: str, stage: str, config: PipelineConfig, members: int,
@@ -40,5 +43,5 @@ def fleet_program(name: str, run_id: str, stage: str, config: PipelineConfig, en
     ($PIPELINES_DIR when set): supervisord passes a program only the environment it is given."""
     command = fleet_command(run_id, stage, config, config.stage(stage).members, metrics_port)
     specs = {"PIPELINES_DIR": os.environ["PIPELINES_DIR"]} if os.environ.get("PIPELINES_DIR") else {}
-    return supervisor.Program(name, command, REPO, {**env, **specs, "PYTHONUNBUFFERED": "1"},
+    return supervisor.Program(name, command, RUNTIME_ROOT, {**env, **specs, "PYTHONUNBUFFERED": "1"},
                               stopwaitsecs=stop_wait_s(config), startsecs=startsecs)

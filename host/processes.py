@@ -1,7 +1,7 @@
-"""Start and stop the stack's long-running processes.
+"""Start and stop long-running processes: the stack's services and supervisord.
 
-Each service runs in its own session (so `make` finishing does not take it down) with its
-output in a log file; stopping sends SIGTERM to the whole process group, waits, then SIGKILL.
+Each runs in its own session (so `make` finishing does not take it down) with its output in a
+log file; stopping sends SIGTERM to the whole process group, waits, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def terminate(*pids: int | None, grace_s: float = 30.0) -> None:
     controlled shutdown asks the controller quorum, and the last of three nodes stopped one by
     one found no quorum left and waited out its whole grace period before being killed.
     """
-    running = [pid for pid in pids if alive(pid)]
+    running = [pid for pid in pids if pid is not None and alive(pid)]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         for pid in running:
             with contextlib.suppress(ProcessLookupError):
