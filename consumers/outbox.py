@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -186,13 +187,15 @@ class TransactionalOutbox:
                 self._producer.poll(0.05)  # local queue full: let deliveries drain, then retry
 
     def _commit_transaction(self) -> None:
-        """Commit, retrying what the client says may be retried (a slow coordinator)."""
+        """Commit, retrying what the client says may be retried (a slow coordinator) for up to
+        DELIVERY_TIMEOUT_S more; then the transaction is aborted like any other that failed."""
+        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
         while True:
             try:
                 self._producer.commit_transaction(DELIVERY_TIMEOUT_S)
                 return
             except KafkaException as exc:
-                if not exc.args[0].retriable():
+                if not exc.args[0].retriable() or time.monotonic() > deadline:
                     raise
 
     def _abort(self) -> None:

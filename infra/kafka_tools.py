@@ -71,17 +71,17 @@ def connection_args(connection: KafkaConnection | None, args: tuple[str, ...]) -
         yield [*extra, "--command-config", file.name]
 
 
-def topic_values(connection: KafkaConnection, topics: list[str], isolation: str = "read_committed",
+def topic_values(connection: KafkaConnection, topics: list[str],
                  idle_ms: int = 10_000) -> dict[str, list[str]]:
-    """Every value of each topic as Kafka's own console consumer reads it with `isolation`
-    (`read_committed`: what a downstream service sees; `read_uncommitted`: every record written,
-    aborted transactions' too), one consumer per topic, all at once; each stops after `idle_ms`
-    without a record. Values are UTF-8 text, one per line (the pipelines' events are one-line JSON)."""
+    """Every value of each topic as Kafka's own console consumer reads it `read_committed` (what
+    a downstream service sees: never the records of an aborted transaction), one consumer per
+    topic, all at once; each stops after `idle_ms` without a record. Values are UTF-8 text, one
+    per line (the pipelines' events are one-line JSON)."""
     with contextlib.ExitStack() as cleanup:
         processes: dict[str, subprocess.Popen[str]] = {}
         for topic in topics:
-            args = ("--topic", topic, "--from-beginning", "--isolation-level", isolation,
-                    "--timeout-ms", str(idle_ms), "--group", f"read-{isolation}-{uuid.uuid4().hex[:8]}")
+            args = ("--topic", topic, "--from-beginning", "--isolation-level", "read_committed",
+                    "--timeout-ms", str(idle_ms), "--group", f"read-committed-{uuid.uuid4().hex[:8]}")
             extra = cleanup.enter_context(connection_args(connection, args))
             processes[topic] = cleanup.enter_context(subprocess.Popen(
                 command("console-consumer", *args, *extra), stdout=subprocess.PIPE,
