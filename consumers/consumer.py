@@ -41,7 +41,6 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from consumers import dead_letter, events, failures, metrics, profiles, records, stages
 from consumers.ai_client import AIBadAnswer, AIUnavailable, EndpointDown
-from consumers.committer import Committer
 from consumers.fetch_buffer import FetchBuffer
 from consumers.kafka_connection import KafkaConnection
 from consumers.offsets import OffsetTracker
@@ -63,9 +62,6 @@ TRANSIENT_BACKOFF_S = 0.1
 TRANSIENT_BACKOFF_MAX_S = 5.0
 
 TRANSACTIONAL_MODES = ("flow", "bounded")
-# Exactly once in flow mode: transactions follow one another as records complete, no closer
-# than this (each writes a marker to every partition it touched), at most a commit interval apart.
-TRANSACTION_MIN_GAP_S = 0.05
 # Dead-letter reasons that mean the request failed for good: the spec's failure notice tells its user.
 FAILED_FOR_GOOD = ("ai_unavailable", "ai_bad_answer", "work_failed")
 
@@ -340,8 +336,6 @@ class Member(StageMember):
         self._assignment_changed = False
         self._fatal: tuple[str, Exception] | None = None  # a worker failure that ends the member
         self._transactions: TransactionalOutbox | None = None  # exactly once: the member's own
-        self._committer: Committer | None = None  # exactly once in flow mode: its transactions
-        self._commit_lock = threading.Lock()  # one transaction at a time: the committer's, a revocation's
 
     # ----------------------------------------------------------------- lifecycle
     def _run(self, stop: threading.Event) -> None:
@@ -480,10 +474,6 @@ class Member(StageMember):
                                    pause_after_s=poll_interval_s / 3)
         last_commit = time.monotonic()
         workers = self.ctx.windows.size if self.ctx.windows is not None else s.window
-        if self._transactions is not None:
-            self._committer = Committer(self.name, lambda: self._commit_completed(None),
-                                        self._commit_failed, min_gap_s=TRANSACTION_MIN_GAP_S,
-                                        max_gap_s=s.commit_interval_s).start()
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{self.name}-w") as pool:
             try:
                 while not stop.is_set():
@@ -500,14 +490,11 @@ class Member(StageMember):
                     metrics.BUFFERED.labels(**self.labels).set(len(self._buffer))
                     metrics.PAUSED.labels(**self.labels).set(int(self._buffer.paused))
                     if time.monotonic() - last_commit >= s.commit_interval_s:
-                        if self._committer is None:
-                            self._commit_completed(self.assignment, asynchronous=True)
+                        self._commit_completed(self.assignment, asynchronous=True)
                         self._store_group_events()
                         last_commit = time.monotonic()
             finally:
                 self._shutdown_flow(self._buffer)
-                if self._committer is not None:
-                    self._committer.stop()
         if self._fatal is not None:  # a worker failed while the member was stopping
             raise RuntimeError(self._fatal[0]) from self._fatal[1]
 
@@ -557,8 +544,6 @@ class Member(StageMember):
             done = self._done.get(timeout=block_s) if block_s else self._done.get_nowait()
         except queue.Empty:
             return
-        if self._committer is not None:
-            self._committer.wanted()
         while True:
             topic, partition, offset = records.place(done.msg)
             self._tracker.completed((topic, partition), offset, done.epoch, done.handled)
@@ -571,23 +556,15 @@ class Member(StageMember):
             except queue.Empty:
                 return
 
-    def _commit_completed(self, tps: set[tuple[str, int]] | None, asynchronous: bool = False) -> None:
-        """Commit what was handled (`tps` None: every partition the member holds). The poll
-        loop's periodic commits are asynchronous: waiting for the coordinator there (tens of ms,
-        more with replicated offsets) held back every record the loop would have dispatched
-        meanwhile; exactly once, the committer's thread commits instead. Handing partitions back
-        waits."""
-        with self._commit_lock:
-            positions = self._tracker.committable(tps)
-            if asynchronous and self._transactions is None:
-                self._commit(positions, asynchronous=True)  # marked committed in `_on_commit`
-            elif self._commit(positions):
-                self._tracker.mark_committed(positions)
-
-    def _commit_failed(self, exc: Exception) -> None:
-        """The committer's transaction failed in a way no retry fits: the member ends."""
-        if self._fatal is None:
-            self._fatal = (f"{self.name}: a transaction of its outputs and offsets failed", exc)
+    def _commit_completed(self, tps: set[tuple[str, int]], asynchronous: bool = False) -> None:
+        """Commit what was handled. The poll loop's periodic commits are asynchronous: waiting
+        for the coordinator there (tens of ms, more with replicated offsets) held back every
+        record the loop would have dispatched meanwhile. Handing partitions back waits."""
+        positions = self._tracker.committable(tps)
+        if asynchronous and self._transactions is None:
+            self._commit(positions, asynchronous=True)  # marked committed in `_on_commit`
+        elif self._commit(positions):
+            self._tracker.mark_committed(positions)
 
     def _release(self, tps: set[tuple[str, int]], commit: bool) -> None:
         """Hand partitions back: stop their retries and forget what they had not committed; in
@@ -600,8 +577,7 @@ class Member(StageMember):
         if self._buffer is not None:
             self._release_flow(self._buffer, tps, commit)
         if self._transactions is not None:
-            with self._commit_lock:  # not while a transaction could still give outputs back
-                self._transactions.drop(tps)
+            self._transactions.drop(tps)
 
     def _release_flow(self, buffer: FetchBuffer, tps: set[tuple[str, int]], commit: bool) -> None:
         buffer.drop(tps)
