@@ -556,15 +556,18 @@ class Member(StageMember):
             except queue.Empty:
                 return
 
-    def _commit_completed(self, tps: set[tuple[str, int]], asynchronous: bool = False) -> None:
-        """Commit what was handled. The poll loop's periodic commits are asynchronous: waiting
-        for the coordinator there (tens of ms, more with replicated offsets) held back every
-        record the loop would have dispatched meanwhile. Handing partitions back waits."""
+    def _commit_completed(self, tps: set[tuple[str, int]], asynchronous: bool = False) -> bool:
+        """Commit what was handled; False when a synchronous commit failed. The poll loop's
+        periodic commits are asynchronous: waiting for the coordinator there (tens of ms, more
+        with replicated offsets) held back every record the loop would have dispatched
+        meanwhile. Handing partitions back waits."""
         positions = self._tracker.committable(tps)
         if asynchronous and self._transactions is None:
-            self._commit(positions, asynchronous=True)  # marked committed in `_on_commit`
-        elif self._commit(positions):
-            self._tracker.mark_committed(positions)
+            return self._commit(positions, asynchronous=True)  # marked committed in `_on_commit`
+        if not self._commit(positions):
+            return False
+        self._tracker.mark_committed(positions)
+        return True
 
     def _release(self, tps: set[tuple[str, int]], commit: bool) -> None:
         """Hand partitions back: stop their retries and forget what they had not committed; in
@@ -594,8 +597,20 @@ class Member(StageMember):
         self._tracker.forget(tps)
 
     def _shutdown_flow(self, buffer: FetchBuffer) -> None:
-        """Stop taking work, let in-flight records finish within the deadline, commit."""
+        """Stop taking work, let in-flight records finish within the deadline, commit.
+
+        A fleet's members stop together, and the first to leave its group starts a rebalance:
+        the others' last commit then carries a generation that is gone and is refused (with
+        exactly-once outputs, the outputs with it). They poll until the group gives them the
+        new generation and commit again, within the deadline; what they poll meanwhile is left
+        to the partitions' next owner."""
         buffer.clear()
+        deadline = time.monotonic() + self.settings.revoke_deadline_s
+        while self._tracker.in_flight() and time.monotonic() < deadline:
+            self._collect_done(block_s=0.05)
+        while not self._commit_completed(set(self.assignment)) and time.monotonic() < deadline:
+            self._consumer.poll(0.2)
+            buffer.clear()
         self._release(set(self.assignment), commit=True)
         if self.ctx.windows is not None:
             self.ctx.windows.hold(self.name, self._tracker.in_flight())
