@@ -106,7 +106,7 @@ gate-stats: up
 faults: deps
 	@STACK=faults $(PY) -m infra.stack up --brokers 3; rc=$$?; \
 	if [ $$rc -eq 0 ]; then set -a && source .local/faults/stack.env && set +a && \
-	  $(PY) -m bench.faults $(if $(FAULTS),--faults $(FAULTS),); rc=$$?; fi; \
+	  $(PY) -m bench.faults $(if $(FAULTS),--faults $(FAULTS),) $(if $(PRESET),--preset $(PRESET),); rc=$$?; fi; \
 	STACK=faults $(PY) -m infra.stack down; exit $$rc
 
 # The UI on http://127.0.0.1:8080 with login (user admin, password printed at start and kept
