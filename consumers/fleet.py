@@ -49,7 +49,7 @@ CHANGES_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's and a circuit's
 # A record's transactions take a millisecond on an idle machine, but tens of them when the
 # machine is saturated, and an AI stage's workers come back from their calls in waves: with 16
 # connections the generate workers spent most of a burst waiting for one (sampled profile), and
-# 48 raised `durable`'s utilisation from 0.57-0.64 to 0.76-0.87 (README, benchmark section).
+# 48 raised `durable`'s utilisation from 0.57-0.64 to 0.76-0.87.
 DB_CONNECTIONS = 48
 
 

@@ -40,8 +40,8 @@ member died, with back-off when it fails at start. The `deployments` table recor
 with its pid (the new one after a restart), metrics port, member count, supervisord state,
 restarts and health. `scale` rewrites the AI stages' (the stages that call an AI endpoint)
 programs with the new member count and restarts them; `check` refreshes the recorded state. With a
-Kubernetes connection `fleet_default`, each fleet is a Deployment instead (README: *Fleets on
-Kubernetes*).
+Kubernetes connection `fleet_default`, each fleet is a Deployment instead (docs/operations/
+kubernetes.md).
 """,
 )
 def pipeline_deploy() -> None:

@@ -46,7 +46,7 @@ from spark.session import build
 RECORD_COLUMNS = ("topic", "partition", "offset", "bytes", "key", "ts_ms")
 # A record's place in [0, 1) for the key sample: the low 53 bits of a hash, as a double holds them.
 UNIFORM_MASK = (1 << 53) - 1
-# What --distinct-keys costs, measured by bench/spark_partition_load.py (README, Analysis).
+# What --distinct-keys costs, measured by bench/spark_partition_load.py (docs/analysis.md).
 DISTINCT_KEYS_COST = ("about 1.7x the job's time: on 10 M records here the best of three runs took "
                       "12.5-12.7 s against 7.3-7.6 s without it")
 # DataSketches HLL of the keys (--distinct-keys): a hashed coupon per key up to about 196k
@@ -262,7 +262,7 @@ def analyse(records: DataFrame, partitions: dict[str, int], *, hot_threshold: fl
     empty); `sizing` (measure.sizing.size per topic) lets a topic be found short of partitions.
     The topic is an id (topic_ids) until the aggregates are named again, so the aggregation
     hashes an int instead of the name. Distinct keys, on request, come from a DataSketches HLL
-    sketch per bucket (KEY_SKETCH_LG_K): its cost is in the README's Analysis section.
+    sketch per bucket (KEY_SKETCH_LG_K): its cost is in docs/analysis.md.
     """
     topics = list(partitions)
     rate = sample_rates(topics, partition_records) if partition_records is not None else None
