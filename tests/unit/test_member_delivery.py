@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg2
 import pytest
-from confluent_kafka import KafkaError, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers import consumer as consumer_module
 from consumers import pipeline_spec
@@ -79,6 +79,8 @@ class FakeConsumer:
         self.on_commit = config.get("on_commit")
         self.answers: deque[tuple[KafkaError | None, list[TopicPartition]]] = deque()
         self.refuse_next_commits = 0  # asynchronous commits the coordinator answers with an error
+        self.generation_gone = False  # synchronous commits refused until the member polls again
+        self.polls = 0
         FakeConsumer.instance = self
 
     def subscribe(self, topics: list[str], on_assign: Callable, on_revoke: Callable,
@@ -109,6 +111,8 @@ class FakeConsumer:
     def commit(self, offsets: list[TopicPartition], asynchronous: bool = True) -> None:
         """Only commits the coordinator took are in `commits`; asynchronous ones are answered
         through `on_commit` at the next consume."""
+        if not asynchronous and self.generation_gone:
+            raise KafkaException(KafkaError(KafkaError.ILLEGAL_GENERATION))
         if asynchronous and self.refuse_next_commits:
             self.refuse_next_commits -= 1
             self.answers.append((KafkaError(KafkaError.REBALANCE_IN_PROGRESS), offsets))
@@ -119,6 +123,11 @@ class FakeConsumer:
 
     def seek(self, tp: TopicPartition) -> None:
         self.position = tp.offset
+
+    def poll(self, timeout: float) -> None:
+        """The rejoin a moved generation asks for: commits are taken again after it."""
+        self.polls += 1
+        self.generation_gone = False
 
     def assignment(self) -> list[TopicPartition]:
         return [TopicPartition(TOPIC, 0)] if self.assigned else []
@@ -327,6 +336,18 @@ def test_a_refused_asynchronous_commit_is_sent_again(script: Script, sink: Sink)
         run.consumer.refuse_next_commits = 0  # the coordinator takes commits again
         wait_for(lambda: highest_commit(run.consumer) == 3)  # the same position, sent again
     assert run.error is None
+
+
+def test_a_last_commit_refused_for_a_moved_generation_is_made_after_polling_the_new_one(
+        script: Script, sink: Sink) -> None:
+    # A fleet's members stop together; the first to leave moves the group's generation on, and
+    # the others' last commit is refused until they have polled the new one.
+    with running(make_member("flow", sink), records=3) as run:
+        run.consumer.refuse_next_commits = 1_000_000  # nothing committed while running
+        wait_for(lambda: script.finished.count(2) == 1)
+        run.consumer.generation_gone = True
+    assert run.error is None
+    assert run.consumer.polls >= 1 and highest_commit(run.consumer) == 3
 
 
 def test_a_flow_member_uses_the_window_its_fleet_mates_leave(script: Script, sink: Sink) -> None:
