@@ -101,14 +101,18 @@ def test_the_reference_pipeline_runs_end_to_end_under_least_privilege(secure: St
         found = admin.describe_acls(AclBindingFilter(
             ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{role}", None, AclOperation.ANY,
             AclPermissionType.ANY), request_timeout=30).result()
-        mine = sorted((b.restype.name, b.name, b.operation.name) for b in found
+        mine = sorted((b.restype.name, b.name, b.resource_pattern_type.name, b.operation.name) for b in found
                       if b.name.startswith(f"{run_id}."))
         written = {"source": [], "intake": ["notify"], "check": ["generate", "notify"],
                    "generate": ["notify"]}[role]
-        expected = [("TOPIC", f"{run_id}.{t}", "WRITE") for t in ("intake", "style")] if role == "source" \
-            else [("GROUP", f"{run_id}.{role}", "READ"), ("GROUP", f"{run_id}.{role}", "ALTER_CONFIGS"),
-                  ("TOPIC", secured_run.source_of(role), "READ"),
-                  *(("TOPIC", f"{run_id}.{t}", "WRITE") for t in [*written, "dlq"])]
+        expected = [("TOPIC", f"{run_id}.{t}", "LITERAL", "WRITE") for t in ("intake", "style")] \
+            if role == "source" else [
+                ("GROUP", f"{run_id}.{role}", "LITERAL", "READ"),
+                ("GROUP", f"{run_id}.{role}", "LITERAL", "ALTER_CONFIGS"),
+                ("TOPIC", secured_run.source_of(role), "LITERAL", "READ"),
+                # its members' transactional ids, for exactly-once outputs
+                ("TRANSACTIONAL_ID", f"{run_id}.{role}.", "PREFIXED", "WRITE"),
+                *(("TOPIC", f"{run_id}.{t}", "LITERAL", "WRITE") for t in [*written, "dlq"])]
         assert mine == sorted(expected), role
 
 
