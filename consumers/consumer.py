@@ -44,7 +44,7 @@ from consumers.ai_client import AIBadAnswer, AIUnavailable, EndpointDown
 from consumers.fetch_buffer import FetchBuffer
 from consumers.kafka_connection import KafkaConnection
 from consumers.offsets import OffsetTracker
-from consumers.outbox import Outgoing, TransactionalOutbox, transactional_id
+from consumers.outbox import DELIVERY_TIMEOUT_S, Outgoing, TransactionalOutbox, transactional_id
 from consumers.pipeline_spec import Route
 from consumers.stages import RecordState, StageContext, handle
 from consumers.storage import Origin
@@ -101,6 +101,12 @@ class MemberSettings:
     def transient_backoff_max_s(self) -> float:
         """Cap of the retry backoff: also bounded so a waiting poll loop stays in its group."""
         return min(TRANSIENT_BACKOFF_MAX_S, self.kafka_config()["max.poll.interval.ms"] / 1000 / 5)
+
+    @property
+    def commit_budget_s(self) -> float:
+        """How long one exactly-once commit may wait for the cluster: a fifth of the poll
+        interval, so a cluster that stops answering cannot hold the poll loop out of its group."""
+        return min(DELIVERY_TIMEOUT_S, self.kafka_config()["max.poll.interval.ms"] / 1000 / 5)
 
     def kafka_config(self) -> dict[str, Any]:
         if self.mode == "share":
@@ -370,7 +376,7 @@ class Member(StageMember):
         return TransactionalOutbox(s.kafka, s.profile, transactional_id(s.group_id, self.name),
                                    self.ctx.storage.mark_notified,
                                    transaction_timeout_ms=profiles.TRANSACTION_TIMEOUT_MS,
-                                   batch_records=s.producer_batch_records)
+                                   call_budget_s=s.commit_budget_s, batch_records=s.producer_batch_records)
 
     # ----------------------------------------------------------------- group events
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

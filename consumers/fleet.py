@@ -81,6 +81,10 @@ def member_name(stage: str, index: int, instance: str | None = None) -> str:
     return f"{stage}-{instance}-{index}" if instance else f"{stage}-{index}"
 
 
+class MembersStuck(RuntimeError):
+    """Members still running after the shutdown deadline."""
+
+
 @dataclass(frozen=True)
 class FleetSettings:
     """A stage's fleet: how many members, how each consumes, which AI endpoints it calls."""
@@ -269,7 +273,7 @@ class Fleet:
             self.ctx.ai.close()
         self.storage.close()
         if alive:
-            raise RuntimeError(f"members still running after the shutdown deadline: {alive}")
+            raise MembersStuck(f"members still running after the shutdown deadline: {alive}")
 
     @contextmanager
     def running(self) -> Iterator[Fleet]:
@@ -391,9 +395,21 @@ def main() -> None:
         log.critical("fleet %s: %s; stopping the other members, then exiting %d", args.stage,
                      failure, os.EX_SOFTWARE, exc_info=failure)
     log.info("stopping: finishing in-flight work")
-    fleet.stop()
+    stop_or_exit(fleet, args.stage)
     if failure is not None:
         raise SystemExit(os.EX_SOFTWARE)
+
+
+def stop_or_exit(fleet: Fleet, stage: str) -> None:
+    """Stop the fleet; a member blocked in a client call past the deadline cannot be joined and
+    its thread would keep the process up, doing nothing, forever: the process exits at once
+    (EX_SOFTWARE), so its supervisor starts it again."""
+    try:
+        fleet.stop()
+    except MembersStuck as exc:
+        log.critical("fleet %s: %s; exiting %d now", stage, exc, os.EX_SOFTWARE)
+        logging.shutdown()
+        os._exit(os.EX_SOFTWARE)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ committed positions go in: a record completed past a position (one below it stil
 waits, so outputs never run ahead of offsets, and a record handled again after a crash or a
 rebalance sends its outputs in the transaction that commits it, never in one that did not.
 A record's hand-over replaces what an earlier try of the same record handed over: one record,
-one set of outputs.
+one set of outputs. A transaction whose end the producer cannot report (a cluster that stopped
+answering) is settled by a new producer of the same id and the offsets the group committed.
 """
 
 from __future__ import annotations
@@ -88,25 +89,32 @@ class TransactionalOutbox:
     """The member's transactional producer and the outputs waiting for their offsets' commit.
 
     Workers hand outputs over (`deliver`); the member's poll loop commits (`commit`), the only
-    thread that touches the producer.
+    thread that touches the producer. A commit never takes longer than `call_budget_s`, so a
+    cluster that stops answering cannot hold the poll loop past `max.poll.interval.ms`: the
+    member stays in its group and tries again with its next commit.
     """
 
     def __init__(self, kafka: KafkaConnection, profile: str, transactional_id: str,
                  notified: Callable[..., None], *, transaction_timeout_ms: int,
-                 batch_records: int | None = None) -> None:
+                 call_budget_s: float = DELIVERY_TIMEOUT_S, batch_records: int | None = None) -> None:
         transactional: dict[str, Any] = {"transactional.id": transactional_id,
                                          "transaction.timeout.ms": transaction_timeout_ms}
-        config = profiles.producer_config(profile, kafka, batch_records=batch_records, **transactional)
-        self._producer = Producer(config)
+        self._config = profiles.producer_config(profile, kafka, batch_records=batch_records, **transactional)
+        self._budget_s = call_budget_s
         self._notified = notified
         self._lock = threading.Lock()
         self._handed: dict[Position, dict[int, _Handed]] = {}
         self._unmarked: list[Key] = []  # committed, notified_at not written yet (database down)
+        self._in_doubt: _InDoubt | None = None
         self.transactions = 0
         self.aborted = 0
+        self.replaced = 0
         # Fences an earlier producer of this id (a member that died mid-transaction): its open
         # transaction is aborted now rather than holding read_committed readers until it times out.
+        # A cluster that cannot do that at start-up fails the member, loudly.
+        self._producer = Producer(self._config)
         self._producer.init_transactions(DELIVERY_TIMEOUT_S)
+        self._ready = True
 
     def deliver(self, origin: Origin, outgoing: list[Outgoing], settles: Key | None) -> None:
         with self._lock:
@@ -124,33 +132,41 @@ class TransactionalOutbox:
         with self._lock:
             for tp in tps:
                 self._handed.pop(tp, None)
+                if self._in_doubt is not None:
+                    self._in_doubt.forget(tp)
 
     def commit(self, positions: dict[Position, int], consumer: Consumer) -> bool:
         """Produce the outputs of the records below `positions` and commit those positions, in
-        one transaction. False when the transaction was aborted (the group moved on, or the
-        cluster failed it): nothing of it is visible, the outputs stay handed over and the
-        positions uncommitted, for the next commit or the partitions' next owner."""
+        one transaction. False when it did not commit (the group moved on, the cluster failed
+        it or did not answer in time): nothing of it is visible, the outputs stay handed over
+        and the positions uncommitted, for the next commit or the partitions' next owner."""
         if not positions:
             return True
+        deadline = time.monotonic() + self._budget_s
+        if not self._ready and not self._init(deadline):
+            return False
+        if self._in_doubt is not None and not self._resolve(consumer, deadline):
+            return False
         taken = self._take(positions)
         try:
             self._producer.begin_transaction()
             for handed in taken.values():
                 for o in handed.outgoing:
-                    self._produce(o)
+                    self._produce(o, deadline)
             self._producer.send_offsets_to_transaction(
                 [TopicPartition(t, p, o) for (t, p), o in positions.items()],
-                consumer.consumer_group_metadata(), DELIVERY_TIMEOUT_S)
-            self._commit_transaction()
+                consumer.consumer_group_metadata(), _left(deadline))
+            self._commit_transaction(deadline)
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            if error.fatal():
-                raise TransactionFenced(f"transactional producer unusable: {error}") from exc
-            if not error.txn_requires_abort() and not error.retriable():
+            if not (error.fatal() or error.txn_requires_abort() or error.retriable()):
                 raise
-            log.warning("transaction of %s aborted: %s", sorted(positions), error)
-            self._abort()
-            self._give_back(taken)
+            log.warning("transaction of %s failed: %s", sorted(positions), error)
+            self.aborted += 1
+            if not error.fatal() and self._abort(deadline):
+                self._give_back(taken)
+            else:
+                self._replace(positions, taken)
             return False
         self.transactions += 1
         self._mark_notified([h.settles for h in taken.values() if h.settles is not None])
@@ -177,35 +193,82 @@ class TransactionalOutbox:
             for (topic, partition, offset), handed in taken.items():
                 self._handed.setdefault((topic, partition), {}).setdefault(offset, handed)
 
-    def _produce(self, o: Outgoing) -> None:
+    def _produce(self, o: Outgoing, deadline: float) -> None:
         while True:
             try:
                 # the client's stubs forbid a header without a value, which Kafka allows
                 self._producer.produce(o.topic, value=o.value, key=o.key, headers=o.headers)  # type: ignore[arg-type]
                 return
             except BufferError:
+                if time.monotonic() > deadline:
+                    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "local queue still full",
+                                                    retriable=True)) from None
                 self._producer.poll(0.05)  # local queue full: let deliveries drain, then retry
 
-    def _commit_transaction(self) -> None:
-        """Commit, retrying what the client says may be retried (a slow coordinator) for up to
-        DELIVERY_TIMEOUT_S more; then the transaction is aborted like any other that failed."""
-        deadline = time.monotonic() + DELIVERY_TIMEOUT_S
+    def _commit_transaction(self, deadline: float) -> None:
+        """Commit, asking again while the client says it may be asked again (a slow
+        coordinator), until the deadline; then the transaction fails like any other."""
         while True:
             try:
-                self._producer.commit_transaction(DELIVERY_TIMEOUT_S)
+                self._producer.commit_transaction(_left(deadline))
                 return
             except KafkaException as exc:
-                if not exc.args[0].retriable() or time.monotonic() > deadline:
+                if not exc.args[0].retriable() or time.monotonic() >= deadline:
                     raise
 
-    def _abort(self) -> None:
-        self.aborted += 1
+    def _abort(self, deadline: float) -> bool:
+        """True once the transaction is known aborted; False when the client could not say."""
         try:
-            self._producer.abort_transaction(DELIVERY_TIMEOUT_S)
+            self._producer.abort_transaction(_left(deadline))
+            return True
+        except KafkaException as exc:
+            log.warning("abort failed: %s", exc.args[0])
+            return False
+
+    def _replace(self, positions: dict[Position, int], taken: dict[tuple[str, int, int], _Handed]) -> None:
+        """A producer that cannot say how its transaction ended (fenced by its own epoch bump
+        after a timeout, an abort that timed out) is replaced by a new one of the same id. The
+        new one's `init_transactions` finishes the old transaction whichever way the coordinator
+        decided; the group's committed offsets, which were in it, then tell which outputs went
+        out with it (`_resolve`). Until then nothing else is committed, or those offsets would
+        no longer tell."""
+        self._in_doubt = _InDoubt(dict(positions), taken)
+        self._producer = Producer(self._config)
+        self._ready = False
+        self.replaced += 1
+
+    def _init(self, deadline: float) -> bool:
+        try:
+            self._producer.init_transactions(_left(deadline))
         except KafkaException as exc:
             if exc.args[0].fatal():
                 raise TransactionFenced(f"transactional producer unusable: {exc.args[0]}") from exc
-            raise
+            log.warning("transactional producer not ready yet: %s", exc.args[0])
+            return False
+        self._ready = True
+        return True
+
+    def _resolve(self, consumer: Consumer, deadline: float) -> bool:
+        """Settle the transaction in doubt from the offsets the group committed: a partition
+        whose committed offset reached the tried position committed with its outputs (they are
+        visible, their requests notified), the others' outputs wait again."""
+        doubt = self._in_doubt
+        assert doubt is not None
+        asked = [TopicPartition(t, p) for t, p in doubt.positions]
+        try:
+            committed = consumer.committed(asked, _left(deadline)) if asked else []
+        except KafkaException as exc:
+            log.warning("committed offsets unknown yet: %s", exc.args[0])
+            return False
+        reached = {(tp.topic, tp.partition) for tp in committed
+                   if tp.offset >= doubt.positions[(tp.topic, tp.partition)]}
+        went = {k: h for k, h in doubt.taken.items() if k[:2] in reached}
+        self._give_back({k: h for k, h in doubt.taken.items() if k[:2] not in reached})
+        self._in_doubt = None
+        if went:
+            self.transactions += 1
+            self._mark_notified([h.settles for h in went.values() if h.settles is not None])
+        return True
 
     def _mark_notified(self, keys: list[Key]) -> None:
         """The committed outputs are visible: their requests' latency ends now. A database
@@ -218,6 +281,24 @@ class TransactionalOutbox:
             if failures.classify(exc).kind != failures.TRANSIENT:
                 raise
             self._unmarked = pending
+
+
+@dataclass
+class _InDoubt:
+    """A transaction whose end its producer could not report: what it tried to commit."""
+
+    positions: dict[Position, int]
+    taken: dict[tuple[str, int, int], _Handed]
+
+    def forget(self, tp: Position) -> None:
+        self.positions.pop(tp, None)
+        self.taken = {k: h for k, h in self.taken.items() if k[:2] != tp}
+
+
+def _left(deadline: float) -> float:
+    """What remains of a commit's budget for one client call (a call given 0 would not wait at
+    all, so never less than a tenth of a second)."""
+    return max(0.1, deadline - time.monotonic())
 
 
 def transactional_id(group_id: str, member: str) -> str:
