@@ -61,7 +61,8 @@ STATS_RECORD_INTERVAL_S = 10.0
 TRANSIENT_BACKOFF_S = 0.1
 TRANSIENT_BACKOFF_MAX_S = 5.0
 
-TRANSACTIONAL_MODES = ("flow", "bounded")
+COMMIT_INTERVAL_S = 0.5
+EXACTLY_ONCE_COMMIT_INTERVAL_S = 0.1
 # Dead-letter reasons that mean the request failed for good: the spec's failure notice tells its user.
 FAILED_FOR_GOOD = ("ai_unavailable", "ai_bad_answer", "work_failed")
 
@@ -83,7 +84,7 @@ class MemberSettings:
     batch_size: int = 1  # bounded
     window: int = 16  # flow: records in flight; share: records per poll, handled at once
     buffer: int = 64  # flow: application buffer that triggers a pause
-    commit_interval_s: float = 0.5
+    commit_interval_s: float | None = None  # flow: None takes the outbox's (`commit_every_s`)
     revoke_deadline_s: float = 30.0
     stats_interval_ms: int = 0
     consumer_overrides: tuple[tuple[str, Any], ...] = ()
@@ -91,16 +92,24 @@ class MemberSettings:
     producer_batch_records: int | None = None  # PipelineConfig.producer_batch_records
 
     def __post_init__(self) -> None:
-        # A share group has no offsets to put in a transaction (KIP-932), and a baseline member
-        # is the reference's at-least-once client as it is.
-        if self.exactly_once and self.mode not in TRANSACTIONAL_MODES:
-            raise ValueError(f"exactly-once outputs need a stage in {' or '.join(TRANSACTIONAL_MODES)} "
+        modes = profiles.TRANSACTIONAL_MODES
+        if self.exactly_once and self.mode not in modes:
+            raise ValueError(f"exactly-once outputs need a stage in {' or '.join(modes)} "
                              f"mode; {self.stage} is in {self.mode!r} mode")
 
     @property
     def transient_backoff_max_s(self) -> float:
         """Cap of the retry backoff: also bounded so a waiting poll loop stays in its group."""
         return min(TRANSIENT_BACKOFF_MAX_S, self.kafka_config()["max.poll.interval.ms"] / 1000 / 5)
+
+    @property
+    def commit_every_s(self) -> float:
+        """Flow mode's commit interval. Exactly once, a stage's outputs are seen downstream only
+        once the transaction that commits their offsets does, so the interval adds to every
+        hop's latency: it is Kafka Streams' exactly-once default rather than at least once's."""
+        if self.commit_interval_s is not None:
+            return self.commit_interval_s
+        return EXACTLY_ONCE_COMMIT_INTERVAL_S if self.exactly_once else COMMIT_INTERVAL_S
 
     @property
     def commit_budget_s(self) -> float:
@@ -495,7 +504,7 @@ class Member(StageMember):
                     self._accept(self._buffer.poll(timeout), self._unexpected)
                     metrics.BUFFERED.labels(**self.labels).set(len(self._buffer))
                     metrics.PAUSED.labels(**self.labels).set(int(self._buffer.paused))
-                    if time.monotonic() - last_commit >= s.commit_interval_s:
+                    if time.monotonic() - last_commit >= s.commit_every_s:
                         self._commit_completed(self.assignment, asynchronous=True)
                         self._store_group_events()
                         last_commit = time.monotonic()

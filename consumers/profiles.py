@@ -19,6 +19,9 @@ from typing import Any
 from consumers.kafka_connection import KafkaConnection
 
 GROUP_MODES = ("baseline", "bounded", "flow")  # members of a consumer group
+# Modes whose outputs can be exactly once: a share group has no offsets to put in a transaction
+# (KIP-932), and a baseline member is the reference's at-least-once client as it is.
+TRANSACTIONAL_MODES = ("flow", "bounded")
 CONSUMER_MODES = (*GROUP_MODES, "share")  # share: members of a share group (KIP-932)
 GROUP_PROTOCOLS = ("classic", "consumer")
 
@@ -52,6 +55,9 @@ class Profile:
     topic: TopicSettings
     producer: dict[str, Any] = field(default_factory=dict)
     consumer: dict[str, Any] = field(default_factory=dict)
+    # Whether stages that can (TRANSACTIONAL_MODES) send their outputs and commit their offsets
+    # in one transaction unless the configuration says otherwise (`consumers.outbox`).
+    exactly_once: bool = False
 
 
 _DURABLE_PRODUCER = {"acks": "all", "enable.idempotence": True}
@@ -76,7 +82,8 @@ PROFILES: dict[str, Profile] = {
     ),
     "durability": Profile(
         "durability",
-        "the production default: RF=3, min ISR=2, acks=all, idempotence, no unclean election",
+        "the production default: RF=3, min ISR=2, acks=all, idempotence, no unclean election, "
+        "outputs exactly once",
         TopicSettings(replication_factor=3, min_insync_replicas=2),
         # A millisecond's linger, not 5: a stage sends at its AI's pace, tens to hundreds of
         # records a second over tens of partitions, so a batch waited its whole 5 ms for records
@@ -88,6 +95,7 @@ PROFILES: dict[str, Profile] = {
         producer={**_DURABLE_PRODUCER, "linger.ms": 1, "sticky.partitioning.linger.ms": 10,
                   "compression.type": "lz4"},
         consumer={"fetch.min.bytes": 1, "fetch.wait.max.ms": 100},
+        exactly_once=True,
     ),
     "availability": Profile(
         "availability",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
-from consumers import profiles
+from consumers import presets, profiles
 from consumers.ai_client import RetryPolicy
 from consumers.kafka_connection import KafkaConnection
+from consumers.pipeline_config import PipelineConfig, StageConfig
 from consumers.producer import key_for
 
 B = KafkaConnection.plain("b:9092")
@@ -73,3 +75,22 @@ def test_key_strategies() -> None:
     assert key_for("field:user_id", {"user_id": "u1"}) == b"u1"
     with pytest.raises(ValueError):
         key_for("random", {})
+
+
+
+def test_outputs_are_exactly_once_where_the_durability_profile_can_have_them() -> None:
+    config = PipelineConfig(pipeline="genai_image").with_stages(
+        check=StageConfig("flow"), generate=StageConfig("share"))
+    # intake takes the default of a stage without AI work: bounded batches
+    assert {s: config.exactly_once_for(s) for s in ("intake", "check", "generate")} == {
+        "intake": True, "check": True, "generate": False}
+    assert not replace(config, profile="latency").exactly_once_for("check")
+    assert not replace(config, exactly_once=False).exactly_once_for("check")
+    assert replace(config, exactly_once=True).exactly_once_for("generate")  # refused when its fleet starts
+
+
+@pytest.mark.parametrize(("preset", "expected"), [
+    ("flow", True), ("tuned", False), ("flow-at-least-once", False), ("baseline", False), ("share", False)])
+def test_which_presets_are_exactly_once(preset: str, expected: bool) -> None:
+    config = presets.build(preset, presets.PresetParams(pipeline="genai_image"))
+    assert {config.exactly_once_for(s) for s in config.spec.ai_stages} == {expected}
