@@ -32,11 +32,17 @@ def connection_exists(conn_id: str) -> bool:
     return True
 
 
+def missing_connections(spec: PipelineSpec) -> list[tuple[str, str]]:
+    """Endpoints whose connection is not defined where the pipeline will run."""
+    return [(f"endpoints.{name}.connection", f"connection {e.connection!r} is not defined")
+            for name, e in spec.endpoints.items() if not connection_exists(e.connection)]
+
+
 def validated(name_or_path: str) -> PipelineSpec:
     """The spec, validated, whose endpoints' connections all exist; raises SpecError naming
     each field at fault."""
     spec = pipeline_spec.load(name_or_path)
-    missing = pipeline_spec.missing_connections(spec, connection_exists)
+    missing = missing_connections(spec)
     if missing:
         raise SpecError(str(pipeline_spec.path_of(name_or_path)), missing)
     return spec
