@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -58,3 +60,14 @@ def roles() -> tuple[str, ...]:
     """The principals pipelines run as on a secured cluster: the load source, and each stage
     name of every spec found (a stage name shared by two specs is one principal)."""
     return ("source", *sorted({stage for name in available() for stage in load(name).stages}))
+
+
+def check(load_spec: Callable[[str], PipelineSpec], name_or_path: str) -> int:
+    """A check command's answer: the spec's summary, or why it is refused (exit code 2)."""
+    try:
+        spec = load_spec(name_or_path)
+    except SpecError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(spec.summary())
+    return 0

@@ -15,13 +15,13 @@ Specs are looked up in $PIPELINES_DIR, or the project's `pipelines/`.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from airflow.exceptions import AirflowNotFoundException
 from airflow.sdk import BaseHook
 
 from consumers import pipeline_spec
 from consumers.pipeline_spec import PipelineSpec, SpecError
+from consumers.pipeline_spec.files import check
 
 
 def connection_exists(conn_id: str) -> bool:
@@ -52,14 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline_ops.pipeline_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", help="a spec's name (in $PIPELINES_DIR or pipelines/) or path")
-    args = parser.parse_args(argv)
-    try:
-        spec = validated(args.spec)
-    except SpecError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    print(spec.summary())
-    return 0
+    return check(validated, parser.parse_args(argv).spec)
 
 
 if __name__ == "__main__":
