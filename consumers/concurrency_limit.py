@@ -1,42 +1,13 @@
 """How many calls one AI endpoint takes at once, discovered while calling it.
 
-Model APIs do not publish a stable concurrency limit: it moves with their load and the
-account's tier, and shows itself as 429s at admission (or, for a service that queues instead,
-as latency that rises with the calls in flight). Their latencies are heavy-tailed, so a slow
-answer says nothing about a full service; the limiter learns from refusals, and from latency
-only through a robust statistic (medians over windows of calls) against a baseline.
-
-Every try of an `AIClient` takes a permit carrying its level (the calls in flight with it) and
-its generation (how many cuts came before it), renews it as it goes out, and reports how it
-ended. A 429 for a call sent before the latest cut is stale: that cut already answered it.
-
-- **Probing up.** While callers want more than the limit allows, the limit is raised by a
-  step; a call sent above the level last settled on is a probe. A service refuses a call as
-  soon as it sees it, so a probe out for a few 429 round trips unrefused (or answered) while
-  other calls keep ending (in a stall its refusal may be late) was admitted: the next step
-  follows at once, doubling up to a sixteenth of the limit. Once the service has refused a
-  call, a probe above the highest level it ever served counts as admitted only once it is
-  served: a late refusal there would take the limit past anything the service has shown (from
-  65 to 96 within 100 ms on a loaded machine). A refused probe goes back to the level settled
-  on, and the next probe waits, twice longer after each refused one, up to PROBE_EVERY
-  latencies or PROBE_EVERY_S, whichever is sooner: at a steady limit that is the price, one
-  429 that often (half a percent of the calls at 64 in flight), and a limit that came back is
-  found within as long.
-- **Shrinking.** A refusal at or under the level settled on (not a probe's) cuts the limit to
-  the calls still in flight. Refused twice more within a latency, further under the highest
-  level the service answered lately than the calls on their way back could explain (a client
-  on a loaded machine counts calls its threads have not sent yet), it shrank: the
-  limit is halved, as AIMD does, no call is sent until the calls in flight are under it, and
-  probing finds the rest. A service that halves costs four or five 429s, not one per call in
-  flight.
-- **Queueing.** With the median latency of the last two windows over `latency_tolerance` times
-  the baseline (the lowest window median of the last BASELINE_WINDOWS), calls wait at the
-  service: the limit is halved, and does not grow while the median is over GROWTH_TOLERANCE of the
-  baseline.
-
-Budget refusals (a minute's requests or tokens spent) are not concurrency and never reach it:
-`consumers.rate_budget` paces those. One limiter serves every member of a fleet through its
-shared AI client, so the members discover one limit per endpoint instead of each guessing.
+Model APIs publish no stable concurrency limit: it moves with their load and the account's tier,
+and shows as 429s at admission (or as latency, for a service that queues instead). Their latencies
+are heavy-tailed, so one slow answer says nothing: the limit is learned from refusals, and from
+latency only through window medians against a baseline. One limiter serves every member of a
+fleet through its shared AI client, so the members find one limit per endpoint instead of each
+guessing. Budget refusals (a minute's requests or tokens spent) never reach it: they say "later",
+not "fewer" (`consumers.rate_budget`). How it probes, shrinks and backs off, and how it is
+checked: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -77,6 +48,90 @@ class Permit:
     level: int = 0
 
 
+class _Latencies:
+    """The latencies of served calls: the median of the last WINDOW (the time unit of every
+    wait; a mean would follow the tail), and the medians of whole windows, whose lowest of the
+    last BASELINE_WINDOWS is the baseline a queueing service is measured against."""
+
+    def __init__(self) -> None:
+        self.recent: deque[float] = deque(maxlen=WINDOW)
+        self.medians: deque[float] = deque(maxlen=BASELINE_WINDOWS)
+        self._fresh = 0  # latencies since the last window median
+        self._windows = 0
+
+    def add(self, latency: float) -> bool:
+        """Note a latency; True when it closes a window that counts. Calls end shortest first:
+        the first window after a burst starts takes the fast ones of many and the slow ones of
+        few, so it is no baseline."""
+        self.recent.append(latency)
+        self._fresh += 1
+        if self._fresh < WINDOW:
+            return False
+        self._fresh, self._windows = 0, self._windows + 1
+        if self._windows == 1:
+            return False
+        self.medians.append(self.median())
+        return True
+
+    def median(self) -> float:
+        return statistics.median(self.recent) if self.recent else 0.0
+
+    def queued(self, tolerance: float) -> bool:
+        """The last two window medians both over `tolerance` times the baseline (one alone is
+        no queue)."""
+        if len(self.medians) <= 2:
+            return False
+        return min(self.medians[-1], self.medians[-2]) > tolerance * min(self.medians)
+
+    def slowed(self) -> bool:
+        """The last window median over GROWTH_TOLERANCE of the baseline: no growth meanwhile."""
+        return bool(self.medians) and self.medians[-1] > GROWTH_TOLERANCE * min(self.medians)
+
+
+class _RoundTrips:
+    """How long a 429 takes to come back: a running mean, and the recent ones."""
+
+    def __init__(self) -> None:
+        self.mean: float | None = None
+        self._recent: deque[float] = deque(maxlen=RECENT_TRIPS)
+
+    def add(self, trip: float) -> None:
+        self.mean = trip if self.mean is None else self.mean + TRIP_WEIGHT * (trip - self.mean)
+        self._recent.append(trip)
+
+    def longest(self) -> float:
+        return max(self._recent)
+
+
+@dataclass
+class _Probing:
+    """Where probing stands: the level last settled on (a call above it is a probe), the size of
+    the next step, the step out (the limit it was taken from, and its first call once sent), when
+    the next step may be taken, and the latencies to wait after a refused probe."""
+
+    floor: int
+    step: float = 1.0
+    taken_from: int | None = None
+    first: Permit | None = None
+    next_at: float = -math.inf
+    refused_wait: float = 0.0  # doubles with each refused probe, until the service shrinks
+
+    def settle(self, level: int) -> None:
+        """A new level settled on; no step out, the next one from 1."""
+        self.floor, self.step, self.taken_from, self.first = level, 1.0, None, None
+
+
+@dataclass
+class _Episode:
+    """Refusals under the level settled on: when the first came, the highest level the service
+    had answered lately then, and how many since came further under it than the calls in transit
+    explain."""
+
+    began: float = -math.inf
+    level: int = 0
+    under: int = 0
+
+
 class AdaptiveLimit:
     """An in-flight limit for one endpoint; thread-safe, `acquire` blocks while it is reached."""
 
@@ -88,27 +143,17 @@ class AdaptiveLimit:
         self._clock = clock
         self._cond = threading.Condition()
         self._limit = float(initial)
+        self._noted = -1  # the limit last written to `changes`
+        self._generation = 0  # cuts so far: a try sent before the latest is told apart
         self._in_flight = 0
         self._waiting = 0
         self._ended_at = -math.inf  # when a call last ended
         self._plateau = 0  # the highest level a served call was sent at
-        self._generation = 0
-        self._floor = initial  # the level last settled on: a call above it is a probe
-        self._step = 1.0
-        self._probe_from: int | None = None  # the limit a probe step was taken from
-        self._probe: Permit | None = None  # the first call of that step, once sent
-        self._probe_at = -math.inf  # when the next step may be taken
-        self._probe_wait = 0.0  # latencies to wait after a refused probe (doubles until it shrinks)
-        self._episode_at, self._episode_level = -math.inf, 0  # the first refusal under the floor
-        self._under = 0  # refusals since, further under that level than the calls in transit
         self._answered: deque[tuple[float, int]] = deque(maxlen=WINDOW)  # (sent, level) of served calls
-        self._trip: float | None = None  # mean round trip of a 429
-        self._trips: deque[float] = deque(maxlen=RECENT_TRIPS)
-        self._latencies: deque[float] = deque(maxlen=WINDOW)
-        self._fresh = 0  # latencies since the last window median
-        self._windows = 0
-        self._medians: deque[float] = deque(maxlen=BASELINE_WINDOWS)
-        self._noted = -1
+        self._latencies = _Latencies()
+        self._trips = _RoundTrips()
+        self._probing = _Probing(floor=initial)
+        self._episode = _Episode()
         # (at, limit, in flight) of each change until collected (the fleet writes them down);
         # `at` is a reading of `clock`, steady: the wall clock jumps
         self.changes: deque[tuple[float, float, int]] = deque(maxlen=history)
@@ -148,8 +193,9 @@ class AdaptiveLimit:
                 self._waiting -= 1
             self._in_flight += 1
             permit = Permit(self._generation, self._clock(), self._in_flight)
-            if self._probe_from is not None and self._probe is None and permit.level > self._probe_from:
-                self._probe = permit
+            probing = self._probing
+            if probing.taken_from is not None and probing.first is None and permit.level > probing.taken_from:
+                probing.first = permit
             return permit
 
     def renew(self, permit: Permit) -> Permit:
@@ -180,93 +226,110 @@ class AdaptiveLimit:
     # -- what a try's end teaches
 
     def _served(self, permit: Permit, now: float) -> None:
-        self._latencies.append(now - permit.at)
-        # (the calls still in flight with it too: one sent first in a burst has a level of 1)
+        """A served call: its latency, its level (with the calls still in flight: one sent first
+        in a burst has a level of 1), a probe admitted, a queue seen in the window medians."""
+        window_closed = self._latencies.add(now - permit.at)
         self._answered.append((permit.at, max(permit.level, self._in_flight + 1)))
         self._plateau = max(self._plateau, permit.level)
-        self._fresh += 1
-        if permit is self._probe:
+        if permit is self._probing.first:
             self._admitted(now)
-        if self._fresh >= WINDOW:
-            # Calls end shortest first: the first window after a burst starts, or after the
-            # calls sent change, takes the fast ones of many and the slow ones of few. So the
-            # first window is no baseline, and one window over the tolerance is no queue.
-            self._fresh, self._windows = 0, self._windows + 1
-            if self._windows == 1:
-                return
-            self._medians.append(self._latency())
-            if len(self._medians) > 2 and min(self._medians[-1], self._medians[-2]) \
-                    > self.latency_tolerance * min(self._medians):
-                self._cut(BACKOFF * self._limit, now)
-                self._probe_at = now + self._latency()
+        if window_closed and self._latencies.queued(self.latency_tolerance):
+            self._cut(BACKOFF * self._limit, now)
+            self._probing.next_at = now + self._latency()
 
     def _refused(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
-        trip = now - permit.at
-        self._trip = trip if self._trip is None else self._trip + TRIP_WEIGHT * (trip - self._trip)
-        self._trips.append(trip)
+        self._trips.add(now - permit.at)
         if permit.generation != self._generation:
             return  # sent before the latest cut, which answered it already
-        latency = self._latency()
-        if permit.level > self._floor:
-            # A probe's step went past what the service holds: back to the level settled on
-            # (the step's other calls, on their way to the same answer, are stale by then; the
-            # highest answered lately would be lower still, its calls at the step's last levels
-            # not back yet: a return from 32 to 64 fell back to 60 and took 6 s per call back).
-            self._cut(self._floor, now)
-            self._probe_wait = min(PROBE_EVERY, 2 * self._probe_wait or FIRST_PROBE_WAIT)
-            self._probe_at = now + max(retry_after_s or 0.0, self._wait(self._probe_wait))
+        if permit.level > self._probing.floor:
+            self._probe_refused(now, retry_after_s)
+        else:
+            self._settled_level_refused(permit, now, retry_after_s)
+
+    def _probe_refused(self, now: float, retry_after_s: float | None) -> None:
+        """A probe's step went past what the service holds: back to the level settled on (the
+        step's other calls, on their way to the same answer, are stale by then; the highest level
+        answered lately would be lower still, the calls of the step's last levels not back yet),
+        and the next probe waits twice longer than after the last refused one."""
+        self._cut(self._probing.floor, now)
+        probing = self._probing
+        probing.refused_wait = min(PROBE_EVERY, 2 * probing.refused_wait or FIRST_PROBE_WAIT)
+        probing.next_at = now + max(retry_after_s or 0.0, self._wait(probing.refused_wait))
+
+    def _settled_level_refused(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
+        """Not a probe: the service no longer holds the level settled on, or fewer of our calls
+        were on their way back than when it settled. When it shrank, the limit is halved (as AIMD
+        does) and probing finds the rest; otherwise it comes down to the calls still in flight,
+        what the service holds of ours (the refused call's own level says less when calls went
+        out together: the first of eight was refused at 1)."""
+        if self._shrank(permit, now):
+            self._cut(BACKOFF * self._episode.level, now)
+            self._episode.began, self._probing.next_at, self._probing.refused_wait = -math.inf, now, 0.0
             return
-        # Not a probe: the service no longer holds the level settled on, or the calls on their
-        # way back to us (counted here, gone there) were fewer than when it settled. Refused
-        # again within a latency, further under the highest level the service answered lately
-        # than those calls: it shrank. (Not the level settled on: a probe taken for admitted
-        # while calls on their way back had freed its place raises that past what it holds.)
-        if now - self._episode_at > latency:
-            self._episode_at, self._episode_level, self._under = now, self._answered_level(now, latency), 0
-        elif permit.level <= self._episode_level - self._in_transit():
-            self._under += 1
-        if self._under >= SHRINK_REFUSALS:
-            self._cut(BACKOFF * self._episode_level, now)
-            self._episode_at, self._probe_at, self._probe_wait = -math.inf, now, 0.0
-            return
-        # The calls still in flight are what the service holds of ours (the refused one's own
-        # level says less when calls went out together: the first of eight was refused at 1).
         self._cut(self._in_flight, now)
-        self._probe_at = now + max(retry_after_s or 0.0, self._wait(max(self._probe_wait, FIRST_PROBE_WAIT)))
+        wait = self._wait(max(self._probing.refused_wait, FIRST_PROBE_WAIT))
+        self._probing.next_at = now + max(retry_after_s or 0.0, wait)
+
+    def _shrank(self, permit: Permit, now: float) -> bool:
+        """Count the refusal into its episode: the service shrank when, within a latency of the
+        episode's first, SHRINK_REFUSALS more came further under the highest level it had
+        answered lately than the calls in transit explain (not under the level settled on: a
+        probe taken for admitted while calls on their way back had freed its place raises that
+        past what the service holds)."""
+        latency, episode = self._latency(), self._episode
+        if now - episode.began > latency:
+            episode.began, episode.level, episode.under = now, self._answered_level(now, latency), 0
+        elif permit.level <= episode.level - self._in_transit():
+            episode.under += 1
+        return episode.under >= SHRINK_REFUSALS
 
     def _answered_level(self, now: float, latency: float) -> int:
         """The highest level the service answered among the calls sent in the last two
         latencies (the level settled on when none was)."""
-        return max((level for at, level in self._answered if at >= now - 2 * latency), default=self._floor)
+        return max((level for at, level in self._answered if at >= now - 2 * latency),
+                   default=self._probing.floor)
 
     def _admitted(self, now: float) -> None:
         """The probe step was taken by the service: the next one at once, twice as large."""
-        self._floor = int(self._limit)
-        self._probe_from, self._probe = None, None
-        self._step = min(2 * self._step, max(1.0, STEP_SHARE * self._limit))
-        self._probe_at = now
+        probing = self._probing
+        probing.floor = int(self._limit)
+        probing.taken_from, probing.first = None, None
+        probing.step = min(2 * probing.step, max(1.0, STEP_SHARE * self._limit))
+        probing.next_at = now
 
     # -- time moves on
 
     def _tick(self, now: float, wanted: bool) -> None:
         """What time alone decides: a probe out unrefused long enough, the next step when
         callers want one."""
-        if self._probe is not None and now - self._probe.at >= self._admit_wait() and not self._stalled(now) \
-                and (self._trip is None or self._probe.level <= self._plateau + self._in_transit()):
+        if self._probe_held(now):
             self._admitted(now)
-        if self._probe_from is not None or not wanted or now < self._probe_at or not self._latencies:
-            return  # (before any answer, a step would be blind)
-        if self._in_flight < int(self._limit) or self._queueing():
-            return
-        self._probe_from = int(self._limit)
-        self._set(self._limit + self._step, now)
+        if wanted and self._may_step(now):
+            self._probing.taken_from = int(self._limit)
+            self._set(self._limit + self._probing.step, now)
+
+    def _probe_held(self, now: float) -> bool:
+        """The step's first call is out unrefused long enough (a service refuses at admission),
+        while calls keep ending; once the service has refused a call, only at a level it served
+        before (a late refusal there would take the limit past anything it has shown)."""
+        probe = self._probing.first
+        return (probe is not None and now - probe.at >= self._admit_wait() and not self._stalled(now)
+                and (self._trips.mean is None or probe.level <= self._plateau + self._in_transit()))
+
+    def _may_step(self, now: float) -> bool:
+        """A step may be taken: none out, its time come, an answer seen (before one a step
+        would be blind), the limit in use, and the service not slowed."""
+        return (self._probing.taken_from is None and now >= self._probing.next_at
+                and bool(self._latencies.recent) and self._in_flight >= int(self._limit)
+                and not self._latencies.slowed())
 
     def _due(self) -> float | None:
         """When time alone may let a waiting caller go on."""
-        if self._probe is not None:
-            return self._probe.at + self._admit_wait()
-        if self._probe_from is None and self._probe_at > self._clock():
-            return self._probe_at
+        probing = self._probing
+        if probing.first is not None:
+            return probing.first.at + self._admit_wait()
+        if probing.taken_from is None and probing.next_at > self._clock():
+            return probing.next_at
         return None
 
     def _wait(self, latencies: float) -> float:
@@ -285,32 +348,28 @@ class AdaptiveLimit:
         way back (the limit's calls end limit / latency a second, each a 429 round trip on its
         way; twice that, as round trips spread), and one."""
         latency = self._latency()
-        return 1 + math.ceil(TRANSIT_SPREAD * self._limit * (self._trip or 0.0) / latency) if latency else 1
-
-    def _queueing(self) -> bool:
-        return bool(self._medians) and self._medians[-1] > GROWTH_TOLERANCE * min(self._medians)
+        if not latency:
+            return 1
+        return 1 + math.ceil(TRANSIT_SPREAD * self._limit * (self._trips.mean or 0.0) / latency)
 
     def _latency(self) -> float:
-        """The median latency of the recent calls: the time unit of waits (a mean would follow
-        the tail)."""
-        return statistics.median(self._latencies) if self._latencies else 0.0
+        """The median latency of the recent calls: the time unit of waits."""
+        return self._latencies.median()
 
     def _admit_wait(self) -> float:
         """How long a probe goes unrefused before it was admitted: a few 429 round trips, and
         no less than the longest of the recent ones (on a loaded machine a refusal waits for a
         CPU here as long as it took to come), or a share of the latency until one has been
         measured."""
-        if self._trip is not None:
-            return max(ADMIT_TRIPS * self._trip, max(self._trips))
-        return ADMIT_SHARE * self._latency() if self._latencies else math.inf
+        if self._trips.mean is not None:
+            return max(ADMIT_TRIPS * self._trips.mean, self._trips.longest())
+        return ADMIT_SHARE * self._latency() if self._latencies.recent else math.inf
 
     def _cut(self, value: float, now: float) -> None:
         """A lower limit; tries sent from now on are told apart from those sent before."""
         self._set(value, now)
         self._generation += 1
-        self._floor = int(self._limit)
-        self._step = 1.0
-        self._probe_from, self._probe = None, None
+        self._probing.settle(int(self._limit))
 
     def _set(self, value: float, now: float) -> None:
         self._limit = min(float(self.maximum), max(float(self.minimum), value))

@@ -142,7 +142,8 @@ def running_pipeline(config: PipelineConfig, kafka: KafkaAccess, database_url: s
                      run_id: str | None = None, stages: tuple[str, ...] | None = None,
                      scenario: str = "", fleet_processes: bool = False) -> Iterator[Pipeline]:
     """Provision fresh topics, start the stage fleets (`stages`, default every stage of the
-    configuration's pipeline), yield, and stop the fleets gracefully.
+    configuration's pipeline), yield, and stop the fleets gracefully. The run's `runs` row holds
+    when it started and when its fleets stopped.
 
     `fleet_processes` runs each stage's fleet in a child process, as deployments do (benchmarks);
     in-process fleets (the default) let tests reach into the members.
@@ -150,21 +151,22 @@ def running_pipeline(config: PipelineConfig, kafka: KafkaAccess, database_url: s
     run_id = run_id or new_run_id()
     topics = events.Topics(run_id, config.spec)
     provision_pipeline(config, topics, kafka)
-    storage = Storage(database_url, pool_size=1)
-    try:
+    with closing(Storage(database_url, pool_size=1)) as storage:
         storage.start_run(run_id, scenario, config.to_dict())
-    finally:
-        storage.close()
     pipeline = Pipeline(run_id, topics, config, kafka, database_url)
-    with ExitStack() as stack:
-        # Every stage's fleet starts and joins its group at once, and all are told to stop before
-        # any is waited for (the callback, entered last, runs first on the way out).
-        for stage in topics.spec.stage_names if stages is None else stages:
-            settings = settings_for(config, stage, run_id, topics, kafka, database_url, endpoints)
-            fleet = FleetProcess(settings) if fleet_processes else Fleet(settings)
-            stack.enter_context(fleet.running())
-            pipeline.fleets[stage] = fleet
-        stack.callback(request_stops, list(pipeline.fleets.values()))
-        for fleet in pipeline.fleets.values():
-            fleet.wait_assigned()
-        yield pipeline
+    try:
+        with ExitStack() as stack:
+            # Every stage's fleet starts and joins its group at once, and all are told to stop
+            # before any is waited for (the callback, entered last, runs first on the way out).
+            for stage in topics.spec.stage_names if stages is None else stages:
+                settings = settings_for(config, stage, run_id, topics, kafka, database_url, endpoints)
+                fleet = FleetProcess(settings) if fleet_processes else Fleet(settings)
+                stack.enter_context(fleet.running())
+                pipeline.fleets[stage] = fleet
+            stack.callback(request_stops, list(pipeline.fleets.values()))
+            for fleet in pipeline.fleets.values():
+                fleet.wait_assigned()
+            yield pipeline
+    finally:
+        with closing(Storage(database_url, pool_size=1)) as storage:
+            storage.finish_run(run_id)  # its fleets stopped: the run's end time

@@ -7,7 +7,8 @@ from datetime import datetime
 from airflow.sdk import Param, dag
 
 from pipeline_ops import dag_support as s
-from pipeline_ops.operators import CapacitySearchOperator, ResolveCandidateOperator
+from pipeline_ops.operators.candidate import ResolveCandidateOperator
+from pipeline_ops.operators.capacity import CapacitySearchOperator
 
 
 @dag(

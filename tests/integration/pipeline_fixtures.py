@@ -10,7 +10,8 @@ import psycopg2
 import requests
 
 from consumers import pipeline_spec
-from consumers.ai_service import ServiceConfig, serve
+from consumers.ai_service.config import ServiceConfig
+from consumers.ai_service.server import serve
 from consumers.pipeline_config import Endpoints
 
 TIME_SCALE = 0.02  # generate 3 s -> 60 ms, check 0.5 s -> 10 ms

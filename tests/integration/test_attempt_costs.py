@@ -15,7 +15,8 @@ import requests
 
 from consumers import stages
 from consumers.ai_client import AIClient, AIUnavailable, AIWaiting, Endpoint, RetryPolicy
-from consumers.ai_service import EndpointConfig, ServiceConfig, serve
+from consumers.ai_service.config import EndpointConfig, ServiceConfig
+from consumers.ai_service.server import serve
 from consumers.run_figures import ATTEMPTS_SQL, rows
 from consumers.storage import CallClaim, Key, Origin, Storage
 from measure import cost

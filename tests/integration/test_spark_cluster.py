@@ -16,7 +16,7 @@ import pytest
 from consumers.pipeline import running_pipeline
 from consumers.pipeline_config import PipelineConfig, StageConfig
 from pipeline_ops.dag_support import spark_env
-from pipeline_ops.operators import AnalysisSubmitOperator
+from pipeline_ops.operators.analysis import AnalysisSubmitOperator
 from tests.integration.pipeline_fixtures import TIME_SCALE, ai_service
 from tests.stack import REPO, Stack
 

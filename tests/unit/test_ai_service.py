@@ -23,17 +23,10 @@ import requests
 
 from consumers import ai_client
 from consumers.ai_client import AIClient, RetryPolicy, Try
-from consumers.ai_service import (
-    ConfigError,
-    Endpoint,
-    EndpointConfig,
-    Refusal,
-    ServiceConfig,
-    _parser,
-    config_from_args,
-    sample_latency,
-    serve,
-)
+from consumers.ai_service.cli import config_from_args, parser
+from consumers.ai_service.config import ConfigError, EndpointConfig, ServiceConfig
+from consumers.ai_service.endpoint import Endpoint, Refusal, sample_latency
+from consumers.ai_service.server import serve
 from consumers.concurrency_limit import AdaptiveLimit
 from consumers.pipeline_spec import EndpointSpec, load
 from tests.recorded_tries import Tries
@@ -538,12 +531,12 @@ def test_config_refuses_what_the_service_cannot_serve() -> None:
 
 
 def test_command_line_options_build_the_endpoints() -> None:
-    args = _parser().parse_args(["--pipelines", "text_moderation", "--limit", "3", "--error-rate", "0.5"])
+    args = parser().parse_args(["--pipelines", "text_moderation", "--limit", "3", "--error-rate", "0.5"])
     config = config_from_args(args)
     assert sorted(config.endpoints) == ["classify", "moderate", "summarize"]
     assert {(c.limit, c.error_rate) for c in config.endpoints.values()} == {(3, 0.5)}
     every = ServiceConfig.from_specs([*SPECS, load("support_tickets")]).endpoints
-    assert config_from_args(_parser().parse_args([])).endpoints == every
+    assert config_from_args(parser().parse_args([])).endpoints == every
 
 
 def test_command_line_serves_and_stops_on_sigterm() -> None:

@@ -11,7 +11,8 @@ import pytest
 import requests
 
 from consumers import http_work, pipeline_spec
-from consumers.ai_service import ConfigError, ServiceConfig, serve
+from consumers.ai_service.config import ConfigError, ServiceConfig
+from consumers.ai_service.server import serve
 
 EVENT = {"ticket_id": "t-1", "subject": "Refund", "customer": {"name": "Ada", "tier": 3},
          "tags": ["billing", "eu"]}

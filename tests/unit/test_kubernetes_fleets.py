@@ -45,13 +45,15 @@ from consumers.events import Topics
 from consumers.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.pipeline_config import Endpoints, PipelineConfig
 from infra.layout import REPO
-from pipeline_ops import fleets, operators
+from pipeline_ops import fleets
 from pipeline_ops.fleets import manifests
 from pipeline_ops.fleets.backend import TOKEN_ENV
 from pipeline_ops.fleets.kubernetes import KubernetesFleets, health_of
 from pipeline_ops.fleets.kubernetes import main as render_main
 from pipeline_ops.fleets.program import fleet_program
 from pipeline_ops.fleets.records import Deployment
+from pipeline_ops.operators import runs
+from pipeline_ops.operators.deploy import DeployFleetOperator
 
 RUN = "r1"
 CONFIG = presets.build("flow", presets.PresetParams())
@@ -299,9 +301,9 @@ def test_the_deploy_operator_acts_through_the_selected_backend(monkeypatch: pyte
         def check(self, run_id: str) -> dict[str, str]:
             return {"check": "healthy"}
 
-    monkeypatch.setattr(operators, "backend_for", lambda *conn_ids: asked.append(conn_ids) or Backend())
-    op = operators.DeployFleetOperator(task_id="d", action="check", run_id=RUN, fleet_conn_id="k8s",
-                                       postgres_conn_id="pg")
+    monkeypatch.setattr(runs, "backend_for", lambda *conn_ids: asked.append(conn_ids) or Backend())
+    op = DeployFleetOperator(task_id="d", action="check", run_id=RUN, fleet_conn_id="k8s",
+                             postgres_conn_id="pg")
     assert op.execute({}) == {"check": "healthy"}
     assert asked == [("k8s", "pg")]
 

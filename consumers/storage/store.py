@@ -1,18 +1,5 @@
-"""PostgreSQL persistence of every pipeline's run records (schema in infra/migrations).
-
-One layout for every pipeline spec, keyed by (pipeline, key, stage), where the key is the value
-of the spec's key field (the `request_id` column). A request row keeps what the stages record
-about it (`fields`, merged, so events arriving on separate topics are joined by key), its
-status and how many entry stages took it. Results are idempotent by (pipeline, key, stage):
-`stage_results` has that primary key and every write is `ON CONFLICT DO NOTHING`, so
-re-consumption never duplicates a result. `stage_claims` makes sure at most one member calls the
-AI for a (pipeline, key, stage) at a time, and `ai_attempts` keeps one row per try, written
-before it is sent, so every call is counted.
-
-Statuses only move forward: each carries a rank (the stage's position in the spec), a lower
-rank never overwrites a higher one, and a settled status (completed, rejected) is final; a
-dead letter settles the request unless it had already settled.
-"""
+"""The run records' connection pool and writes (`Storage`), and pools sized to what the server
+has free."""
 
 from __future__ import annotations
 
@@ -22,177 +9,26 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg2
 from psycopg2.extensions import connection
 from psycopg2.pool import ThreadedConnectionPool
 
-from consumers.failures import Transient
 from consumers.pipeline_spec import TERMINAL_STATUSES
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where a record came from: who processed which offset, in which redrive round (0 for a
-    record as first produced; see `consumers.redrive`)."""
-
-    member: str
-    topic: str
-    partition: int
-    offset: int
-    redrive: int = 0
-
-
-@dataclass(frozen=True)
-class Key:
-    """Which request of which pipeline: every write names one."""
-
-    pipeline: str
-    request_id: str
-    run_id: str
-
-
-@dataclass(frozen=True)
-class Status:
-    """A status and its rank; `settles` when it is completed or rejected."""
-
-    name: str
-    rank: int
-    settles: bool = False
-
-
-@dataclass(frozen=True)
-class Claim:
-    """The answer to a claim: the stage's recorded result, or the call is ours to make (then
-    `first_attempt` is the id of the first try's attempt row, written with the claim), or
-    neither: another member holds the claim."""
-
-    done: dict[str, Any] | None = None
-    first_attempt: int | None = None
-    own_failures: int = 0  # the request's own failed tries at this stage in this redrive round
-
-
-@dataclass(frozen=True)
-class CallClaim:
-    """What a stage about to call its AI claims as it takes the request (`Storage.take`): the
-    (key, stage) for `owner`, for `lease_s`, once every field of `join` is on the row."""
-
-    stage: str
-    owner: str
-    lease_s: float
-    origin: Origin
-    join: Sequence[str] = ()
-
-
-class ClaimLost(Transient):
-    """The lease ran out and another member took the claim over."""
-
-
-def ts(epoch_s: float | None) -> datetime | None:
-    return datetime.fromtimestamp(epoch_s, UTC) if epoch_s is not None else None
-
+from consumers.storage.records import CallClaim, Claim, ClaimLost, Ended, Key, Origin, Status, ts
+from consumers.storage.statements import (
+    DEAD_LETTERED_RANK,
+    END_ATTEMPTS,
+    FORWARD,
+    START_ATTEMPT,
+    TAKE,
+    TAKE_AND_CLAIM,
+    ended_params,
+    row_params,
+)
 
 log = logging.getLogger(__name__)
-
-DEAD_LETTERED_RANK = 1_000_000  # above every stage's: only a settled status outranks it
-
-# The request row's status moves to %(status)s unless it is settled or ranked higher.
-_FORWARD = ("status = CASE WHEN requests.status = ANY(%(settled)s) OR requests.status_rank > %(rank)s "
-            "THEN requests.status ELSE %(status)s END, "
-            "status_rank = CASE WHEN requests.status = ANY(%(settled)s) THEN requests.status_rank "
-            "ELSE greatest(requests.status_rank, %(rank)s) END")
-
-
-class Ended(NamedTuple):
-    """A try's ending, for its attempt row. The row was written before the try waited for a
-    permit; `sent` makes its duration the call's. Tokens and cost are what its answer said
-    (`consumers.ai_client.Usage`), None where it said nothing."""
-
-    row: int  # the attempt row's id
-    sent: float
-    at: float
-    outcome: str
-    http_status: int | None
-    own: bool  # the request's own failure
-    tokens_input: int | None = None
-    tokens_output: int | None = None
-    reported_cost: float | None = None
-
-
-# Completes the attempt rows of %(ended_*)s (see `_ended`), however many, in one statement.
-_END_ATTEMPTS = (
-    "UPDATE ai_attempts a SET started_at = e.sent, ended_at = e.at, outcome = e.outcome, "
-    "http_status = e.status, own_failure = e.own, tokens_input = e.tokens_input, "
-    "tokens_output = e.tokens_output, reported_cost = e.cost FROM unnest(%(ended_id)s::bigint[], "
-    "%(ended_sent)s::timestamptz[], %(ended_at)s::timestamptz[], %(ended_outcome)s::text[], "
-    "%(ended_status)s::int[], %(ended_own)s::boolean[], %(ended_tokens_input)s::int[], "
-    "%(ended_tokens_output)s::int[], %(ended_cost)s::float8[]) "
-    "AS e(id, sent, at, outcome, status, own, tokens_input, tokens_output, cost) WHERE a.id = e.id")
-
-
-def _ended(ended: Sequence[Ended]) -> dict[str, list]:
-    """The parameters of `_END_ATTEMPTS`: one array per column."""
-    return {"ended_id": [e.row for e in ended], "ended_sent": [ts(e.sent) for e in ended],
-            "ended_at": [ts(e.at) for e in ended], "ended_outcome": [e.outcome for e in ended],
-            "ended_status": [e.http_status for e in ended], "ended_own": [e.own for e in ended],
-            "ended_tokens_input": [e.tokens_input for e in ended],
-            "ended_tokens_output": [e.tokens_output for e in ended],
-            "ended_cost": [e.reported_cost for e in ended]}
-
-
-def _row_of(key: Key, stage: str, origin: Origin) -> dict[str, Any]:
-    """The named parameters every row of a stage's record carries: request, stage and offset."""
-    return {"p": key.pipeline, "r": key.request_id, "s": stage, "run": key.run_id,
-            "member": origin.member, "topic": origin.topic, "partition": origin.partition,
-            "offset": origin.offset, "round": origin.redrive}
-
-
-# Creates the request row or merges %(fields)s into it, moving its status forward.
-_TAKE = ("INSERT INTO requests (pipeline, request_id, run_id, status, status_rank, produced_at, fields) "
-         "VALUES (%(p)s, %(r)s, %(run)s, coalesce(%(status)s, 'received'), greatest(%(rank)s, 0), "
-         "%(at)s, %(fields)s) ON CONFLICT (pipeline, request_id) DO UPDATE "
-         "SET fields = requests.fields || EXCLUDED.fields, "
-         "produced_at = least(requests.produced_at, EXCLUDED.produced_at), "
-         f"{_FORWARD} RETURNING fields")
-
-# The outcome of the first try's row while it waits for its permit: not a call (figures count
-# 'started' and 'ok' rows as calls, measure.figures.CALL_OUTCOMES), so a crash meanwhile is none.
-QUEUED = "queued"
-# A try's attempt row (`_row_of`'s parameters, %(attempt)s, %(sent)s), one per row of {source}.
-_START_ATTEMPT = (
-    "INSERT INTO ai_attempts (pipeline, run_id, request_id, stage, attempt, member, topic, "
-    "kafka_partition, kafka_offset, started_at, ended_at, outcome, redrive) "
-    "SELECT %(p)s, %(run)s, %(r)s, %(s)s, {attempt}, %(member)s, %(topic)s, %(partition)s, "
-    "%(offset)s, %(sent)s, {ended}, '{outcome}', %(round)s FROM {source} RETURNING id")
-
-# _TAKE, then the claim of (key, stage) unless its result is recorded (`done`: the skip is on
-# record then) or the fields of %(join)s are not all on the row yet. The claim is %(o)s's when
-# nobody holds it, when %(o)s holds it already, or when the holder's lease has expired (a member
-# that died mid-call): then it is taken over. A claim won writes the first try's attempt row,
-# QUEUED until the try is sent (`start_attempt`).
-_TAKE_AND_CLAIM = (
-    f"WITH taken AS ({_TAKE}), "
-    "done AS (SELECT coalesce(result, '{}'::jsonb) AS result FROM stage_results "
-    "WHERE pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s), "
-    "skipped AS ("
-    + _START_ATTEMPT.format(attempt=0, ended="%(sent)s", outcome="skipped_done", source="done") + "), "
-    "claimed AS (INSERT INTO stage_claims (pipeline, request_id, stage, owner, lease_until) "
-    "SELECT %(p)s, %(r)s, %(s)s, %(o)s, now() + make_interval(secs => %(l)s) "
-    "WHERE NOT EXISTS (SELECT FROM done) AND (SELECT fields FROM taken) ?& %(join)s::text[] "
-    "ON CONFLICT (pipeline, request_id, stage) DO UPDATE SET owner = EXCLUDED.owner, "
-    "lease_until = EXCLUDED.lease_until, "
-    "takeovers = stage_claims.takeovers + (stage_claims.owner <> EXCLUDED.owner)::int "
-    "WHERE stage_claims.owner = EXCLUDED.owner OR stage_claims.lease_until < now() "
-    "RETURNING 1), "
-    "first AS (" + _START_ATTEMPT.format(attempt=1, ended="NULL", outcome=QUEUED, source="claimed") + "), "
-    "own AS (SELECT count(*) AS n FROM ai_attempts WHERE pipeline = %(p)s AND request_id = %(r)s "
-    "AND stage = %(s)s AND redrive = %(round)s AND own_failure) "
-    "SELECT (SELECT fields FROM taken), (SELECT result FROM done), (SELECT id FROM first), "
-    "(SELECT n FROM own)")
-
 
 LEFT_FOR_OTHERS = 16  # connections a new pool leaves free: the platform's other processes need some
 
@@ -278,7 +114,7 @@ class Storage:
         """A stage takes the request: create its row or merge `fields` into it (whichever event
         arrives first), move its status forward; return every field the row holds now.
 
-        With `call`, the same statement claims the stage's AI call (see `_TAKE_AND_CLAIM`) and
+        With `call`, the same statement claims the stage's AI call (see `TAKE_AND_CLAIM`) and
         the claim comes back too, None while the join waits: one round trip instead of the three
         of taking, claiming and writing the first try's row.
         """
@@ -287,10 +123,10 @@ class Storage:
                   "rank": status.rank if status else -1, "settled": list(TERMINAL_STATUSES)}
         with self._tx(atomic=False) as cur:
             if call is None:
-                cur.execute(_TAKE, params)
+                cur.execute(TAKE, params)
                 return cur.fetchone()[0], None
-            cur.execute(_TAKE_AND_CLAIM, {
-                **params, **_row_of(key, call.stage, call.origin), "o": call.owner, "l": call.lease_s,
+            cur.execute(TAKE_AND_CLAIM, {
+                **params, **row_params(key, call.stage, call.origin), "o": call.owner, "l": call.lease_s,
                 "join": list(call.join), "sent": ts(time.time())})
             row, done, first, own = cur.fetchone()
         if any(name not in row for name in call.join):
@@ -308,7 +144,7 @@ class Storage:
         another record of the same request."""
         with self._tx(atomic=False) as cur:
             cur.execute(
-                f"WITH ended AS ({_END_ATTEMPTS}), "
+                f"WITH ended AS ({END_ATTEMPTS}), "
                 "first AS (INSERT INTO stage_results (pipeline, request_id, stage, run_id, outcome, "
                 "result, member, topic, kafka_partition, kafka_offset) VALUES (%(p)s, %(r)s, %(s)s, "
                 "%(run)s, 'ok', %(result)s, %(member)s, %(topic)s, %(partition)s, %(offset)s) "
@@ -316,17 +152,17 @@ class Storage:
                 "forward AS (UPDATE requests SET fields = fields || %(fields)s, "
                 "entries = entries + %(entry)s, "
                 "finished_at = CASE WHEN %(settles)s AND NOT requests.status = ANY(%(settled)s) "
-                f"THEN now() ELSE finished_at END, {_FORWARD} "
+                f"THEN now() ELSE finished_at END, {FORWARD} "
                 "WHERE pipeline = %(p)s AND request_id = %(r)s AND EXISTS (SELECT FROM first)) "
                 "SELECT EXISTS (SELECT FROM first) OR EXISTS (SELECT FROM stage_results WHERE "
                 "pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s AND topic = %(topic)s "
                 "AND kafka_partition = %(partition)s AND kafka_offset = %(offset)s)",
-                {**_row_of(key, stage, origin), "result": None if result is None else json.dumps(result),
+                {**row_params(key, stage, origin), "result": None if result is None else json.dumps(result),
                  "fields": json.dumps(result or {}), "entry": int(entry),
                  "settles": bool(status and status.settles),
                  # no status: rank -1 is below every row's, so the row keeps its own
                  "status": status.name if status else "", "rank": status.rank if status else -1,
-                 "settled": list(TERMINAL_STATUSES), **_ended(ended)})
+                 "settled": list(TERMINAL_STATUSES), **ended_params(ended)})
             return cur.fetchone()[0]
 
     def mark_notified(self, *keys: Key) -> None:
@@ -354,10 +190,10 @@ class Storage:
                  "AND request_id = %(r)s AND stage = %(s)s AND owner = %(o)s RETURNING 1) ")
         write = ("UPDATE ai_attempts SET outcome = 'started', started_at = %(sent)s WHERE id = %(id)s "
                  "AND EXISTS (SELECT FROM renewed) RETURNING id" if row is not None
-                 else _START_ATTEMPT.format(attempt="%(attempt)s", ended="NULL", outcome="started",
+                 else START_ATTEMPT.format(attempt="%(attempt)s", ended="NULL", outcome="started",
                                             source="renewed"))
         with self._tx(atomic=False) as cur:
-            cur.execute(renew + write, {**_row_of(key, stage, origin), "l": lease_s, "o": owner,
+            cur.execute(renew + write, {**row_params(key, stage, origin), "l": lease_s, "o": owner,
                                         "attempt": attempt, "sent": ts(started), "id": row})
             found = cur.fetchone()
             if found is None:
@@ -369,7 +205,7 @@ class Storage:
         with `record_result`)."""
         if ended:
             with self._tx(atomic=False) as cur:
-                cur.execute(_END_ATTEMPTS, _ended(ended))
+                cur.execute(END_ATTEMPTS, ended_params(ended))
 
     def record_dead_letter(self, pipeline: str, run_id: str, key: Key | None, stage: str, reason: str,
                            origin: Origin, payload: bytes | None, entry: bool = False,
@@ -392,7 +228,7 @@ class Storage:
                     "INSERT INTO requests (pipeline, request_id, run_id, status, status_rank, entries) "
                     "VALUES (%(p)s, %(r)s, %(run)s, 'dead_lettered', %(rank)s, %(entry)s) "
                     "ON CONFLICT (pipeline, request_id) DO UPDATE SET "
-                    f"entries = requests.entries + %(entry)s, {_FORWARD}",
+                    f"entries = requests.entries + %(entry)s, {FORWARD}",
                     {"p": key.pipeline, "r": key.request_id, "run": key.run_id, "status": "dead_lettered",
                      "rank": DEAD_LETTERED_RANK, "entry": int(entry), "settled": list(TERMINAL_STATUSES)})
 
