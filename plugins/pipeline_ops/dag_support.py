@@ -10,7 +10,8 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from consumers import pipeline_spec, presets, profiles
+from consumers.config import pipeline_spec, presets
+from consumers.kafka_clients import profiles
 from pipeline_ops.operators.analysis import AnalysisSubmitOperator
 from pipeline_ops.operators.check import CheckPipelineOperator
 from spark.jars import connector_jars

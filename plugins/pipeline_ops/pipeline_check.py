@@ -19,9 +19,9 @@ import argparse
 from airflow.exceptions import AirflowNotFoundException
 from airflow.sdk import BaseHook
 
-from consumers import pipeline_spec
-from consumers.pipeline_spec import PipelineSpec, SpecError
-from consumers.pipeline_spec.files import check
+from consumers.config import pipeline_spec
+from consumers.config.pipeline_spec import PipelineSpec, SpecError
+from consumers.config.pipeline_spec.files import check
 
 
 def connection_exists(conn_id: str) -> bool:

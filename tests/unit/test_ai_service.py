@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 import requests
 
-from consumers import ai_client
-from consumers.ai_client import AIClient, RetryPolicy, Try
-from consumers.ai_service.cli import config_from_args, parser
-from consumers.ai_service.config import ConfigError, EndpointConfig, ServiceConfig
-from consumers.ai_service.endpoint import Endpoint, Refusal, sample_latency
-from consumers.ai_service.server import serve
-from consumers.concurrency_limit import AdaptiveLimit
-from consumers.pipeline_spec import EndpointSpec, load
+from consumers.ai import client as ai_client
+from consumers.ai.client import AIClient, RetryPolicy, Try
+from consumers.ai.concurrency_limit import AdaptiveLimit
+from consumers.config.pipeline_spec import EndpointSpec, load
+from consumers.stand_in.cli import config_from_args, parser
+from consumers.stand_in.config import ConfigError, EndpointConfig, ServiceConfig
+from consumers.stand_in.endpoint import Endpoint, Refusal, sample_latency
+from consumers.stand_in.server import serve
 from tests.recorded_tries import Tries
 
 SCALE = 0.1
@@ -541,7 +541,7 @@ def test_command_line_options_build_the_endpoints() -> None:
 
 def test_command_line_serves_and_stops_on_sigterm() -> None:
     env = {**os.environ, "AI_SERVICE_TOKEN": "tok"}
-    process = subprocess.Popen([sys.executable, "-m", "consumers.ai_service", "--port", "0",
+    process = subprocess.Popen([sys.executable, "-m", "consumers.stand_in", "--port", "0",
                                 "--time-scale", "0.01"], cwd=REPO, env=env,
                                stderr=subprocess.PIPE, text=True)
     try:

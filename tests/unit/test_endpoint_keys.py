@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from consumers import pipeline_spec
-from consumers.pipeline_config import KEYS_ENV, Endpoints
+from consumers.config import pipeline_spec
+from consumers.config.candidate import KEYS_ENV, Endpoints
 from pipeline_ops.connections import endpoint_keys
 
 

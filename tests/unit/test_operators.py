@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from consumers import pipeline_spec
-from consumers.pipeline_config import PipelineConfig
+from consumers.config import pipeline_spec
+from consumers.config.candidate import PipelineConfig
 from pipeline_ops.operators.candidate import ResolveCandidateOperator
 from pipeline_ops.operators.deploy import DeployFleetOperator
 from pipeline_ops.operators.load import LoadTestOperator

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from airflow.sdk.exceptions import AirflowFailException
 
-from consumers import pipeline_spec
+from consumers.config import pipeline_spec
 from infra.layout import REPO
 from pipeline_ops.operators.check import CheckPipelineOperator
 

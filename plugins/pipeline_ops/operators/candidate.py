@@ -8,8 +8,8 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from consumers import pipeline_spec, presets
-from consumers.pipeline_config import PipelineConfig
+from consumers.config import pipeline_spec, presets
+from consumers.config.candidate import PipelineConfig
 from pipeline_ops.registry import ConfigRegistry
 
 

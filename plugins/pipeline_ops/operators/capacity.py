@@ -8,16 +8,17 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from consumers import capacity, events
-from consumers.pipeline import Pipeline
-from consumers.run_figures import burst_figures
+from consumers.config import events
+from consumers.runs import capacity_search as capacity
+from consumers.runs.pipeline_run import Pipeline
+from consumers.runs.run_figures import burst_figures
 from pipeline_ops import report
 from pipeline_ops.operators.runs import Connections, fit_stand_in, measured
 from pipeline_ops.registry import ConfigRegistry
 
 
 class CapacitySearchOperator(BaseOperator):
-    """Search a version's max sustainable rate (consumers.capacity) on a deployment of its own:
+    """Search a version's max sustainable rate (consumers.runs.capacity_search) on a deployment of its own:
     a calibration burst measures the AI capacity, steady-rate steps bisect from just below it,
     and the result goes to the registry beside the configuration, with a plot of the lag and
     the p99 of every step in `results/<run id>/`."""

@@ -11,9 +11,9 @@ from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.sdk import BaseOperator
 
-from consumers import events, pipeline_spec
-from consumers.pipeline_spec import PipelineSpec
-from consumers.run_figures import ATTEMPTS_SQL, attempt_costs
+from consumers.config import events, pipeline_spec
+from consumers.config.pipeline_spec import PipelineSpec
+from consumers.runs.run_figures import ATTEMPTS_SQL, attempt_costs
 from measure import figures as measure
 from pipeline_ops import gate, report
 from pipeline_ops.registry import ConfigRegistry

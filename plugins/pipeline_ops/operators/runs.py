@@ -12,11 +12,12 @@ from typing import Any
 
 from airflow.providers.apache.kafka.hooks.client import KafkaAdminClientHook
 
-from consumers import acls, events
-from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline import Pipeline
-from consumers.pipeline_config import PipelineConfig
-from consumers.provisioning import TopicReport, provision
+from consumers.config import events
+from consumers.config.candidate import PipelineConfig
+from consumers.kafka_clients import acls
+from consumers.kafka_clients.kafka_connection import KafkaAccess
+from consumers.kafka_clients.provisioning import TopicReport, provision
+from consumers.runs.pipeline_run import Pipeline
 from pipeline_ops import stand_in
 from pipeline_ops.connections import (
     database_url,

@@ -7,7 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from consumers import events, pipeline_spec
+from consumers.config import events, pipeline_spec
 from measure.sizing import SizingInput, size
 from pipeline_ops.operators.runs import provision_topics
 

@@ -1,0 +1,2 @@
+"""A pipeline declared and configured: its spec, its events and topics, its candidate
+configurations and their presets."""
