@@ -49,7 +49,7 @@ from bench import figures
 from bench.report import per_second
 from consumers.config import pipeline_spec
 from consumers.config.events import Topics
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from infra.kafka_tools import topic_values
 from measure.figures import beyond_first
 

@@ -18,7 +18,7 @@ import psycopg2
 
 from consumers.config import events
 from consumers.config.candidate import PipelineConfig
-from consumers.kafka_clients.kafka_connection import KafkaAccess
+from consumers.config.kafka_connection import KafkaAccess
 from host import supervisor
 from pipeline_ops.fleets.program import fleet_program
 

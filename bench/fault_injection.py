@@ -24,7 +24,7 @@ from bench.fault_figures import Poison
 from bench.fault_fleets import SupervisedFleets
 from consumers.config import events, pipeline_spec
 from consumers.config.candidate import PipelineConfig
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.producer import KeyedProducer
 from infra import kafka_cluster, postgres_server
 from infra.layout import Layout

@@ -74,7 +74,7 @@ from bench.fault_injection import FAULTS, Fault, Target, Window, configure_ai
 from bench.report import run_dir
 from consumers.config import events, pipeline_spec, presets
 from consumers.config.candidate import Endpoints, PipelineConfig
-from consumers.kafka_clients.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.runs.pipeline_run import Pipeline, new_run_id, provision_pipeline, remove_pipeline
 from consumers.runtime.storage import Storage
 from host import supervisor

@@ -47,8 +47,8 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.config.presets import PresetParams
-from consumers.kafka_clients.kafka_connection import KafkaConnection
 from consumers.runs.run_figures import cost_figures, limits_of, rows, standard_figures
 from measure import capacity, figures
 

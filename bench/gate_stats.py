@@ -37,7 +37,7 @@ from rich.table import Table
 from bench.report import run_dir
 from consumers.config import presets
 from consumers.config.candidate import Endpoints
-from consumers.kafka_clients.kafka_connection import KafkaAccess
+from consumers.config.kafka_connection import KafkaAccess
 from consumers.runs.pipeline_run import new_run_id, remove_pipeline, running_pipeline
 from consumers.runs.run_figures import burst_figures
 from measure.confidence import mean_bounds

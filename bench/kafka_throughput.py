@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer
 
-from consumers.kafka_clients import profiles
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config import profiles
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.producer import KeyedProducer
 from consumers.kafka_clients.provisioning import delete, provision
 from infra import kafka_tools

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicPartition
 
-from consumers.kafka_clients import profiles
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config import profiles
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.provisioning import delete
 from consumers.loadgen import datagen
 from consumers.runtime.fetch_buffer import FetchBuffer

@@ -43,8 +43,8 @@ from bench import figures, kafka_throughput, machine_noise, pause_benchmark, rep
 from bench.peer import PEER, run_router_peer
 from consumers.config import pipeline_spec, presets
 from consumers.config.candidate import Endpoints
+from consumers.config.kafka_connection import KafkaAccess
 from consumers.config.pipeline_spec import PipelineSpec
-from consumers.kafka_clients.kafka_connection import KafkaAccess
 from consumers.runs.pipeline_run import Pipeline, new_run_id, remove_pipeline, running_pipeline
 from infra import ai_gateway
 from infra import stack as local_stack

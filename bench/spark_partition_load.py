@@ -35,8 +35,8 @@ from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.table import Table
 
-from consumers.kafka_clients import kafka_connection
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config import kafka_connection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.provisioning import delete
 from consumers.loadgen import datagen
 from infra import kafka_tools

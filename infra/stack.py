@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.config.pipeline_spec import roles
-from consumers.kafka_clients.kafka_connection import KafkaAccess, KafkaConnection
 from host import supervisor
 from host.files import write_private
 from host.processes import alive, spawn, terminate

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.ai.client import RetryPolicy
-from consumers.config import pipeline_spec
-from consumers.kafka_clients import profiles
+from consumers.config import pipeline_spec, profiles
 
 MIN_AI_TIMEOUT_S = 5.0
 WINDOW_MODES = ("flow", "share")

@@ -1,2 +1,2 @@
-"""Kafka clients and administration: how the platform connects, produces, tunes and provisions
-topics, and grants ACLs."""
+"""Kafka clients and administration: the producer, the records the client hands back, topic
+provisioning and ACLs."""

@@ -6,7 +6,7 @@ topic, and, when its outputs are exactly once, use its members' transactional id
 Topics are per run, so the admin grants these when it provisions a run's topics, with LITERAL
 patterns (a prefixed pattern cannot say "the `.style` topic of any run"), and takes them back
 when it deletes them. Transactional ids are granted by PREFIXED pattern, the group's name and a
-dot: a member's id is its group's and its own name (`consumers.runtime.outbox.transactional_id`), and
+dot: a member's id is its group's and its own name (`consumers.config.profiles.transactional_id`), and
 the members a fleet runs are not known when the run's topics are provisioned. An open cluster
 has no principals to grant to, and nothing is done.
 
@@ -31,8 +31,8 @@ from confluent_kafka.admin import (
 )
 
 from consumers.config.events import Topics
-from consumers.kafka_clients.kafka_connection import KafkaAccess
-from consumers.runtime.outbox import transactional_id
+from consumers.config.kafka_connection import KafkaAccess
+from consumers.config.profiles import transactional_id
 
 Grant = tuple[ResourceType, str, AclOperation]
 

@@ -17,8 +17,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from consumers.kafka_clients import profiles, records
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config import profiles
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.kafka_clients import records
 
 
 class DeliveryError(RuntimeError):

@@ -30,9 +30,9 @@ from confluent_kafka.admin import (
     NewTopic,
 )
 
-from consumers.config import events, pipeline_spec
-from consumers.kafka_clients import acls, kafka_connection, profiles
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config import events, kafka_connection, pipeline_spec, profiles
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.kafka_clients import acls
 from measure.sizing import SizingInput, size
 
 log = logging.getLogger(__name__)

@@ -37,8 +37,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from consumers.kafka_clients import kafka_connection, profiles
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config import kafka_connection, profiles
+from consumers.config.kafka_connection import KafkaConnection
 
 BULK_CONFIG: dict[str, Any] = {
     "acks": 1,

@@ -25,9 +25,8 @@ from dataclasses import asdict, dataclass
 from rich.console import Console
 from rich.progress import Progress
 
-from consumers.config import events, pipeline_spec
-from consumers.kafka_clients import kafka_connection
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config import events, kafka_connection, pipeline_spec
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.producer import DeliveryError, KeyedProducer
 from consumers.runtime import start_up_heap
 

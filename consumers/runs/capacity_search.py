@@ -24,7 +24,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.config.events import Topics
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.pipeline_run import Pipeline
 from consumers.runs.run_figures import standard_figures
 from measure import figures

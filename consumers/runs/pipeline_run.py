@@ -19,8 +19,8 @@ from rich.progress import Progress
 
 from consumers.config import events
 from consumers.config.candidate import Endpoints, PipelineConfig
+from consumers.config.kafka_connection import KafkaAccess
 from consumers.kafka_clients import acls
-from consumers.kafka_clients.kafka_connection import KafkaAccess
 from consumers.kafka_clients.provisioning import delete, provision
 from consumers.loadgen.source import SourceReport, send_in_process
 from consumers.runtime.fleet import Fleet, settings_for

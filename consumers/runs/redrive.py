@@ -41,10 +41,9 @@ from typing import Any
 import psycopg2
 from psycopg2.extensions import connection
 
-from consumers.config import pipeline_spec
+from consumers.config import kafka_connection, pipeline_spec
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.config.pipeline_spec import PipelineSpec
-from consumers.kafka_clients import kafka_connection
-from consumers.kafka_clients.kafka_connection import KafkaConnection
 from consumers.kafka_clients.producer import KeyedProducer
 from consumers.kafka_clients.records import Header
 from consumers.runtime import dead_letter

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from consumers.kafka_clients import profiles
+from consumers.config import profiles
 from consumers.kafka_clients.records import Header
 
 # librdkafka's `message.max.bytes` default: what a producer sends unless configured otherwise.

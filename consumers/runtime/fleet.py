@@ -29,11 +29,10 @@ from consumers.ai.circuit import Circuit
 from consumers.ai.client import AIClient, Endpoint, RetryPolicy
 from consumers.ai.concurrency_limit import AdaptiveLimit
 from consumers.ai.rate_budget import RateBudget
-from consumers.config import events, pipeline_spec
+from consumers.config import events, kafka_connection, pipeline_spec, profiles
 from consumers.config.candidate import ENDPOINTS_ENV, KEYS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
+from consumers.config.kafka_connection import KafkaAccess
 from consumers.config.pipeline_spec import HttpWork
-from consumers.kafka_clients import kafka_connection, profiles
-from consumers.kafka_clients.kafka_connection import KafkaAccess
 from consumers.kafka_clients.producer import KeyedProducer
 from consumers.runtime import metrics, start_up_heap, storage
 from consumers.runtime.batch_member import BatchMember

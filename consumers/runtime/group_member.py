@@ -16,9 +16,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from consumers.kafka_clients import profiles
+from consumers.config import profiles
+from consumers.config.profiles import transactional_id
 from consumers.runtime.member import MemberSettings, StageMember
-from consumers.runtime.outbox import TransactionalOutbox, transactional_id
+from consumers.runtime.outbox import TransactionalOutbox
 from consumers.runtime.stages import StageContext
 
 log = logging.getLogger(__name__)

@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 from confluent_kafka import KafkaError, Message
 
 from consumers.ai.client import AIBadAnswer, AIUnavailable, EndpointDown
-from consumers.config import events
+from consumers.config import events, profiles
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.config.pipeline_spec import Route
-from consumers.kafka_clients import profiles, records
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.kafka_clients import records
 from consumers.runtime import dead_letter, failures, metrics, stages
 from consumers.runtime.outbox import DELIVERY_TIMEOUT_S, Outgoing
 from consumers.runtime.stages import RecordState, StageContext, handle

@@ -30,8 +30,8 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from consumers.kafka_clients import profiles
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config import profiles
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.producer import KeyedProducer
 from consumers.kafka_clients.records import Header
 from consumers.runtime import failures
@@ -300,9 +300,3 @@ def _left(deadline: float) -> float:
     """What remains of a commit's budget for one client call (a call given 0 would not wait at
     all, so never less than a tenth of a second)."""
     return max(0.1, deadline - time.monotonic())
-
-
-def transactional_id(group_id: str, member: str) -> str:
-    """Stable across restarts of the same member, so a restarted member fences its predecessor."""
-    return f"{group_id}.{member}"
-

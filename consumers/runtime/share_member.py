@@ -41,7 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import AcknowledgeType, KafkaException, Message, ShareConsumer, TopicPartition
 
-from consumers.kafka_clients import profiles, provisioning, records
+from consumers.config import profiles
+from consumers.kafka_clients import provisioning, records
 from consumers.runtime import metrics
 from consumers.runtime.member import MemberSettings, StageMember, stats_summary
 from consumers.runtime.stages import RecordState, StageContext

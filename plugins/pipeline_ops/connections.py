@@ -17,8 +17,8 @@ from airflow.exceptions import AirflowNotFoundException
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk import BaseHook
 
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.config.pipeline_spec import PipelineSpec, roles
-from consumers.kafka_clients.kafka_connection import KafkaAccess, KafkaConnection
 
 
 def kafka_connection(conn_id: str) -> KafkaConnection:

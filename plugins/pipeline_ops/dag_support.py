@@ -10,8 +10,7 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from consumers.config import pipeline_spec, presets
-from consumers.kafka_clients import profiles
+from consumers.config import pipeline_spec, presets, profiles
 from pipeline_ops.operators.analysis import AnalysisSubmitOperator
 from pipeline_ops.operators.check import CheckPipelineOperator
 from spark.jars import connector_jars

@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from consumers.config import events
 from consumers.config.candidate import PipelineConfig, StageConfig
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runtime import dead_letter
 from tests.bad_input import OVER_PRODUCER_LIMIT_BYTES, BadInput, corpus

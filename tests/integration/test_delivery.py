@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.config.candidate import PipelineConfig, StageConfig
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.producer import KeyedProducer
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runtime import metrics

@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.config.candidate import PipelineConfig, StageConfig
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runtime.outbox import Outgoing, TransactionalOutbox, TransactionFenced
 from consumers.runtime.storage import Origin

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer
 
 from consumers.config import events
 from consumers.config.candidate import PipelineConfig, StageConfig
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.pipeline_run import running_pipeline
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.stack import Stack

@@ -32,7 +32,7 @@ from confluent_kafka.admin import (
 from consumers.config import pipeline_spec
 from consumers.config.candidate import PipelineConfig, StageConfig
 from consumers.config.events import Topics
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.pipeline_run import running_pipeline
 from infra.layout import Layout
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar

@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka import AcknowledgeType, Message, ShareConsumer
 from confluent_kafka.admin import ConfigResource, NewTopic
 
-from consumers.config import presets
+from consumers.config import presets, profiles
 from consumers.config.candidate import PipelineConfig, StageConfig
-from consumers.kafka_clients import profiles, provisioning
+from consumers.kafka_clients import provisioning
 from consumers.kafka_clients.producer import KeyedProducer
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runtime.share_member import ShareMember

@@ -22,7 +22,7 @@ from bench import figures as bench_figures
 from consumers.config import pipeline_spec
 from consumers.config.candidate import PipelineConfig, StageConfig
 from consumers.config.events import Topics
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.loadgen import datagen
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runs.run_figures import standard_figures

@@ -12,7 +12,7 @@ import pytest
 
 from consumers.config import pipeline_spec
 from consumers.config.candidate import PipelineConfig
-from consumers.kafka_clients.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
 from pipeline_ops import connections
 from pipeline_ops.fleets import FleetEnvironment
 from pipeline_ops.fleets.program import fleet_program

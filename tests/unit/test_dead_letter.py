@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.kafka_clients import profiles
+from consumers.config import profiles
 from consumers.runtime import dead_letter
 from consumers.runtime.dead_letter import DeadLetterRecord
 

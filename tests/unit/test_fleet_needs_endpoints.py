@@ -14,7 +14,7 @@ import pytest
 
 from consumers.config import events, pipeline_spec
 from consumers.config.candidate import ENDPOINTS_ENV, Endpoints, PipelineConfig
-from consumers.kafka_clients.kafka_connection import KafkaAccess
+from consumers.config.kafka_connection import KafkaAccess
 from consumers.runtime.fleet import Fleet, MissingEndpoint, settings_for
 
 REPO = Path(__file__).resolve().parents[2]

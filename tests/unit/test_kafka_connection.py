@@ -10,8 +10,8 @@ from confluent_kafka.admin import AclOperation, ResourceType
 
 from consumers.config import pipeline_spec
 from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.kafka_clients import acls
-from consumers.kafka_clients.kafka_connection import KafkaAccess, KafkaConnection
 
 SECURED = {"bootstrap.servers": "127.0.0.1:39092", "security.protocol": "SASL_SSL",
            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "admin", "sasl.password": 'p"w\\1',

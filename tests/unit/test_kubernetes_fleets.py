@@ -43,7 +43,7 @@ from packaging.utils import canonicalize_name
 from consumers.config import presets
 from consumers.config.candidate import Endpoints, PipelineConfig
 from consumers.config.events import Topics
-from consumers.kafka_clients.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.runtime import fleet
 from infra.layout import REPO
 from pipeline_ops import fleets

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers.config import pipeline_spec
 from consumers.config.events import Topics
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.producer import DeliveryError
 from consumers.runtime import group_member
 from consumers.runtime import member as member_module

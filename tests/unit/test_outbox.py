@@ -10,7 +10,7 @@ import psycopg2
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.runtime import outbox
 from consumers.runtime.outbox import DirectOutbox, Outgoing, TransactionalOutbox
 from consumers.runtime.storage import Key, Origin

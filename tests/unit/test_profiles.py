@@ -8,10 +8,9 @@ from dataclasses import replace
 import pytest
 
 from consumers.ai.client import RetryPolicy
-from consumers.config import presets
+from consumers.config import presets, profiles
 from consumers.config.candidate import PipelineConfig, StageConfig
-from consumers.kafka_clients import profiles
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.producer import key_for
 
 B = KafkaConnection.plain("b:9092")

@@ -22,10 +22,9 @@ import pytest
 from confluent_kafka import AcknowledgeType, IllegalStateException, ShareConsumer
 
 from consumers.ai.client import AIUnavailable
-from consumers.config import pipeline_spec
+from consumers.config import pipeline_spec, profiles
 from consumers.config.events import Topics
-from consumers.kafka_clients import profiles
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from consumers.runtime import member as member_module
 from consumers.runtime import share_member
 from consumers.runtime.member import MemberSettings

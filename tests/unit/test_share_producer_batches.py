@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from consumers.config import profiles
 from consumers.config.candidate import PipelineConfig, StageConfig
-from consumers.kafka_clients import profiles
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 
 KAFKA = KafkaConnection.plain("127.0.0.1:9092")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from consumers.config.candidate import Endpoints, PipelineConfig
-from consumers.kafka_clients.kafka_connection import KafkaAccess
+from consumers.config.kafka_connection import KafkaAccess
 
 TOKEN_ENV = "AI_SERVICE_TOKEN"  # the fleet's default --ai-token-env
 # A fleet's health, whatever runs it: healthy | starting | restarting | stopping | dead.

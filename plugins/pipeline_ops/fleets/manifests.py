@@ -25,7 +25,7 @@ from pathlib import Path
 
 from consumers.config.candidate import PipelineConfig
 from consumers.config.events import Topics
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from pipeline_ops.fleets.backend import FleetEnvironment
 from pipeline_ops.fleets.program import fleet_command, stop_wait_s
 

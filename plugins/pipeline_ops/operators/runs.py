@@ -14,8 +14,8 @@ from airflow.providers.apache.kafka.hooks.client import KafkaAdminClientHook
 
 from consumers.config import events
 from consumers.config.candidate import PipelineConfig
+from consumers.config.kafka_connection import KafkaAccess
 from consumers.kafka_clients import acls
-from consumers.kafka_clients.kafka_connection import KafkaAccess
 from consumers.kafka_clients.provisioning import TopicReport, provision
 from consumers.runs.pipeline_run import Pipeline
 from pipeline_ops import stand_in

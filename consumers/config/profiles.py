@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.kafka_clients.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 
 GROUP_MODES = ("baseline", "bounded", "flow")  # members of a consumer group
 # Modes whose outputs can be exactly once: a share group has no offsets to put in a transaction
@@ -226,3 +226,9 @@ def share_consumer_config(profile: str, kafka: KafkaConnection, group_id: str, *
         **get(profile).consumer,
         **overrides,
     })
+
+
+def transactional_id(group_id: str, member: str) -> str:
+    """A member's `transactional.id`, which the ACLs grant by its group's prefix: stable across
+    restarts of the same member, so a restarted member fences its predecessor."""
+    return f"{group_id}.{member}"
