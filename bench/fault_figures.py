@@ -47,9 +47,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from bench import figures
 from bench.report import per_second
-from consumers import pipeline_spec
-from consumers.events import Topics
-from consumers.kafka_connection import KafkaConnection
+from consumers.config import pipeline_spec
+from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaConnection
 from infra.kafka_tools import topic_values
 from measure.figures import beyond_first
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import psycopg2
 
-from consumers import events
-from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline_config import PipelineConfig
+from consumers.config import events
+from consumers.config.candidate import PipelineConfig
+from consumers.config.kafka_connection import KafkaAccess
 from host import supervisor
 from pipeline_ops.fleets.program import fleet_program
 

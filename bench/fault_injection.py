@@ -22,10 +22,10 @@ import requests
 from bench import fault_pipeline
 from bench.fault_figures import Poison
 from bench.fault_fleets import SupervisedFleets
-from consumers import events, pipeline_spec
-from consumers.kafka_connection import KafkaConnection
-from consumers.pipeline_config import PipelineConfig
-from consumers.producer import KeyedProducer
+from consumers.config import events, pipeline_spec
+from consumers.config.candidate import PipelineConfig
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.kafka_clients.producer import KeyedProducer
 from infra import kafka_cluster, postgres_server
 from infra.layout import Layout
 from infra.stack import load_state, save_state

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from consumers import pipeline_spec
+from consumers.config import pipeline_spec
 
 NAME = "genai_image_screened"
 STAGE = "screen"

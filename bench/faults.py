@@ -72,11 +72,11 @@ from bench.fault_figures import PhaseRun, collect, verdict
 from bench.fault_fleets import SupervisedFleets, remove_leftovers
 from bench.fault_injection import FAULTS, Fault, Target, Window, configure_ai
 from bench.report import run_dir
-from consumers import events, pipeline_spec, presets
-from consumers.kafka_connection import KafkaAccess, KafkaConnection
-from consumers.pipeline import Pipeline, new_run_id, provision_pipeline, remove_pipeline
-from consumers.pipeline_config import Endpoints, PipelineConfig
-from consumers.storage import Storage
+from consumers.config import events, pipeline_spec, presets
+from consumers.config.candidate import Endpoints, PipelineConfig
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.runs.pipeline_run import Pipeline, new_run_id, provision_pipeline, remove_pipeline
+from consumers.runtime.storage import Storage
 from host import supervisor
 from infra import kafka_cluster
 from infra.layout import Layout, current
@@ -137,11 +137,11 @@ def heal_ai(ai_url: str, s: Settings) -> None:
 
 def start_source(kafka: KafkaConnection, pipeline: str, run_id: str, rate: float, duration_s: float,
                  log: Path, report: Path) -> subprocess.Popen[str]:
-    """The load: consumers.source in a process of its own, at a steady rate, UUID keys, running
+    """The load: consumers.loadgen.source in a process of its own, at a steady rate, UUID keys, running
     as `kafka`'s principal (given in its environment, never on its command line). Its report
     goes to a file, not a pipe: one read only after the source exits would fill the pipe's
     64 KiB with the request ids of a load over ~100 s, and the source would block on it."""
-    cmd = [sys.executable, "-m", "consumers.source", "--pipeline", pipeline, "--prefix", run_id,
+    cmd = [sys.executable, "-m", "consumers.loadgen.source", "--pipeline", pipeline, "--prefix", run_id,
            "--run-id", run_id, "--rate", str(rate), "--duration", str(duration_s), "--keys", "uuid",
            "--profile", "durability", "--json", "--quiet"]
     with open(log, "a") as err, open(report, "w") as out:

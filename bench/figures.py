@@ -2,7 +2,7 @@
 
 The standard figures (throughput, steady throughput, capacity, utilization, latency, lost,
 duplicate AI calls, skew), defined in `measure.figures`, come from the runtime's SQL side
-(`consumers/run_figures.py`), with requests per partition from the style topic's offsets (or
+(`consumers/runs/run_figures.py`), with requests per partition from the style topic's offsets (or
 where the source saw them land, when the topic holds more than one phase); the
 Spark analysis computes the same figures and a test checks that both agree on the same run.
 Benchmark-only figures:
@@ -46,10 +46,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
-from consumers.events import Topics
-from consumers.kafka_connection import KafkaConnection
-from consumers.presets import PresetParams
-from consumers.run_figures import cost_figures, limits_of, rows, standard_figures
+from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.config.presets import PresetParams
+from consumers.runs.run_figures import cost_figures, limits_of, rows, standard_figures
 from measure import capacity, figures
 
 POLL_S = 0.2  # the longest one read of topic_bytes waits

@@ -11,7 +11,7 @@ Many gate decisions, alternating two kinds of candidate:
 Each candidate is `trials` fresh trials, compared as the registry does with the active version's
 last passed measurement: the first block of trials, then each identical candidate that passed
 (a re-measurement of the same configuration). The decision is `pipeline_ops.gate.evaluate` with
-the default `Thresholds` on the trials' figures from `consumers/run_figures.py` (the SQL side,
+the default `Thresholds` on the trials' figures from `consumers/runs/run_figures.py` (the SQL side,
 which a test checks against the Spark analysis the DAG's gate reads). A slower candidate's
 capacity is measured slower too, so its utilization still passes: only the regression check
 can catch it, as it must.
@@ -35,11 +35,11 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.report import run_dir
-from consumers import presets
-from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline import new_run_id, remove_pipeline, running_pipeline
-from consumers.pipeline_config import Endpoints
-from consumers.run_figures import burst_figures
+from consumers.config import presets
+from consumers.config.candidate import Endpoints
+from consumers.config.kafka_connection import KafkaAccess
+from consumers.runs.pipeline_run import new_run_id, remove_pipeline, running_pipeline
+from consumers.runs.run_figures import burst_figures
 from measure.confidence import mean_bounds
 from pipeline_ops.gate import Thresholds, evaluate
 

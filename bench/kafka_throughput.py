@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer
 
-from consumers import profiles
-from consumers.kafka_connection import KafkaConnection
-from consumers.producer import KeyedProducer
-from consumers.provisioning import delete, provision
+from consumers.config import profiles
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.kafka_clients.producer import KeyedProducer
+from consumers.kafka_clients.provisioning import delete, provision
 from infra import kafka_tools
 
 PERF_LINE = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\)")

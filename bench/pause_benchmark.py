@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicPartition
 
-from consumers import datagen, profiles
-from consumers.fetch_buffer import FetchBuffer
-from consumers.kafka_connection import KafkaConnection
-from consumers.provisioning import delete
+from consumers.config import profiles
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.kafka_clients.provisioning import delete
+from consumers.loadgen import datagen
+from consumers.runtime.fetch_buffer import FetchBuffer
 
 PARTITIONS = 10
 

@@ -36,8 +36,9 @@ import requests
 from rich.console import Console
 from rich.progress import Progress
 
-from consumers import pipeline_spec, source
-from consumers.pipeline_spec import HttpWork, PipelineSpec
+from consumers.config import pipeline_spec
+from consumers.config.pipeline_spec import HttpWork, PipelineSpec
+from consumers.loadgen import source
 from infra import ai_gateway
 from measure import capacity, figures
 

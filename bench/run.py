@@ -41,11 +41,11 @@ from rich.console import Console
 
 from bench import figures, kafka_throughput, machine_noise, pause_benchmark, report, spark_partition_load
 from bench.peer import PEER, run_router_peer
-from consumers import pipeline_spec, presets
-from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline import Pipeline, new_run_id, remove_pipeline, running_pipeline
-from consumers.pipeline_config import Endpoints
-from consumers.pipeline_spec import PipelineSpec
+from consumers.config import pipeline_spec, presets
+from consumers.config.candidate import Endpoints
+from consumers.config.kafka_connection import KafkaAccess
+from consumers.config.pipeline_spec import PipelineSpec
+from consumers.runs.pipeline_run import Pipeline, new_run_id, remove_pipeline, running_pipeline
 from infra import ai_gateway
 from infra import stack as local_stack
 from infra.layout import PLAINTEXT, Layout

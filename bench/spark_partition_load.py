@@ -35,9 +35,10 @@ from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.table import Table
 
-from consumers import datagen, kafka_connection
-from consumers.kafka_connection import KafkaConnection
-from consumers.provisioning import delete
+from consumers.config import kafka_connection
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.kafka_clients.provisioning import delete
+from consumers.loadgen import datagen
 from infra import kafka_tools
 from spark import partition_load
 from spark.session import session

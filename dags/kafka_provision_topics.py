@@ -7,7 +7,7 @@ from datetime import datetime
 from airflow.sdk import Asset, Param, dag
 
 from pipeline_ops import dag_support as s
-from pipeline_ops.operators import ProvisionTopicsOperator
+from pipeline_ops.operators.topics import ProvisionTopicsOperator
 
 TOPICS = Asset("kafka://pipeline/topics")
 

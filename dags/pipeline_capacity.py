@@ -7,7 +7,8 @@ from datetime import datetime
 from airflow.sdk import Param, dag
 
 from pipeline_ops import dag_support as s
-from pipeline_ops.operators import CapacitySearchOperator, ResolveCandidateOperator
+from pipeline_ops.operators.candidate import ResolveCandidateOperator
+from pipeline_ops.operators.capacity import CapacitySearchOperator
 
 
 @dag(
@@ -40,7 +41,7 @@ from pipeline_ops.operators import CapacitySearchOperator, ResolveCandidateOpera
     doc_md="""
 ### Capacity search
 The highest steady rate of the chosen pipeline at which the configuration keeps consumer lag
-bounded and the end-to-end p99 under the objective (`consumers/capacity.py`): a calibration burst
+bounded and the end-to-end p99 under the objective (`consumers/runs/capacity_search.py`): a calibration burst
 (`burst` requests) measures the AI capacity, then steady-rate steps, each with its lag sampled,
 step up or down from 90% of it and bisect. The result is stored beside the configuration
 (`capacity_searches`, gate page); `results/<run id>/capacity.png` plots the lag and the p99 of

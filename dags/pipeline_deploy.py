@@ -7,7 +7,7 @@ from datetime import datetime
 from airflow.sdk import Param, dag
 
 from pipeline_ops import dag_support as s
-from pipeline_ops.operators import DeployFleetOperator
+from pipeline_ops.operators.deploy import DeployFleetOperator
 
 
 @dag(

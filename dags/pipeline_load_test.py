@@ -7,7 +7,9 @@ from datetime import datetime
 from airflow.sdk import Param, dag
 
 from pipeline_ops import dag_support as s
-from pipeline_ops.operators import DeployFleetOperator, LoadTestOperator, ProvisionTopicsOperator
+from pipeline_ops.operators.deploy import DeployFleetOperator
+from pipeline_ops.operators.load import LoadTestOperator
+from pipeline_ops.operators.topics import ProvisionTopicsOperator
 
 RUN = "load-{{ ts_nodash | lower }}-v{{ params.version }}"
 

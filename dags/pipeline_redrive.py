@@ -46,7 +46,7 @@ summary (the task's XCom): a letter whose request has a result for that stage si
 prefix because it was too large (`skipped_reference`). Every letter considered is a row of
 `redrives` with the user who triggered the run; a letter that went back is not selected again,
 so running the same selection twice sends nothing the second time. The same from a shell:
-`python -m consumers.redrive --pipeline ... [--run ...] [--reason ...]`.
+`python -m consumers.runs.redrive --pipeline ... [--run ...] [--reason ...]`.
 """,
 )
 def pipeline_redrive() -> None:

@@ -10,13 +10,9 @@ from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import Param, dag
 
 from pipeline_ops import dag_support as s
-from pipeline_ops.operators import (
-    GateReportOperator,
-    PromoteOperator,
-    PromotionGateOperator,
-    ResolveCandidateOperator,
-    TrialsOperator,
-)
+from pipeline_ops.operators.candidate import ResolveCandidateOperator
+from pipeline_ops.operators.promotion import GateReportOperator, PromoteOperator, PromotionGateOperator
+from pipeline_ops.operators.trials import TrialsOperator
 
 RUN = "{{ ti.xcom_pull(task_ids='resolve')['run_id'] }}"
 

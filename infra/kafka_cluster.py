@@ -28,7 +28,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
-from consumers.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from host.files import write_private
 from host.processes import alive, spawn, tail, terminate
 from infra.layout import KAFKA_JARS, REPO, Layout, port_in_use

@@ -23,7 +23,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 
-from consumers.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from infra.kafka_cluster import java_command, properties
 from infra.layout import LOCAL
 

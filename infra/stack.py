@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from consumers.kafka_connection import KafkaAccess, KafkaConnection
-from consumers.pipeline_spec import roles
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.config.pipeline_spec import roles
 from host import supervisor
 from host.files import write_private
 from host.processes import alive, spawn, terminate
@@ -107,8 +107,7 @@ def running(state: dict) -> bool:
 
 def start_ai_service(layout: Layout) -> int:
     """The AI stand-in at real scale (a run changes the scale through PUT /v1/config)."""
-    cmd = [sys.executable, "-m", "consumers.ai_service", "--port", str(layout.ai_service_port),
-           "--time-scale", os.environ.get("AI_TIME_SCALE", "1.0")]
+    cmd = [sys.executable, "-m", "consumers.stand_in", "--port", str(layout.ai_service_port)]
     pid = spawn(cmd, layout.root / "ai-service.log", cwd=REPO)
     if not wait_for_port(layout.ai_service_port, 30):
         raise RuntimeError(f"AI service did not start: see {layout.root / 'ai-service.log'}")

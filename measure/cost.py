@@ -69,7 +69,7 @@ class Prices:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One attempt row as the cost figures read it (consumers.run_figures.ATTEMPTS_SQL's columns)."""
+    """One attempt row as the cost figures read it (consumers.runs.run_figures.ATTEMPTS_SQL's columns)."""
 
     request_id: str
     stage: str

@@ -2,7 +2,7 @@
 
 The gate (from the Spark analysis), the benchmark (from SQL and Kafka offsets), the report and
 the UI all take their figures from here: each side fetches the raw aggregates its own way
-(`spark/pipeline_analysis.py` with DataFrames, `bench/figures.py` with SQL) and this module
+(`spark/pipeline_analysis.py` with DataFrames, `consumers/runs/run_figures.py` with SQL) and this module
 turns them into figures, so a figure cannot mean two things.
 
 - settled: a request whose status is one of TERMINAL.

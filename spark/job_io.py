@@ -21,7 +21,7 @@ import psycopg2
 from psycopg2.extras import Json, execute_values
 from pyspark.sql import DataFrame, SparkSession
 
-from consumers import kafka_connection
+from consumers.config import kafka_connection
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

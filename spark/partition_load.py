@@ -36,8 +36,8 @@ from psycopg2.extras import Json
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from consumers import kafka_connection
-from consumers.kafka_connection import KafkaConnection
+from consumers.config import kafka_connection
+from consumers.config.kafka_connection import KafkaConnection
 from measure import figures, skew
 from measure.sizing import SizingInput, size
 from spark import job_io

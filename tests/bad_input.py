@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from consumers import events, pipeline_spec
-from consumers.pipeline_spec import PipelineSpec
+from consumers.config import events, pipeline_spec
+from consumers.config.pipeline_spec import PipelineSpec
 
 REQUEST_ID = "7f1c4a36-5a5c-4d8e-9a57-2f5f1b9c0d11"
 OTHER_REQUEST_ID = "0b9e2d7c-3f41-4c55-8e0a-6d2f9c1b7a42"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from consumers.ai_client import Try
+from consumers.ai.client import Try
 
 
 class Tries:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psycopg2
 
-from consumers.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
 from infra import spark_cluster
 from infra.layout import Layout
 

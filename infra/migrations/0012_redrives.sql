@@ -1,4 +1,4 @@
--- Dead letters sent back to their source topic (consumers/redrive.py): one row per dead letter a
+-- Dead letters sent back to their source topic (consumers/runs/redrive.py): one row per dead letter a
 -- redrive considered, with who asked, when, what became of it and the redrive round it was sent
 -- (or would have been) as its `redrive_count` header.
 CREATE TABLE redrives (

@@ -17,8 +17,8 @@ from airflow.exceptions import AirflowNotFoundException
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk import BaseHook
 
-from consumers.kafka_connection import KafkaAccess, KafkaConnection
-from consumers.pipeline_spec import roles
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.config.pipeline_spec import PipelineSpec, roles
 
 
 def kafka_connection(conn_id: str) -> KafkaConnection:
@@ -42,6 +42,35 @@ def database_url(postgres_conn_id: str) -> str:
     driver). It reaches processes in their environment, never on a command line."""
     return re.sub(r"^postgres(ql)?(\+\w+)?://", "postgresql://",
                   PostgresHook(postgres_conn_id=postgres_conn_id).get_uri())
+
+
+def base_url(conn_id: str) -> str:
+    """An HTTP connection's base URL (its schema is the scheme, as for the HTTP provider's hook)."""
+    conn = BaseHook.get_connection(conn_id)
+    return f"{conn.schema or 'http'}://{conn.host}" + (f":{conn.port}" if conn.port else "")
+
+
+def endpoint_urls(spec: PipelineSpec) -> dict[str, str]:
+    """Each AI endpoint of the spec: its Airflow connection's base URL, and its path."""
+    return {name: base_url(e.connection) + e.path for name, e in spec.endpoints.items()}
+
+
+def endpoint_keys(spec: PipelineSpec) -> dict[str, str]:
+    """Each AI endpoint's key: its Airflow connection's password, when it has one."""
+    passwords = {conn_id: BaseHook.get_connection(conn_id).password
+                 for conn_id in {e.connection for e in spec.endpoints.values()}}
+    return {name: password for name, e in spec.endpoints.items() if (password := passwords[e.connection])}
+
+
+def stand_in_endpoints(spec: PipelineSpec) -> dict[str, list[str]]:
+    """The base URL of each connection of the spec's endpoints that says it is the AI stand-in
+    (extra `stand_in`), with the endpoints it serves; a real API's connection is never listed."""
+    served: dict[str, list[str]] = {}
+    for name, endpoint in spec.endpoints.items():
+        extra = BaseHook.get_connection(endpoint.connection).extra_dejson
+        if str(extra.get("stand_in", "")).lower() == "true":
+            served.setdefault(base_url(endpoint.connection), []).append(name)
+    return served
 
 
 @contextmanager

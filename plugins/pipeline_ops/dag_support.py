@@ -10,8 +10,9 @@ from typing import Any
 
 from airflow.sdk import Param
 
-from consumers import pipeline_spec, presets, profiles
-from pipeline_ops.operators import AnalysisSubmitOperator, CheckPipelineOperator
+from consumers.config import pipeline_spec, presets, profiles
+from pipeline_ops.operators.analysis import AnalysisSubmitOperator
+from pipeline_ops.operators.check import CheckPipelineOperator
 from spark.jars import connector_jars
 
 REPO = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ run, which reads them; an event delivered twice after a triggerer restart wakes 
 little or nothing new. A row written after the run read (its writer retrying PostgreSQL for
 longer than the margin) is counted by the next triage.
 
-**Which topics**: every run writes its own `<prefix>.dlq` (`consumers.events.Topics`), so the
+**Which topics**: every run writes its own `<prefix>.dlq` (`consumers.config.events.Topics`), so the
 watcher subscribes to a pattern: librdkafka treats a topic name starting with `^` as a regular
 expression and follows the topics that match as they are created. The pattern is
 `DEAD_LETTER_TOPICS` from the environment of the DAG processor, default every topic ending in
@@ -51,7 +51,7 @@ from airflow.providers.apache.kafka.triggers.shared_stream import (
 from airflow.triggers.base import TriggerEvent
 from asgiref.sync import sync_to_async
 
-from consumers.pipeline_spec import DEAD_LETTER
+from consumers.config.pipeline_spec import DEAD_LETTER
 
 CONNECTION = "kafka_dead_letter_watch"
 TOPICS_ENV = "DEAD_LETTER_TOPICS"

@@ -15,13 +15,13 @@ Specs are looked up in $PIPELINES_DIR, or the project's `pipelines/`.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from airflow.exceptions import AirflowNotFoundException
 from airflow.sdk import BaseHook
 
-from consumers import pipeline_spec
-from consumers.pipeline_spec import PipelineSpec, SpecError
+from consumers.config import pipeline_spec
+from consumers.config.pipeline_spec import PipelineSpec, SpecError
+from consumers.config.pipeline_spec.files import check
 
 
 def connection_exists(conn_id: str) -> bool:
@@ -32,11 +32,17 @@ def connection_exists(conn_id: str) -> bool:
     return True
 
 
+def missing_connections(spec: PipelineSpec) -> list[tuple[str, str]]:
+    """Endpoints whose connection is not defined where the pipeline will run."""
+    return [(f"endpoints.{name}.connection", f"connection {e.connection!r} is not defined")
+            for name, e in spec.endpoints.items() if not connection_exists(e.connection)]
+
+
 def validated(name_or_path: str) -> PipelineSpec:
     """The spec, validated, whose endpoints' connections all exist; raises SpecError naming
     each field at fault."""
     spec = pipeline_spec.load(name_or_path)
-    missing = pipeline_spec.missing_connections(spec, connection_exists)
+    missing = missing_connections(spec)
     if missing:
         raise SpecError(str(pipeline_spec.path_of(name_or_path)), missing)
     return spec
@@ -46,14 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline_ops.pipeline_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", help="a spec's name (in $PIPELINES_DIR or pipelines/) or path")
-    args = parser.parse_args(argv)
-    try:
-        spec = validated(args.spec)
-    except SpecError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    print(spec.summary())
-    return 0
+    return check(validated, parser.parse_args(argv).spec)
 
 
 if __name__ == "__main__":

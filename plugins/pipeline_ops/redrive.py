@@ -1,5 +1,5 @@
 """The redrive as an Airflow task: the DAG run's form decides which dead letters go back, and the
-user who triggered the run is kept with each (`consumers.redrive` does the work)."""
+user who triggered the run is kept with each (`consumers.runs.redrive` does the work)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from consumers import redrive
+from consumers.runs import redrive
 from pipeline_ops.connections import database_url, kafka_access
 
 # Who a run without a triggering user (a scheduled or asset-triggered one) is recorded as.

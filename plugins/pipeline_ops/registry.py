@@ -11,7 +11,7 @@ from typing import Any
 
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 
-from consumers.pipeline_config import PipelineConfig
+from consumers.config.candidate import PipelineConfig
 from pipeline_ops.connections import transaction
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 
-from consumers import pipeline_spec
-from consumers.events import Topics
-from consumers.pipeline_spec import PipelineSpec
+from consumers.config import pipeline_spec
+from consumers.config.events import Topics
+from consumers.config.pipeline_spec import PipelineSpec
 from measure import cost
 from pipeline_ops.gate import COST_DIGITS
 

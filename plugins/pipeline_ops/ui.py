@@ -34,7 +34,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from consumers import pipeline_spec
+from consumers.config import pipeline_spec
 from measure import cost
 from pipeline_ops.registry import ConfigRegistry
 

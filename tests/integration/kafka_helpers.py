@@ -5,7 +5,7 @@ from __future__ import annotations
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import NewTopic
 
-from consumers.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 
 
 def create_topic(kafka: KafkaConnection, name: str, partitions: int = 1, replication: int = 1,

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import psycopg2
 import requests
 
-from consumers import pipeline_spec
-from consumers.ai_service import ServiceConfig, serve
-from consumers.pipeline_config import Endpoints
+from consumers.config import pipeline_spec
+from consumers.config.candidate import Endpoints
+from consumers.stand_in.config import ServiceConfig
+from consumers.stand_in.server import serve
 
 TIME_SCALE = 0.02  # generate 3 s -> 60 ms, check 0.5 s -> 10 ms
 

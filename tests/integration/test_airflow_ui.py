@@ -22,9 +22,9 @@ import psycopg2
 import pytest
 import requests
 
-from consumers import events, pipeline_spec
-from consumers.pipeline_config import PipelineConfig
-from consumers.pipeline_spec import REFERENCE
+from consumers.config import events, pipeline_spec
+from consumers.config.candidate import PipelineConfig
+from consumers.config.pipeline_spec import REFERENCE
 from infra import airflow_ui
 from tests.integration.kafka_helpers import create_topic
 from tests.integration.pipeline_fixtures import query

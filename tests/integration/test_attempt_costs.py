@@ -13,11 +13,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from consumers import stages
-from consumers.ai_client import AIClient, AIUnavailable, AIWaiting, Endpoint, RetryPolicy
-from consumers.ai_service import EndpointConfig, ServiceConfig, serve
-from consumers.run_figures import ATTEMPTS_SQL, rows
-from consumers.storage import CallClaim, Key, Origin, Storage
+from consumers.ai.client import AIClient, AIUnavailable, AIWaiting, Endpoint, RetryPolicy
+from consumers.runs.run_figures import ATTEMPTS_SQL, rows
+from consumers.runtime import stages
+from consumers.runtime.storage import CallClaim, Key, Origin, Storage
+from consumers.stand_in.config import EndpointConfig, ServiceConfig
+from consumers.stand_in.server import serve
 from measure import cost
 from tests.integration.pipeline_fixtures import query
 from tests.stack import Stack

@@ -25,10 +25,11 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from consumers import dead_letter, events
-from consumers.kafka_connection import KafkaConnection
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.config import events
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.runs.pipeline_run import running_pipeline
+from consumers.runtime import dead_letter
 from tests.bad_input import OVER_PRODUCER_LIMIT_BYTES, BadInput, corpus
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query
 from tests.stack import Stack

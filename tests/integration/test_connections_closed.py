@@ -10,8 +10,10 @@ import psycopg2
 import pytest
 from psycopg2.extensions import connection
 
-from consumers import events, pipeline_spec, run_figures, storage
-from consumers.pipeline import Pipeline
+from consumers.config import events, pipeline_spec
+from consumers.runs import run_figures
+from consumers.runs.pipeline_run import Pipeline
+from consumers.runtime import storage
 from tests.stack import Stack
 
 

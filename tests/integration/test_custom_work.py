@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from consumers import pipeline_spec
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import Endpoints, PipelineConfig, StageConfig
+from consumers.config import pipeline_spec
+from consumers.config.candidate import Endpoints, PipelineConfig, StageConfig
+from consumers.runs.pipeline_run import running_pipeline
 from tests import custom_work
 from tests.integration.pipeline_fixtures import TIME_SCALE, query
 from tests.stack import Stack

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from consumers import pipeline_spec
+from consumers.config import pipeline_spec
 from tests.integration.pipeline_fixtures import query
 from tests.stack import REPO, DagTestRun, Stack, unique
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from consumers.storage import Key, Origin, Storage
+from consumers.runtime.storage import Key, Origin, Storage
 from tests.integration.pipeline_fixtures import query
 from tests.stack import Stack
 

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from consumers import metrics
-from consumers.kafka_connection import KafkaConnection
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
-from consumers.producer import KeyedProducer
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.kafka_clients.producer import KeyedProducer
+from consumers.runs.pipeline_run import running_pipeline
+from consumers.runtime import metrics
 from infra import postgres_server
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.stack import Stack

@@ -12,11 +12,11 @@ from collections import Counter
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from consumers.kafka_connection import KafkaConnection
-from consumers.outbox import Outgoing, TransactionalOutbox, TransactionFenced
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
-from consumers.storage import Origin
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.runs.pipeline_run import running_pipeline
+from consumers.runtime.outbox import Outgoing, TransactionalOutbox, TransactionFenced
+from consumers.runtime.storage import Origin
 from infra.kafka_tools import topic_values
 from tests.integration.kafka_helpers import create_topic, produce
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query

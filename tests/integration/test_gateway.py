@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from consumers.ai_service import EndpointConfig, ServiceConfig, serve
+from consumers.stand_in.config import EndpointConfig, ServiceConfig
+from consumers.stand_in.server import serve
 from host.processes import terminate
 from infra import ai_gateway
 from infra.ai_gateway import Model

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.runs.pipeline_run import running_pipeline
 from tests.integration.pipeline_fixtures import AIService, ai_service, query
 from tests.stack import Stack
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import pytest
 from confluent_kafka import Consumer
 
-from consumers import events
-from consumers.kafka_connection import KafkaConnection
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.config import events
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.runs.pipeline_run import running_pipeline
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.stack import Stack
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.provisioning import ProvisioningError, provision
+from consumers.kafka_clients.provisioning import ProvisioningError, provision
 from tests.stack import Stack, unique
 
 

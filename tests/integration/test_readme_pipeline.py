@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from consumers import pipeline_spec
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import PipelineConfig
+from consumers.config import pipeline_spec
+from consumers.config.candidate import PipelineConfig
+from consumers.runs.pipeline_run import running_pipeline
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query
 from tests.stack import Stack
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 import psycopg2
 import pytest
 
-from consumers.pipeline import Pipeline, running_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.runs.pipeline_run import Pipeline, running_pipeline
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query
 from tests.stack import REPO, DagTestRun, Stack
 
@@ -114,8 +114,8 @@ def test_dead_letters_of_chosen_requests_are_redriven_once_each_within_the_limit
         assert records_in(stack, pipeline) == before
 
         # A raised limit (the command's default, 3) lets it through; once more does nothing.
-        command = [sys.executable, "-m", "consumers.redrive", "--pipeline", "genai_image", "--run", run_id,
-                   "--reason", "ai_unavailable", "--by", "redrive-test"]
+        command = [sys.executable, "-m", "consumers.runs.redrive", "--pipeline", "genai_image",
+                   "--run", run_id, "--reason", "ai_unavailable", "--by", "redrive-test"]
         summaries = []
         for _ in range(2):
             done = subprocess.run(command, env=stack.subprocess_env(), cwd=REPO, capture_output=True,

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import psycopg2
 import pytest
 
-from consumers.pipeline_config import PipelineConfig
-from consumers.pipeline_spec import REFERENCE
+from consumers.config.candidate import PipelineConfig
+from consumers.config.pipeline_spec import REFERENCE
 from infra.migrate import migrate
 from pipeline_ops.registry import ConfigRegistry
 from tests.stack import Stack

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from consumers.kafka_connection import KafkaConnection
+from consumers.config.kafka_connection import KafkaConnection
 from infra import stack as stack_cli
 from tests.integration.kafka_helpers import consume_all, create_topic, produce
 from tests.stack import Stack, unique

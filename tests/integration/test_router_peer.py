@@ -20,7 +20,8 @@ import pytest
 import requests
 
 from bench import peer
-from consumers.ai_service import EndpointConfig, ServiceConfig, serve
+from consumers.stand_in.config import EndpointConfig, ServiceConfig
+from consumers.stand_in.server import serve
 from infra.ai_gateway import Model
 
 MODEL = Model("peer-small", rpm=40, tpm=1_000_000, input_cost_per_token=0.0, output_cost_per_token=0.0)

@@ -29,11 +29,11 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from consumers import pipeline_spec
-from consumers.events import Topics
-from consumers.kafka_connection import KafkaConnection
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.config import pipeline_spec
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.runs.pipeline_run import running_pipeline
 from infra.layout import Layout
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.integration.test_dags import PASSABLE, decision_of, tuning_conf

@@ -14,11 +14,12 @@ import pytest
 from confluent_kafka import AcknowledgeType, Message, ShareConsumer
 from confluent_kafka.admin import ConfigResource, NewTopic
 
-from consumers import presets, profiles, provisioning
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
-from consumers.producer import KeyedProducer
-from consumers.share_member import ShareMember
+from consumers.config import presets, profiles
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.kafka_clients import provisioning
+from consumers.kafka_clients.producer import KeyedProducer
+from consumers.runs.pipeline_run import running_pipeline
+from consumers.runtime.share_member import ShareMember
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.stack import Stack
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.runs.pipeline_run import running_pipeline
 from pipeline_ops.dag_support import spark_env
-from pipeline_ops.operators import AnalysisSubmitOperator
+from pipeline_ops.operators.analysis import AnalysisSubmitOperator
 from tests.integration.pipeline_fixtures import TIME_SCALE, ai_service
 from tests.stack import REPO, Stack
 

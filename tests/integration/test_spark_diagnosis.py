@@ -17,7 +17,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from consumers.provisioning import delete
+from consumers.kafka_clients.provisioning import delete
 from infra import kafka_tools
 from measure.skew import key_sample_size
 from tests.integration.kafka_helpers import create_topic

@@ -19,12 +19,13 @@ from confluent_kafka import Consumer, TopicPartition
 from pyspark.sql import SparkSession
 
 from bench import figures as bench_figures
-from consumers import datagen, pipeline_spec
-from consumers.events import Topics
-from consumers.kafka_connection import KafkaConnection
-from consumers.pipeline import running_pipeline
-from consumers.pipeline_config import PipelineConfig, StageConfig
-from consumers.run_figures import standard_figures
+from consumers.config import pipeline_spec
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.loadgen import datagen
+from consumers.runs.pipeline_run import running_pipeline
+from consumers.runs.run_figures import standard_figures
 from measure import figures as measure_figures
 from spark import job_io, partition_load, pipeline_analysis
 from spark.session import build

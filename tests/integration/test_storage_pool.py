@@ -11,7 +11,7 @@ from collections.abc import Callable
 import psycopg2
 import pytest
 
-from consumers.storage import LEFT_FOR_OTHERS, Storage, free_connections, sized_pool
+from consumers.runtime.storage import LEFT_FOR_OTHERS, Storage, free_connections, sized_pool
 from tests.stack import Stack
 
 # Counts the server's free connections and takes nearly all of them: another worker's tests

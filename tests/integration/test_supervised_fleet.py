@@ -1,7 +1,7 @@
 """Fleets under supervisord, against the running stack: nobody needs to act when a fleet dies.
 
 Each test runs a supervisord of its own (in a temporary folder, so the stack's is untouched)
-and real `python -m consumers.fleet` processes against the stack's Kafka and PostgreSQL.
+and real `python -m consumers.runtime.fleet` processes against the stack's Kafka and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import TypeVar
 
 import pytest
 
-from consumers import events, provisioning
-from consumers.pipeline import provision_pipeline
-from consumers.pipeline_config import Endpoints, PipelineConfig, StageConfig
+from consumers.config import events
+from consumers.config.candidate import Endpoints, PipelineConfig, StageConfig
+from consumers.kafka_clients import provisioning
+from consumers.runs.pipeline_run import provision_pipeline
 from host import supervisor
 from infra.layout import REPO
 from pipeline_ops.fleets import FleetEnvironment, FleetSupervisor
@@ -176,7 +177,7 @@ def test_a_fleet_whose_member_dies_exits_70_and_is_started_again(stack: Stack,
     run_id = unique("member-dies")
     name = supervisor.program_name("fleet", run_id, "check")
     daemon.add(supervisor.Program(
-        name, [sys.executable, "-m", "consumers.fleet", "--stage", "check", "--run-id", run_id,
+        name, [sys.executable, "-m", "consumers.runtime.fleet", "--stage", "check", "--run-id", run_id,
                "--members", "2", "--stats-interval-ms", "-1"],
         REPO, {**stack.connection.environment(), "DATABASE_URL": stack.database_url,
                **Endpoints({"check": "http://127.0.0.1:9/v1/check"}).environment()},

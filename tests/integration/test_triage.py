@@ -25,9 +25,9 @@ import psycopg2
 import pytest
 from confluent_kafka import Producer
 
-from consumers import dead_letter
-from consumers.pipeline_spec import DEAD_LETTER
-from consumers.storage import Origin, Storage
+from consumers.config.pipeline_spec import DEAD_LETTER
+from consumers.runtime import dead_letter
+from consumers.runtime.storage import Origin, Storage
 from infra import airflow_ui
 from pipeline_ops import dead_letter_watch as watch
 from pipeline_ops.triage import Triage

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.ai_budgets import Bucket, Budgets, Shortfall, metered, openai_duration
-from consumers.rate_budget import tokens_of
+from consumers.ai.rate_budget import tokens_of
+from consumers.stand_in.budgets import Bucket, Budgets, Shortfall, metered, openai_duration
 
 
 @pytest.mark.parametrize(("seconds", "text"), [

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from consumers.ai_client import AIClient, AIUnavailable, Endpoint, RetryPolicy
+from consumers.ai.client import AIClient, AIUnavailable, Endpoint, RetryPolicy
 from tests.recorded_tries import Tries
 
 ANSWER = json.dumps({"image_url": "https://example.test/a.png"}).encode()

@@ -1,4 +1,4 @@
-"""What a try's answer says it used (consumers.ai_client.Usage): the tokens of an OpenAI-compatible
+"""What a try's answer says it used (consumers.ai.client.Usage): the tokens of an OpenAI-compatible
 `usage` and the cost a gateway reports, read from hand-written answers; unknown, not 0, where the
 answer does not say."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumers.ai_client import COST_HEADER, AIClient, Endpoint, Reply, RetryPolicy, Usage
+from consumers.ai.client import COST_HEADER, AIClient, Endpoint, Reply, RetryPolicy, Usage
 from tests.recorded_tries import Tries
 
 # A chat completion as OpenAI-compatible APIs (and LiteLLM's proxy in front of them) answer it.

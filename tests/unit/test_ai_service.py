@@ -21,21 +21,14 @@ from typing import Any
 import pytest
 import requests
 
-from consumers import ai_client
-from consumers.ai_client import AIClient, RetryPolicy, Try
-from consumers.ai_service import (
-    ConfigError,
-    Endpoint,
-    EndpointConfig,
-    Refusal,
-    ServiceConfig,
-    _parser,
-    config_from_args,
-    sample_latency,
-    serve,
-)
-from consumers.concurrency_limit import AdaptiveLimit
-from consumers.pipeline_spec import EndpointSpec, load
+from consumers.ai import client as ai_client
+from consumers.ai.client import AIClient, RetryPolicy, Try
+from consumers.ai.concurrency_limit import AdaptiveLimit
+from consumers.config.pipeline_spec import EndpointSpec, load
+from consumers.stand_in.cli import config_from_args, parser
+from consumers.stand_in.config import ConfigError, EndpointConfig, ServiceConfig
+from consumers.stand_in.endpoint import Endpoint, Refusal, sample_latency
+from consumers.stand_in.server import serve
 from tests.recorded_tries import Tries
 
 SCALE = 0.1
@@ -538,17 +531,17 @@ def test_config_refuses_what_the_service_cannot_serve() -> None:
 
 
 def test_command_line_options_build_the_endpoints() -> None:
-    args = _parser().parse_args(["--pipelines", "text_moderation", "--limit", "3", "--error-rate", "0.5"])
+    args = parser().parse_args(["--pipelines", "text_moderation", "--limit", "3", "--error-rate", "0.5"])
     config = config_from_args(args)
     assert sorted(config.endpoints) == ["classify", "moderate", "summarize"]
     assert {(c.limit, c.error_rate) for c in config.endpoints.values()} == {(3, 0.5)}
     every = ServiceConfig.from_specs([*SPECS, load("support_tickets")]).endpoints
-    assert config_from_args(_parser().parse_args([])).endpoints == every
+    assert config_from_args(parser().parse_args([])).endpoints == every
 
 
 def test_command_line_serves_and_stops_on_sigterm() -> None:
     env = {**os.environ, "AI_SERVICE_TOKEN": "tok"}
-    process = subprocess.Popen([sys.executable, "-m", "consumers.ai_service", "--port", "0",
+    process = subprocess.Popen([sys.executable, "-m", "consumers.stand_in", "--port", "0",
                                 "--time-scale", "0.01"], cwd=REPO, env=env,
                                stderr=subprocess.PIPE, text=True)
     try:

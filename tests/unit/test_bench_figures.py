@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bench import figures
-from consumers.presets import PresetParams
+from consumers.config.presets import PresetParams
 
 
 def counters(served: int) -> dict[str, int]:

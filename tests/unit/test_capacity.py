@@ -1,10 +1,10 @@
-"""The capacity search's decision and bisection (consumers.capacity) on a simulated pipeline."""
+"""The capacity search's decision and bisection (consumers.runs.capacity_search) on a simulated pipeline."""
 
 from __future__ import annotations
 
 import pytest
 
-from consumers.capacity import Objective, Step, search, sustained
+from consumers.runs.capacity_search import Objective, Step, search, sustained
 
 OBJECTIVE = Objective(p99_s=1.5, lag_growth=0.02, step_s=20, precision=0.03, max_steps=8)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.circuit import CLOSED, HALF_OPEN, OPEN, Circuit
+from consumers.ai.circuit import CLOSED, HALF_OPEN, OPEN, Circuit
 
 
 class Clock:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import pytest
 
-from consumers.concurrency_limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
-from consumers.rate_budget import REQUESTS, RateBudget
+from consumers.ai.concurrency_limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
+from consumers.ai.rate_budget import REQUESTS, RateBudget
 
 
 class Clock:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from consumers import pipeline_spec
-from consumers.kafka_connection import KafkaAccess, KafkaConnection
-from consumers.pipeline_config import PipelineConfig
+from consumers.config import pipeline_spec
+from consumers.config.candidate import PipelineConfig
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
 from pipeline_ops import connections
 from pipeline_ops.fleets import FleetEnvironment
 from pipeline_ops.fleets.program import fleet_program

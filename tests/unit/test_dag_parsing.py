@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers import pipeline_spec
+from consumers.config import pipeline_spec
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE_DAGS = ("kafka_provision_topics", "pipeline_capacity", "pipeline_deploy", "pipeline_load_test",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from consumers import dead_letter, profiles
-from consumers.dead_letter import DeadLetterRecord
+from consumers.config import profiles
+from consumers.runtime import dead_letter
+from consumers.runtime.dead_letter import DeadLetterRecord
 
 ORIGIN = {"reason": "oversize", "detail": "d", "topic": "t", "partition": 0, "offset": 5,
           "stage": "check"}

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from consumers import pipeline_spec
-from consumers.pipeline_config import KEYS_ENV, Endpoints
-from pipeline_ops.operators import endpoint_keys
+from consumers.config import pipeline_spec
+from consumers.config.candidate import KEYS_ENV, Endpoints
+from pipeline_ops.connections import endpoint_keys
 
 
 def test_an_endpoint_s_own_key_wins_over_the_shared_token() -> None:

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from consumers import events, pipeline_spec
+from consumers.config import events, pipeline_spec
 from tests import bad_input
 from tests.bad_input import BadInput
 

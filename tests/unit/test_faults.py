@@ -33,8 +33,8 @@ from bench.fault_injection import (
 )
 from bench.fault_report import plot
 from bench.faults import Settings
-from consumers import events, pipeline_spec
-from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.config import events, pipeline_spec
+from consumers.config.candidate import PipelineConfig, StageConfig
 
 
 def completions() -> list[float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from consumers.fetch_buffer import FetchBuffer
+from consumers.runtime.fetch_buffer import FetchBuffer
 
 
 @dataclass

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from confluent_kafka import ConsumerGroupState, KafkaError, KafkaException, TopicPartition
 
-from consumers.fleet import Fleet
+from consumers.runtime.fleet import Fleet
 
 GROUP = "p-check"
 

@@ -1,6 +1,7 @@
 """The fleet image holds the repository files the fleet runs on: its COPY lines, laid out as the
-image lays them out, are enough to import `consumers.fleet` and load every shipped pipeline
-spec, and every repository module that takes is one the image copied."""
+image lays them out, are enough to import `consumers.runtime.fleet` and load every shipped pipeline
+spec, and every repository module that takes is one the image copied; of consumers/, it copies
+exactly the runtime's packages (the import contract "runtime" of pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,8 +49,8 @@ PROBE = """
 import sys
 sys.path = [p for p in sys.path if p not in ("", REPO)]
 sys.path.insert(0, APP)
-import consumers.fleet
-from consumers import pipeline_spec
+import consumers.runtime.fleet
+from consumers.config import pipeline_spec
 for name in pipeline_spec.available():
     pipeline_spec.resolve(pipeline_spec.load(name).load.generator)
 files = [getattr(m, "__file__", None) or "" for m in list(sys.modules.values())]
@@ -62,3 +64,11 @@ def test_the_image_copies_what_the_fleet_imports_and_loads(tmp_path: Path) -> No
     done = subprocess.run([sys.executable, "-c", code], cwd=app, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == []  # nothing came from the repository itself
+
+
+def test_the_image_copies_exactly_the_runtimes_packages() -> None:
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    runtime = next(c for c in contracts if c["id"] == "runtime")["source_modules"]
+    copied = {source.rstrip("/") for source, _ in copied_paths(DOCKERFILE.read_text())
+              if source.startswith("consumers/")}
+    assert copied == {"consumers/__init__.py", *(p.replace(".", "/") for p in runtime)}

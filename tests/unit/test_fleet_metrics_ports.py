@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.pipeline_config import PipelineConfig
+from consumers.config.candidate import PipelineConfig
 from host import supervisor
 from infra.layout import PORT_OFFSETS, Layout
 from infra.stack import ports as stack_ports

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from consumers import events, pipeline_spec
-from consumers.fleet import Fleet, MissingEndpoint, settings_for
-from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline_config import ENDPOINTS_ENV, Endpoints, PipelineConfig
+from consumers.config import events, pipeline_spec
+from consumers.config.candidate import ENDPOINTS_ENV, Endpoints, PipelineConfig
+from consumers.config.kafka_connection import KafkaAccess
+from consumers.runtime.fleet import Fleet, MissingEndpoint, settings_for
 
 REPO = Path(__file__).resolve().parents[2]
 NOWHERE_DB = "postgresql://nobody@127.0.0.1:1/none"  # refused, were it tried
@@ -33,7 +33,7 @@ def test_a_fleet_without_its_stages_endpoint_is_refused_before_it_connects() -> 
 def test_the_fleet_command_exits_with_the_message_instead_of_joining() -> None:
     env = {k: v for k, v in os.environ.items() if k != ENDPOINTS_ENV}
     done = subprocess.run(
-        [sys.executable, "-m", "consumers.fleet", "--stage", "check", "--run-id", "r1",
+        [sys.executable, "-m", "consumers.runtime.fleet", "--stage", "check", "--run-id", "r1",
          "--bootstrap-servers", "127.0.0.1:1", "--database-url", NOWHERE_DB],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr[-2000:]

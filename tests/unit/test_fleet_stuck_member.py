@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 STUCK = textwrap.dedent("""
     import threading
-    from consumers import fleet
+    from consumers.runtime import fleet
 
     threading.Thread(target=threading.Event().wait, name="generate-1").start()  # never returns
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import requests
 
-from consumers import http_work, pipeline_spec
-from consumers.ai_service import ConfigError, ServiceConfig, serve
+from consumers.config import http_work, pipeline_spec
+from consumers.stand_in.config import ConfigError, ServiceConfig
+from consumers.stand_in.server import serve
 
 EVENT = {"ticket_id": "t-1", "subject": "Refund", "customer": {"name": "Ada", "tier": 3},
          "tags": ["billing", "eu"]}

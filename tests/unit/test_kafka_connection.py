@@ -8,9 +8,10 @@ import json
 import pytest
 from confluent_kafka.admin import AclOperation, ResourceType
 
-from consumers import acls, pipeline_spec
-from consumers.events import Topics
-from consumers.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.config import pipeline_spec
+from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.kafka_clients import acls
 
 SECURED = {"bootstrap.servers": "127.0.0.1:39092", "security.protocol": "SASL_SSL",
            "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "admin", "sasl.password": 'p"w\\1',

@@ -40,18 +40,21 @@ from kubernetes.client import (
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from consumers import fleet, presets
-from consumers.events import Topics
-from consumers.kafka_connection import KafkaAccess, KafkaConnection
-from consumers.pipeline_config import Endpoints, PipelineConfig
+from consumers.config import presets
+from consumers.config.candidate import Endpoints, PipelineConfig
+from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.runtime import fleet
 from infra.layout import REPO
-from pipeline_ops import fleets, operators
+from pipeline_ops import fleets
 from pipeline_ops.fleets import manifests
 from pipeline_ops.fleets.backend import TOKEN_ENV
 from pipeline_ops.fleets.kubernetes import KubernetesFleets, health_of
 from pipeline_ops.fleets.kubernetes import main as render_main
 from pipeline_ops.fleets.program import fleet_program
 from pipeline_ops.fleets.records import Deployment
+from pipeline_ops.operators import runs
+from pipeline_ops.operators.deploy import DeployFleetOperator
 
 RUN = "r1"
 CONFIG = presets.build("flow", presets.PresetParams())
@@ -141,7 +144,7 @@ def test_a_stage_runs_one_member_per_pod_as_many_pods_as_members(objects: list[d
     assert deployment.spec.template.metadata.labels[manifests.RUN_LABEL] == RUN
     (container,) = deployment.spec.template.spec.containers
     assert container.image == "registry.example/fleet:1"
-    assert container.command[:3] == ["python", "-m", "consumers.fleet"]
+    assert container.command[:3] == ["python", "-m", "consumers.runtime.fleet"]
     args = fleet.parser().parse_args(container.command[3:])  # the fleet's own CLI takes it
     assert (args.stage, args.run_id, args.members) == (stage, RUN, 1)
     assert args.metrics_port == manifests.METRICS_PORT and args.metrics_host == "0.0.0.0"
@@ -299,9 +302,9 @@ def test_the_deploy_operator_acts_through_the_selected_backend(monkeypatch: pyte
         def check(self, run_id: str) -> dict[str, str]:
             return {"check": "healthy"}
 
-    monkeypatch.setattr(operators, "backend_for", lambda *conn_ids: asked.append(conn_ids) or Backend())
-    op = operators.DeployFleetOperator(task_id="d", action="check", run_id=RUN, fleet_conn_id="k8s",
-                                       postgres_conn_id="pg")
+    monkeypatch.setattr(runs, "backend_for", lambda *conn_ids: asked.append(conn_ids) or Backend())
+    op = DeployFleetOperator(task_id="d", action="check", run_id=RUN, fleet_conn_id="k8s",
+                             postgres_conn_id="pg")
     assert op.execute({}) == {"check": "healthy"}
     assert asked == [("k8s", "pg")]
 
@@ -487,7 +490,7 @@ def _with_dependencies(names: set[str]) -> set[str]:
 
 def test_the_fleet_image_installs_what_the_fleet_imports() -> None:
     """infra/docker/fleet.Dockerfile installs fleet-requirements.txt (and their dependencies)."""
-    code = ("import sys; before = set(sys.modules); import consumers.fleet; "
+    code = ("import sys; before = set(sys.modules); import consumers.runtime.fleet; "
             "print(*sorted({m.split('.')[0] for m in set(sys.modules) - before}))")
     modules = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                              check=True).stdout.split()

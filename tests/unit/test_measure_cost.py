@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from consumers import pipeline_spec
-from consumers.run_figures import prices_of
+from consumers.config import pipeline_spec
+from consumers.runs.run_figures import prices_of
 from measure import cost
 from measure.cost import Attempt, Prices
 

@@ -1,6 +1,6 @@
 """A member's commits under failures, driven through a scripted consumer (no broker).
 
-The fake stands in for confluent-kafka's `Consumer` inside `consumers.consumer`: it serves
+The fake stands in for confluent-kafka's `Consumer` inside `consumers.runtime.group_member`: it serves
 records of one partition, runs the group callbacks (assign, revoke, lost) inside `consume()`
 as librdkafka does, and records every commit. The stage's work is replaced by a function the
 test scripts, so each test decides which record fails, how, and when it finishes.
@@ -22,15 +22,18 @@ import psycopg2
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from consumers import consumer as consumer_module
-from consumers import pipeline_spec
-from consumers.consumer import Member, MemberSettings
-from consumers.events import Topics
-from consumers.kafka_connection import KafkaConnection
-from consumers.outbox import Outgoing
-from consumers.producer import DeliveryError
-from consumers.storage import Key
-from consumers.window_pool import WindowPool
+from consumers.config import pipeline_spec
+from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.kafka_clients.producer import DeliveryError
+from consumers.runtime import group_member
+from consumers.runtime import member as member_module
+from consumers.runtime.fleet import MEMBER_KINDS
+from consumers.runtime.group_member import GroupMember
+from consumers.runtime.member import MemberSettings
+from consumers.runtime.outbox import Outgoing
+from consumers.runtime.storage import Key
+from consumers.runtime.window_pool import WindowPool
 
 TOPIC = "unit.style"
 TP = (TOPIC, 0)
@@ -196,8 +199,8 @@ class Sink:
 @pytest.fixture
 def script(monkeypatch: pytest.MonkeyPatch) -> Script:
     script = Script()
-    monkeypatch.setattr(consumer_module, "Consumer", FakeConsumer)
-    monkeypatch.setattr(consumer_module, "handle", script)
+    monkeypatch.setattr(group_member, "Consumer", FakeConsumer)
+    monkeypatch.setattr(member_module, "handle", script)
     return script
 
 
@@ -206,7 +209,7 @@ def sink() -> Sink:
     return Sink()
 
 
-def make_member(mode: str, sink: Sink, windows: WindowPool | None = None) -> Member:
+def make_member(mode: str, sink: Sink, windows: WindowPool | None = None) -> GroupMember:
     storage = SimpleNamespace(record_rebalance=lambda *a: None, record_stats=lambda *a: None,
                               record_dead_letter=lambda *a: sink.sent.append("table"))
     topics = Topics("unit", pipeline_spec.load("genai_image"))
@@ -217,13 +220,13 @@ def make_member(mode: str, sink: Sink, windows: WindowPool | None = None) -> Mem
                               kafka=KafkaConnection.plain("unused"), time_scale=0.02, window=4, buffer=8,
                               batch_size=1, commit_interval_s=0.01,
                               revoke_deadline_s=2.0)
-    return Member("check-0", settings, ctx)
+    return MEMBER_KINDS[mode]("check-0", settings, ctx)
 
 
 class Running:
     """A member consuming on a thread, and the failure it ended with."""
 
-    def __init__(self, member: Member) -> None:
+    def __init__(self, member: GroupMember) -> None:
         self.member = member
         self.stop = threading.Event()
         self.error: BaseException | None = None
@@ -242,7 +245,7 @@ class Running:
 
 
 @contextmanager
-def running(member: Member, records: int) -> Iterator[Running]:
+def running(member: GroupMember, records: int) -> Iterator[Running]:
     """The member consuming `records` records; stopped (and checked stopped) afterwards."""
     run = Running(member)
     FakeConsumer.instance = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from consumers.offsets import OffsetTracker
+from consumers.runtime.offsets import OffsetTracker
 
 TP = ("t", 0)
 

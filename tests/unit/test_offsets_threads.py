@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from consumers.offsets import OffsetTracker
+from consumers.runtime.offsets import OffsetTracker
 
 ROUNDS = 20_000
 

@@ -8,9 +8,20 @@ from typing import Any
 
 import pytest
 
-from consumers import pipeline_spec
-from consumers.pipeline_config import PipelineConfig
-from pipeline_ops import operators
+from consumers.config import pipeline_spec
+from consumers.config.candidate import PipelineConfig
+from pipeline_ops.operators.candidate import ResolveCandidateOperator
+from pipeline_ops.operators.deploy import DeployFleetOperator
+from pipeline_ops.operators.load import LoadTestOperator
+from pipeline_ops.operators.promotion import (
+    GateReportOperator,
+    PromoteOperator,
+    PromotionGateOperator,
+    RollbackOperator,
+)
+from pipeline_ops.operators.runs import request_count
+from pipeline_ops.operators.topics import ProvisionTopicsOperator
+from pipeline_ops.operators.trials import TrialsOperator
 from pipeline_ops.registry import Version
 
 
@@ -100,7 +111,8 @@ class FakeTaskInstance:
 
 
 def use(monkeypatch: pytest.MonkeyPatch, registry: Any) -> None:
-    monkeypatch.setattr(operators, "ConfigRegistry", lambda *_args: registry)
+    for module in ("candidate", "capacity", "check", "deploy", "load", "promotion", "trials"):
+        monkeypatch.setattr(f"pipeline_ops.operators.{module}.ConfigRegistry", lambda *_args: registry)
 
 
 CONTEXT = {"run_id": "manual__2026", "ts_nodash": "20260101T020000"}
@@ -118,8 +130,8 @@ def test_resolve_refuses_bad_candidates_before_registering(monkeypatch: pytest.M
                                                            overrides: Any, preset_params: dict,
                                                            message: str) -> None:
     use(monkeypatch, Untouchable())
-    op = operators.ResolveCandidateOperator(task_id="resolve", candidate=candidate, overrides=overrides,
-                                            preset_params=preset_params)
+    op = ResolveCandidateOperator(task_id="resolve", candidate=candidate, overrides=overrides,
+                                  preset_params=preset_params)
     with pytest.raises(ValueError, match=message):
         op.execute(CONTEXT)
 
@@ -127,9 +139,9 @@ def test_resolve_refuses_bad_candidates_before_registering(monkeypatch: pytest.M
 def test_resolve_registers_a_preset_with_form_values(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = FakeRegistry()
     use(monkeypatch, registry)
-    op = operators.ResolveCandidateOperator(task_id="resolve", candidate="flow",
-                                            overrides='{"key_strategy": "none"}',
-                                            preset_params={"partitions": "12", "time_scale": "0.1"})
+    op = ResolveCandidateOperator(task_id="resolve", candidate="flow",
+                                  overrides='{"key_strategy": "none"}',
+                                  preset_params={"partitions": "12", "time_scale": "0.1"})
     got = op.execute(CONTEXT)
     assert (got["version"], got["name"], got["run_id"]) == (7, "flow", "tuning-20260101t020000-v7")
     (name, config), = registry.registered
@@ -141,8 +153,8 @@ def test_resolve_registers_a_preset_with_form_values(monkeypatch: pytest.MonkeyP
 def test_resolve_builds_the_preset_of_the_chosen_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = FakeRegistry()
     use(monkeypatch, registry)
-    got = operators.ResolveCandidateOperator(task_id="resolve", pipeline="text_moderation", candidate="flow",
-                                             preset_params={"flow_members": "3"}).execute(CONTEXT)
+    got = ResolveCandidateOperator(task_id="resolve", pipeline="text_moderation", candidate="flow",
+                                   preset_params={"flow_members": "3"}).execute(CONTEXT)
     (_, config), = registry.registered
     assert got["pipeline"] == config.pipeline == "text_moderation"
     assert {s: config.stage(s).members for s in config.spec.ai_stages} == {
@@ -153,16 +165,16 @@ def test_resolve_builds_the_preset_of_the_chosen_pipeline(monkeypatch: pytest.Mo
 def test_resolve_measures_the_active_version_of_the_chosen_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = FakeRegistry(active=4)
     use(monkeypatch, registry)
-    got = operators.ResolveCandidateOperator(task_id="resolve", pipeline="text_moderation",
-                                             candidate="active").execute(CONTEXT)
+    got = ResolveCandidateOperator(task_id="resolve", pipeline="text_moderation",
+                                   candidate="active").execute(CONTEXT)
     assert registry.asked_active == ["text_moderation"]
     assert got["pipeline"] == registry.registered[0][1].pipeline == "text_moderation"
 
 
 def test_resolve_refuses_overrides_that_change_the_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
     use(monkeypatch, Untouchable())
-    op = operators.ResolveCandidateOperator(task_id="resolve", candidate="flow", preset_params={},
-                                            overrides='{"pipeline": "text_moderation"}')
+    op = ResolveCandidateOperator(task_id="resolve", candidate="flow", preset_params={},
+                                  overrides='{"pipeline": "text_moderation"}')
     with pytest.raises(ValueError, match="choose the pipeline with the form's `pipeline` field"):
         op.execute(CONTEXT)
 
@@ -170,13 +182,13 @@ def test_resolve_refuses_overrides_that_change_the_pipeline(monkeypatch: pytest.
 # --- provision, deploy, load, trials -------------------------------------------------------------
 
 def test_provision_needs_partitions_or_rates_to_size_them() -> None:
-    op = operators.ProvisionTopicsOperator(task_id="p", prefix="run", partitions="", target_rps="")
+    op = ProvisionTopicsOperator(task_id="p", prefix="run", partitions="", target_rps="")
     with pytest.raises(ValueError, match="give the partitions"):
         op.execute(CONTEXT)
 
 
 def test_deploy_refuses_an_unknown_action() -> None:
-    op = operators.DeployFleetOperator(task_id="d", action="restart", run_id="run")
+    op = DeployFleetOperator(task_id="d", action="restart", run_id="run")
     with pytest.raises(ValueError, match="unknown action 'restart'"):
         op.execute(CONTEXT)
 
@@ -185,15 +197,15 @@ def test_deploy_refuses_an_unknown_action() -> None:
 def test_load_test_refuses_an_empty_load(monkeypatch: pytest.MonkeyPatch, burst: str, rate: str,
                                          duration_s: str) -> None:
     use(monkeypatch, Untouchable())
-    op = operators.LoadTestOperator(task_id="l", run_id="run", version="1", burst=burst, rate=rate,
-                                    duration_s=duration_s)
+    op = LoadTestOperator(task_id="l", run_id="run", version="1", burst=burst, rate=rate,
+                          duration_s=duration_s)
     with pytest.raises(ValueError, match="nothing to send"):
         op.execute(CONTEXT)
 
 
 def test_request_count_from_a_burst_or_a_rate() -> None:
-    assert operators.request_count("320", "0", "0") == (320, None)
-    assert operators.request_count("0", "2.5", "10") == (25, 2.5)  # a rate wins over a burst
+    assert request_count("320", "0", "0") == (320, None)
+    assert request_count("0", "2.5", "10") == (25, 2.5)  # a rate wins over a burst
 
 
 @pytest.mark.parametrize(("trials", "ai_limit", "burst", "message"), [
@@ -204,8 +216,8 @@ def test_request_count_from_a_burst_or_a_rate() -> None:
 def test_trials_refuse_bad_settings_before_deploying(monkeypatch: pytest.MonkeyPatch, trials: str,
                                                      ai_limit: str, burst: str, message: str) -> None:
     use(monkeypatch, Untouchable())
-    op = operators.TrialsOperator(task_id="t", run_id="run", version="1", trials=trials, ai_limit=ai_limit,
-                                  burst=burst)
+    op = TrialsOperator(task_id="t", run_id="run", version="1", trials=trials, ai_limit=ai_limit,
+                        burst=burst)
     with pytest.raises(ValueError, match=message):
         op.execute(CONTEXT)
 
@@ -236,8 +248,8 @@ def measured(steady: list[float]) -> tuple[dict, FakeHook]:
 CANDIDATE = {"version": 7, "run_id": "tuning-x-v7", "pipeline": pipeline_spec.REFERENCE}
 
 
-def gate_operator(trials: Any, **thresholds: Any) -> operators.PromotionGateOperator:
-    return operators.PromotionGateOperator(task_id="gate", candidate=CANDIDATE, trials=trials, **thresholds)
+def gate_operator(trials: Any, **thresholds: Any) -> PromotionGateOperator:
+    return PromotionGateOperator(task_id="gate", candidate=CANDIDATE, trials=trials, **thresholds)
 
 
 @pytest.mark.parametrize(("thresholds", "message"), [
@@ -290,8 +302,8 @@ def test_the_gate_reads_the_skew_of_the_pipelines_measured_topic(monkeypatch: py
     trials, hook = measured([95.0, 96.0, 97.0])
     registry = FakeRegistry(hook=hook)
     use(monkeypatch, registry)
-    moderation = operators.PromotionGateOperator(task_id="gate", trials=trials,
-                                                 candidate={**CANDIDATE, "pipeline": "text_moderation"})
+    moderation = PromotionGateOperator(task_id="gate", trials=trials,
+                                       candidate={**CANDIDATE, "pipeline": "text_moderation"})
     moderation.choose_branch({"ti": FakeTaskInstance()})
     assert hook.topics == [f"tuning-x-v7-t{n}.texts" for n in (1, 2, 3)]  # text_moderation's load.measure
     assert registry.asked_active == ["text_moderation"]
@@ -347,7 +359,7 @@ def test_a_failed_re_measurement_of_the_active_version_raises_an_alarm(
 @pytest.mark.parametrize("decision", [None, {"passed": False, "figures": {}}])
 def test_promote_only_follows_a_passed_gate(monkeypatch: pytest.MonkeyPatch, decision: dict | None) -> None:
     use(monkeypatch, Untouchable())
-    op = operators.PromoteOperator(task_id="promote", candidate=CANDIDATE)
+    op = PromoteOperator(task_id="promote", candidate=CANDIDATE)
     with pytest.raises(RuntimeError, match="no passed gate decision"):
         op.execute({"ti": FakeTaskInstance(decision)})
 
@@ -355,13 +367,13 @@ def test_promote_only_follows_a_passed_gate(monkeypatch: pytest.MonkeyPatch, dec
 def test_promoting_the_active_version_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = FakeRegistry(active=7)
     use(monkeypatch, registry)
-    op = operators.PromoteOperator(task_id="promote", candidate=CANDIDATE)
+    op = PromoteOperator(task_id="promote", candidate=CANDIDATE)
     got = op.execute({"ti": FakeTaskInstance({"passed": True, "figures": {}})})
     assert got == {"active": 7, "previous": 7, "changed": False}
 
 
 def test_report_needs_the_gate_decision() -> None:
-    op = operators.GateReportOperator(task_id="report", candidate=CANDIDATE)
+    op = GateReportOperator(task_id="report", candidate=CANDIDATE)
     with pytest.raises(RuntimeError, match="no gate decision"):
         op.execute({"ti": FakeTaskInstance(None)})
 
@@ -374,18 +386,17 @@ def test_rollback_refuses_bad_input(monkeypatch: pytest.MonkeyPatch, version: st
                                     message: str) -> None:
     use(monkeypatch, Untouchable())
     with pytest.raises(ValueError, match=message):
-        operators.RollbackOperator(task_id="rollback", version=version, reason=reason).execute(CONTEXT)
+        RollbackOperator(task_id="rollback", version=version, reason=reason).execute(CONTEXT)
 
 
 def test_rollback_passes_the_version_and_reason_on(monkeypatch: pytest.MonkeyPatch) -> None:
     registry = FakeRegistry()
     use(monkeypatch, registry)
-    previous = operators.RollbackOperator(task_id="r", version="0", reason=" slow since Monday ").execute(
-        CONTEXT)
-    named = operators.RollbackOperator(task_id="r", pipeline="text_moderation", version="3",
-                                       reason="known good").execute(CONTEXT)
+    previous = RollbackOperator(task_id="r", version="0", reason=" slow since Monday ").execute(CONTEXT)
+    named = RollbackOperator(task_id="r", pipeline="text_moderation", version="3",
+                             reason="known good").execute(CONTEXT)
     assert registry.rollbacks == [("genai_image", None, "slow since Monday"),
                                   ("text_moderation", 3, "known good")]
     assert (previous["active"], previous["previous"], named["active"]) == (4, 5, 3)
     with pytest.raises(ValueError, match="no configuration version 404"):
-        operators.RollbackOperator(task_id="r", version="404", reason="x").execute(CONTEXT)
+        RollbackOperator(task_id="r", version="404", reason="x").execute(CONTEXT)

@@ -10,10 +10,10 @@ import psycopg2
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from consumers import outbox
-from consumers.kafka_connection import KafkaConnection
-from consumers.outbox import DirectOutbox, Outgoing, TransactionalOutbox
-from consumers.storage import Key, Origin
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.runtime import outbox
+from consumers.runtime.outbox import DirectOutbox, Outgoing, TransactionalOutbox
+from consumers.runtime.storage import Key, Origin
 
 
 class AckedTogether:

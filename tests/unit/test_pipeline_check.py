@@ -16,9 +16,9 @@ import pytest
 import yaml
 from airflow.sdk.exceptions import AirflowFailException
 
-from consumers import pipeline_spec
+from consumers.config import pipeline_spec
 from infra.layout import REPO
-from pipeline_ops.operators import CheckPipelineOperator
+from pipeline_ops.operators.check import CheckPipelineOperator
 
 AI_SERVICE = "http://127.0.0.1:8600/?stand_in=true"
 
@@ -113,7 +113,7 @@ def test_the_dag_check_refuses_a_version_of_another_pipeline(pipelines_dir: Path
             asked.append((version, pipeline))
             raise ValueError(f"version {version} is a configuration of genai_image, not of {pipeline}")
 
-    monkeypatch.setattr("pipeline_ops.operators.ConfigRegistry", lambda *_args: Registry())
+    monkeypatch.setattr("pipeline_ops.operators.check.ConfigRegistry", lambda *_args: Registry())
     op = CheckPipelineOperator(task_id="check_pipeline", pipeline="text_moderation", version="3")
     with pytest.raises(AirflowFailException, match="not of text_moderation"):
         op.execute({})

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from consumers import presets, profiles
-from consumers.ai_client import RetryPolicy
-from consumers.kafka_connection import KafkaConnection
-from consumers.pipeline_config import PipelineConfig, StageConfig
-from consumers.producer import key_for
+from consumers.ai.client import RetryPolicy
+from consumers.config import presets, profiles
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.kafka_clients.producer import key_for
 
 B = KafkaConnection.plain("b:9092")
 

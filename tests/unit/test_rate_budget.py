@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.ai_client import CONCURRENCY, refusal_kind
-from consumers.rate_budget import REQUESTS, TOKENS, Estimate, RateBudget, duration_s
+from consumers.ai.client import CONCURRENCY, refusal_kind
+from consumers.ai.rate_budget import REQUESTS, TOKENS, Estimate, RateBudget, duration_s
 
 
 class Clock:
@@ -24,7 +24,7 @@ def test_a_declared_budget_is_spent_then_refilled_over_its_minute(monkeypatch: p
         slept.append(seconds)
         clock.now += seconds
 
-    monkeypatch.setattr("consumers.rate_budget.time.sleep", sleep)
+    monkeypatch.setattr("consumers.ai.rate_budget.time.sleep", sleep)
     # 6 requests a minute of 3 s (time scale 0.05): a full bucket, then one every 0.5 s.
     budget = RateBudget(requests_per_minute=6, minute_s=3.0, clock=clock)
     for _ in range(6):
@@ -36,7 +36,7 @@ def test_a_declared_budget_is_spent_then_refilled_over_its_minute(monkeypatch: p
 
 def test_tokens_wait_for_the_estimate_and_the_answer_corrects_it(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
-    monkeypatch.setattr("consumers.rate_budget.time.sleep", lambda s: setattr(clock, "now", clock.now + s))
+    monkeypatch.setattr("consumers.ai.rate_budget.time.sleep", lambda s: setattr(clock, "now", clock.now + s))
     budget = RateBudget(tokens_per_minute=600, clock=clock)  # 10 tokens a second
     payload = {"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 100}
     # "user" and 400 characters: 404 / 4 = 101 tokens of prompt, and max_tokens 100

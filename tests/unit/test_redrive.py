@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from consumers import redrive
-from consumers.dead_letter import STORED_PAYLOAD_BYTES
-from consumers.pipeline_spec import load
-from consumers.redrive import REDRIVEN, SKIPPED_DONE, SKIPPED_LIMIT, SKIPPED_REFERENCE, Letter, Pacer
+from consumers.config.pipeline_spec import load
+from consumers.runs import redrive
+from consumers.runs.redrive import REDRIVEN, SKIPPED_DONE, SKIPPED_LIMIT, SKIPPED_REFERENCE, Letter, Pacer
+from consumers.runtime.dead_letter import STORED_PAYLOAD_BYTES
 from pipeline_ops.redrive import RedriveOperator, requested_by
 
 

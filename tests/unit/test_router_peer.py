@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import peer
-from consumers import pipeline_spec
+from consumers.config import pipeline_spec
 from infra.ai_gateway import Model
 from pipelines.support_tickets import TICKETS
 

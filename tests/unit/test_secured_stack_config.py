@@ -16,8 +16,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID
 from psycopg2.extensions import parse_dsn
 from sqlalchemy.engine import make_url
 
-from consumers.kafka_connection import KafkaAccess, KafkaConnection
-from consumers.pipeline_spec import roles
+from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
+from consumers.config.pipeline_spec import roles
 from infra import kafka_cluster, kafka_tools, layout, tls
 from infra.layout import PORT_OFFSETS, Layout
 from infra.stack import Credentials, environment, write_env

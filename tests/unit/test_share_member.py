@@ -1,6 +1,6 @@
 """A share-group member's acknowledgements, driven through a scripted share consumer (no broker).
 
-The fake stands in for confluent-kafka's `ShareConsumer` inside `consumers.share_member`: it
+The fake stands in for confluent-kafka's `ShareConsumer` inside `consumers.runtime.share_member`: it
 serves the batches a test queues, one per poll, and keeps each record's acknowledgement. Like
 the client in explicit mode it refuses to poll while a record of the previous batch is not
 acknowledged, and an acknowledgement from any thread but the polling one. The stage's work is
@@ -21,15 +21,16 @@ from typing import Any
 import pytest
 from confluent_kafka import AcknowledgeType, IllegalStateException, ShareConsumer
 
-from consumers import consumer as consumer_module
-from consumers import pipeline_spec, profiles, share_member
-from consumers.ai_client import AIUnavailable
-from consumers.consumer import MemberSettings
-from consumers.events import Topics
-from consumers.kafka_connection import KafkaConnection
-from consumers.outbox import Outgoing
-from consumers.share_member import ShareMember
-from consumers.storage import Key
+from consumers.ai.client import AIUnavailable
+from consumers.config import pipeline_spec, profiles
+from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaConnection
+from consumers.runtime import member as member_module
+from consumers.runtime import share_member
+from consumers.runtime.member import MemberSettings
+from consumers.runtime.outbox import Outgoing
+from consumers.runtime.share_member import ShareMember
+from consumers.runtime.storage import Key
 from tests.unit.test_member_delivery import FakeMessage, Script, database_down, defect, wait_for
 from tests.unit.test_member_delivery import Running as MemberThread
 
@@ -120,7 +121,7 @@ def script(monkeypatch: pytest.MonkeyPatch) -> Script:
     monkeypatch.setattr(share_member, "ShareConsumer", FakeShareConsumer)
     monkeypatch.setattr(share_member.provisioning, "configure_share_group",
                         lambda kafka, group_id, time_scale: EVENTS.append(f"configure {group_id}"))
-    monkeypatch.setattr(consumer_module, "handle", script)
+    monkeypatch.setattr(member_module, "handle", script)
     return script
 
 

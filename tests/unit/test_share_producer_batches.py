@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from consumers import profiles
-from consumers.kafka_connection import KafkaConnection
-from consumers.pipeline_config import PipelineConfig, StageConfig
+from consumers.config import profiles
+from consumers.config.candidate import PipelineConfig, StageConfig
+from consumers.config.kafka_connection import KafkaConnection
 
 KAFKA = KafkaConnection.plain("127.0.0.1:9092")
 

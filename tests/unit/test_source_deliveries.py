@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from consumers import events, pipeline_spec
-from consumers.producer import DeliveryError
-from consumers.source import send_requests
+from consumers.config import events, pipeline_spec
+from consumers.kafka_clients.producer import DeliveryError
+from consumers.loadgen.source import send_requests
 
 TOPICS = events.Topics("src", pipeline_spec.load(pipeline_spec.REFERENCE))
 MEASURED = TOPICS.name(TOPICS.spec.load.measure)

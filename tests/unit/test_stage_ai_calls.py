@@ -18,8 +18,8 @@ import psycopg2
 import pytest
 import urllib3
 
-from consumers import events, http_work, pipeline_spec, stages
-from consumers.ai_client import (
+from consumers.ai.circuit import Circuit
+from consumers.ai.client import (
     CONCURRENCY,
     AIBadAnswer,
     AIClient,
@@ -30,10 +30,11 @@ from consumers.ai_client import (
     Reply,
     RetryPolicy,
 )
-from consumers.circuit import Circuit
-from consumers.failures import POISON, TRANSIENT, ClaimHeld, Verdict, classify
-from consumers.outbox import Outgoing
-from consumers.storage import CallClaim, Claim, Ended, Key, Origin, Status
+from consumers.config import events, http_work, pipeline_spec
+from consumers.runtime import stages
+from consumers.runtime.failures import POISON, TRANSIENT, ClaimHeld, Verdict, classify
+from consumers.runtime.outbox import Outgoing
+from consumers.runtime.storage import CallClaim, Claim, Ended, Key, Origin, Status
 from tests import bad_input
 
 AI_STAGES = [(spec, stage) for spec, stage in bad_input.cases() if stage in spec.ai_stages]

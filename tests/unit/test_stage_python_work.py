@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 import yaml
 
-from consumers import events, pipeline_spec, stages
-from consumers.failures import POISON, TRANSIENT, Verdict, WorkFailed, classify
-from consumers.storage import Origin
+from consumers.config import events, pipeline_spec
+from consumers.runtime import stages
+from consumers.runtime.failures import POISON, TRANSIENT, Verdict, WorkFailed, classify
+from consumers.runtime.storage import Origin
 from tests import custom_work
 
 SPEC = pipeline_spec.parse(yaml.safe_load(custom_work.SPEC), "wordcount")

@@ -9,8 +9,8 @@ import sys
 
 CHILD = """
 import gc, json
-import consumers.fleet  # everything a fleet process imports
-from consumers import start_up_heap
+import consumers.runtime.fleet  # everything a fleet process imports
+from consumers.runtime import start_up_heap
 tracked = len(gc.get_objects())
 start_up_heap.freeze()
 print(json.dumps({"tracked": tracked, "frozen": gc.get_freeze_count(), "left": len(gc.get_objects())}))

@@ -1,6 +1,6 @@
 """How many connections a fleet's pool takes from a server that others share."""
 
-from consumers.storage import LEFT_FOR_OTHERS, fitted_pool_size
+from consumers.runtime.storage import LEFT_FOR_OTHERS, fitted_pool_size
 
 
 def test_a_server_with_room_gives_the_pool_all_it_wants() -> None:

@@ -15,7 +15,8 @@ from host.files import write_private
 
 # What a fleet's command and environment can hold: JSON with quotes and '%', URLs with
 # URL-encoded passwords, commas and '=' in values.
-COMMAND = ["/venv/bin/python", "-m", "consumers.fleet", "--run-id", "manual__2026-01-01T00:00:00+00:00",
+COMMAND = ["/venv/bin/python", "-m", "consumers.runtime.fleet",
+           "--run-id", "manual__2026-01-01T00:00:00+00:00",
            "--config", '{"note": "50% of it\'s", "time_scale": 0.05}', "--members", "4"]
 ENVIRONMENT = {"DATABASE_URL": "postgresql://u:p%40ss@127.0.0.1:5433/pipeline",
                "AI_SERVICE_TOKEN": "tok,en=with;sep#s", "QUOTED": 'say "hi" now', "APOSTROPHE": "it's",

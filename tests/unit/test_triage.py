@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
 
-from consumers.events import Topics
-from consumers.pipeline_spec import load
+from consumers.config.events import Topics
+from consumers.config.pipeline_spec import load
 from pipeline_ops import dead_letter_watch as watch
 from pipeline_ops.triage import Group, alarms, circuit_closed, counts, raise_alarms, redrive_conf, redrives
 

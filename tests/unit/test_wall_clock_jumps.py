@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.ai_client import AIClient, Endpoint, RetryPolicy
+from consumers.ai.client import AIClient, Endpoint, RetryPolicy
 from tests.recorded_tries import Tries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +102,7 @@ LIMITER_UNDER_A_STEP = """
 import time
 real, offset = time.time, [0.0]
 time.time = lambda: real() + offset[0]
-from consumers.concurrency_limit import OK, AdaptiveLimit
+from consumers.ai.concurrency_limit import OK, AdaptiveLimit
 limit = AdaptiveLimit(initial=4)
 permits = [limit.acquire() for _ in range(4)]
 time.sleep(0.2)

@@ -1,6 +1,6 @@
 """The records in flight a fleet's flow members share."""
 
-from consumers.window_pool import WindowPool
+from consumers.runtime.window_pool import WindowPool
 
 
 def test_a_member_may_start_what_the_others_leave_of_the_pool() -> None:

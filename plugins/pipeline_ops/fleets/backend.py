@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from consumers.kafka_connection import KafkaAccess
-from consumers.pipeline_config import Endpoints, PipelineConfig
+from consumers.config.candidate import Endpoints, PipelineConfig
+from consumers.config.kafka_connection import KafkaAccess
 
 TOKEN_ENV = "AI_SERVICE_TOKEN"  # the fleet's default --ai-token-env
 # A fleet's health, whatever runs it: healthy | starting | restarting | stopping | dead.

@@ -28,9 +28,9 @@ from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 from kubernetes.client import V1Deployment, V1Pod
 from kubernetes.client.rest import ApiException
 
-from consumers import kafka_connection, pipeline_spec, presets
-from consumers.fleet import member_name
-from consumers.pipeline_config import Endpoints, PipelineConfig
+from consumers.config import kafka_connection, pipeline_spec, presets
+from consumers.config.candidate import Endpoints, PipelineConfig
+from consumers.runtime.fleet import member_name
 from host.files import write_private
 from pipeline_ops.fleets import manifests
 from pipeline_ops.fleets.backend import FleetEnvironment

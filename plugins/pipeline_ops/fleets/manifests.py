@@ -2,7 +2,7 @@
 
 Per stage of the configuration's pipeline, a `Secret` with the stage fleet's environment
 (`FleetEnvironment.variables`: its own Kafka principal, the database URL, the AI endpoints and
-token) and a `Deployment` of one pod per member, each running `python -m consumers.fleet ...
+token) and a `Deployment` of one pod per member, each running `python -m consumers.runtime.fleet ...
 --members 1` with that Secret as its environment (`envFrom`), so no secret value is in the
 Deployment. A pod is ready once it serves /metrics. Kubernetes stops a pod with SIGTERM, on
 which the fleet's member stops taking work, finishes what is in flight within the
@@ -23,9 +23,9 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from consumers.events import Topics
-from consumers.kafka_connection import KafkaConnection
-from consumers.pipeline_config import PipelineConfig
+from consumers.config.candidate import PipelineConfig
+from consumers.config.events import Topics
+from consumers.config.kafka_connection import KafkaConnection
 from pipeline_ops.fleets.backend import FleetEnvironment
 from pipeline_ops.fleets.program import fleet_command, stop_wait_s
 

@@ -11,20 +11,20 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import consumers
-from consumers.pipeline_config import PipelineConfig
+from consumers.config.candidate import PipelineConfig
 from host import supervisor
 
 # Beyond the fleet's shutdown deadline: its threads' join margin and closing its clients.
 STOP_MARGIN_S = 30
-# Where `python -m consumers.fleet` runs: the folder holding the runtime's package.
+# Where `python -m consumers.runtime.fleet` runs: the folder holding the runtime's package.
 RUNTIME_ROOT = Path(consumers.__file__).resolve().parent.parent
 
 
 def fleet_command(run_id: str, stage: str, config: PipelineConfig, members: int,
                   metrics_port: int | None = None, python: str = sys.executable) -> list[str]:
-    """`python -m consumers.fleet` running `members` members of one stage of `config`; addresses
+    """`python -m consumers.runtime.fleet` running `members` members of one stage of `config`; addresses
     and secrets go in its environment, never on the command line."""
-    command = [python, "-m", "consumers.fleet", "--stage", stage, "--run-id", run_id,
+    command = [python, "-m", "consumers.runtime.fleet", "--stage", stage, "--run-id", run_id,
                "--config", config.to_json(), "--members", str(members)]
     if metrics_port is not None:
         command += ["--metrics-port", str(metrics_port)]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 
-from consumers.pipeline_config import PipelineConfig
+from consumers.config.candidate import PipelineConfig
 from pipeline_ops.fleets.backend import DOWN
 
 SUPERVISORD, KUBERNETES = "supervisord", "kubernetes"

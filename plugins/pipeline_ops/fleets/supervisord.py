@@ -1,6 +1,6 @@
 """Deploy a configuration's consumer fleets as supervisord programs on this machine.
 
-One program per (run, stage of the configuration's pipeline) runs `python -m consumers.fleet`;
+One program per (run, stage of the configuration's pipeline) runs `python -m consumers.runtime.fleet`;
 supervisord (host/supervisor.py, started with the stack) starts a fleet again when it crashes
 or exits non-zero because a member died, so a deployment outlives the task that made it and
 needs no one to watch it. The `deployments` table keeps the history: program, pid (the new one
@@ -18,7 +18,7 @@ import socket
 import urllib.request
 from pathlib import Path
 
-from consumers.pipeline_config import PipelineConfig
+from consumers.config.candidate import PipelineConfig
 from host import supervisor
 from host.processes import tail
 from pipeline_ops.fleets.backend import FleetEnvironment

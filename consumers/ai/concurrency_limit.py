@@ -1,0 +1,378 @@
+"""How many calls one AI endpoint takes at once, discovered while calling it.
+
+Model APIs publish no stable concurrency limit: it moves with their load and the account's tier,
+and shows as 429s at admission (or as latency, for a service that queues instead). Their latencies
+are heavy-tailed, so one slow answer says nothing: the limit is learned from refusals, and from
+latency only through window medians against a baseline. One limiter serves every member of a
+fleet through its shared AI client, so the members find one limit per endpoint instead of each
+guessing. Budget refusals (a minute's requests or tokens spent) never reach it: they say "later",
+not "fewer" (`consumers.ai.rate_budget`). How it probes, shrinks and backs off, and how it is
+checked: docs/adaptive.md.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+OK, OVERLOAD, NOT_SENT = "ok", "http_429", "not_sent"
+PROBE_EVERY = 3.0  # latencies between probes past a limit the service keeps refusing, ...
+PROBE_EVERY_S = 6.0  # ... and seconds: a limit that came back is found within them
+FIRST_PROBE_WAIT = 0.25  # latencies before the probe after a first refused one
+STEP_SHARE = 1 / 16  # the largest step of a probe, as a share of the limit: what one may cost
+BACKOFF = 0.5  # the cut when the service shrank or queues
+ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
+ADMIT_SHARE = 0.05  # ... until a 429 has measured the round trip: this share of the latency
+TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
+RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
+SHRINK_REFUSALS = 2  # refusals after an episode's first, far under what was answered: it shrank
+TRANSIT_SPREAD = 2.0  # the calls on their way back, at the most, against their mean
+STALL_ENDS = 8  # calls' share of the latency without one ending: stalled, no probe admitted
+WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
+BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
+GROWTH_TOLERANCE = 1.5
+
+
+@dataclass(frozen=True)
+class Permit:
+    """One try's place in flight: the cut generation it was sent under, when, and how many
+    calls were in flight with it (itself included)."""
+
+    generation: int
+    at: float
+    level: int = 0
+
+
+class _Latencies:
+    """The latencies of served calls: the median of the last WINDOW (the time unit of every
+    wait; a mean would follow the tail), and the medians of whole windows, whose lowest of the
+    last BASELINE_WINDOWS is the baseline a queueing service is measured against."""
+
+    def __init__(self) -> None:
+        self.recent: deque[float] = deque(maxlen=WINDOW)
+        self.medians: deque[float] = deque(maxlen=BASELINE_WINDOWS)
+        self._fresh = 0  # latencies since the last window median
+        self._windows = 0
+
+    def add(self, latency: float) -> bool:
+        """Note a latency; True when it closes a window that counts. Calls end shortest first:
+        the first window after a burst starts takes the fast ones of many and the slow ones of
+        few, so it is no baseline."""
+        self.recent.append(latency)
+        self._fresh += 1
+        if self._fresh < WINDOW:
+            return False
+        self._fresh, self._windows = 0, self._windows + 1
+        if self._windows == 1:
+            return False
+        self.medians.append(self.median())
+        return True
+
+    def median(self) -> float:
+        return statistics.median(self.recent) if self.recent else 0.0
+
+    def queued(self, tolerance: float) -> bool:
+        """The last two window medians both over `tolerance` times the baseline (one alone is
+        no queue)."""
+        if len(self.medians) <= 2:
+            return False
+        return min(self.medians[-1], self.medians[-2]) > tolerance * min(self.medians)
+
+    def slowed(self) -> bool:
+        """The last window median over GROWTH_TOLERANCE of the baseline: no growth meanwhile."""
+        return bool(self.medians) and self.medians[-1] > GROWTH_TOLERANCE * min(self.medians)
+
+
+class _RoundTrips:
+    """How long a 429 takes to come back: a running mean, and the recent ones."""
+
+    def __init__(self) -> None:
+        self.mean: float | None = None
+        self._recent: deque[float] = deque(maxlen=RECENT_TRIPS)
+
+    def add(self, trip: float) -> None:
+        self.mean = trip if self.mean is None else self.mean + TRIP_WEIGHT * (trip - self.mean)
+        self._recent.append(trip)
+
+    def longest(self) -> float:
+        return max(self._recent)
+
+
+@dataclass
+class _Probing:
+    """Where probing stands: the level last settled on (a call above it is a probe), the size of
+    the next step, the step out (the limit it was taken from, and its first call once sent), when
+    the next step may be taken, and the latencies to wait after a refused probe."""
+
+    floor: int
+    step: float = 1.0
+    taken_from: int | None = None
+    first: Permit | None = None
+    next_at: float = -math.inf
+    refused_wait: float = 0.0  # doubles with each refused probe, until the service shrinks
+
+    def settle(self, level: int) -> None:
+        """A new level settled on; no step out, the next one from 1."""
+        self.floor, self.step, self.taken_from, self.first = level, 1.0, None, None
+
+
+@dataclass
+class _Episode:
+    """Refusals under the level settled on: when the first came, the highest level the service
+    had answered lately then, and how many since came further under it than the calls in transit
+    explain."""
+
+    began: float = -math.inf
+    level: int = 0
+    under: int = 0
+
+
+class AdaptiveLimit:
+    """An in-flight limit for one endpoint; thread-safe, `acquire` blocks while it is reached."""
+
+    def __init__(self, initial: int = 20, minimum: int = 1, maximum: int = 1024,
+                 latency_tolerance: float = 2.0, clock: Callable[[], float] = time.monotonic,
+                 history: int = 100_000) -> None:
+        self.minimum, self.maximum = minimum, maximum
+        self.latency_tolerance = latency_tolerance
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._limit = float(initial)
+        self._noted = -1  # the limit last written to `changes`
+        self._generation = 0  # cuts so far: a try sent before the latest is told apart
+        self._in_flight = 0
+        self._waiting = 0
+        self._ended_at = -math.inf  # when a call last ended
+        self._plateau = 0  # the highest level a served call was sent at
+        self._answered: deque[tuple[float, int]] = deque(maxlen=WINDOW)  # (sent, level) of served calls
+        self._latencies = _Latencies()
+        self._trips = _RoundTrips()
+        self._probing = _Probing(floor=initial)
+        self._episode = _Episode()
+        # (at, limit, in flight) of each change until collected (the fleet writes them down);
+        # `at` is a reading of `clock`, steady: the wall clock jumps
+        self.changes: deque[tuple[float, float, int]] = deque(maxlen=history)
+        self._set(self._limit, clock())
+
+    @classmethod
+    def fixed(cls, limit: int) -> AdaptiveLimit:
+        """A limit that never moves (a published concurrency), shared the same way."""
+        return cls(initial=limit, minimum=limit, maximum=limit)
+
+    @property
+    def limit(self) -> int:
+        with self._cond:
+            return int(self._limit)
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._in_flight
+
+    def spare(self) -> int:
+        """Permits free now: what a caller may start without waiting."""
+        with self._cond:
+            self._tick(self._clock(), wanted=True)
+            return max(0, int(self._limit) - self._in_flight)
+
+    def acquire(self) -> Permit:
+        with self._cond:
+            self._waiting += 1
+            try:
+                self._tick(self._clock(), wanted=True)
+                while self._in_flight >= int(self._limit):
+                    due = self._due()
+                    self._cond.wait(None if due is None else max(0.001, due - self._clock()))
+                    self._tick(self._clock(), wanted=True)
+            finally:
+                self._waiting -= 1
+            self._in_flight += 1
+            permit = Permit(self._generation, self._clock(), self._in_flight)
+            probing = self._probing
+            if probing.taken_from is not None and probing.first is None and permit.level > probing.taken_from:
+                probing.first = permit
+            return permit
+
+    def renew(self, permit: Permit) -> Permit:
+        """The permit to send the try with, just before it is sent: `permit`, unless a cut came
+        since it was taken (its thread may have waited to run meanwhile); then it is given back
+        unsent and a new one waited for, so no try goes into a service that just refused one."""
+        with self._cond:
+            if permit.generation == self._generation:
+                return permit
+        self.release(permit, NOT_SENT)
+        return self.acquire()
+
+    def release(self, permit: Permit, outcome: str, retry_after_s: float | None = None) -> None:
+        """The try of `permit` ended with `outcome` (an `ai_client.Try` outcome; OVERLOAD only
+        for a concurrency refusal)."""
+        with self._cond:
+            now = self._clock()
+            self._in_flight -= 1
+            self._ended_at = now
+            if outcome == OVERLOAD:
+                self._refused(permit, now, retry_after_s)
+            elif outcome == OK:
+                self._served(permit, now)
+            self._tick(now, wanted=self._waiting > 0)
+            # Wake only as many waiters as may go on, not every worker of a stage.
+            self._cond.notify(max(0, int(self._limit) - self._in_flight))
+
+    # -- what a try's end teaches
+
+    def _served(self, permit: Permit, now: float) -> None:
+        """A served call: its latency, its level (with the calls still in flight: one sent first
+        in a burst has a level of 1), a probe admitted, a queue seen in the window medians."""
+        window_closed = self._latencies.add(now - permit.at)
+        self._answered.append((permit.at, max(permit.level, self._in_flight + 1)))
+        self._plateau = max(self._plateau, permit.level)
+        if permit is self._probing.first:
+            self._admitted(now)
+        if window_closed and self._latencies.queued(self.latency_tolerance):
+            self._cut(BACKOFF * self._limit, now)
+            self._probing.next_at = now + self._latency()
+
+    def _refused(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
+        self._trips.add(now - permit.at)
+        if permit.generation != self._generation:
+            return  # sent before the latest cut, which answered it already
+        if permit.level > self._probing.floor:
+            self._probe_refused(now, retry_after_s)
+        else:
+            self._settled_level_refused(permit, now, retry_after_s)
+
+    def _probe_refused(self, now: float, retry_after_s: float | None) -> None:
+        """A probe's step went past what the service holds: back to the level settled on (the
+        step's other calls, on their way to the same answer, are stale by then; the highest level
+        answered lately would be lower still, the calls of the step's last levels not back yet),
+        and the next probe waits twice longer than after the last refused one."""
+        self._cut(self._probing.floor, now)
+        probing = self._probing
+        probing.refused_wait = min(PROBE_EVERY, 2 * probing.refused_wait or FIRST_PROBE_WAIT)
+        probing.next_at = now + max(retry_after_s or 0.0, self._wait(probing.refused_wait))
+
+    def _settled_level_refused(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
+        """Not a probe: the service no longer holds the level settled on, or fewer of our calls
+        were on their way back than when it settled. When it shrank, the limit is halved (as AIMD
+        does) and probing finds the rest; otherwise it comes down to the calls still in flight,
+        what the service holds of ours (the refused call's own level says less when calls went
+        out together: the first of eight was refused at 1)."""
+        if self._shrank(permit, now):
+            self._cut(BACKOFF * self._episode.level, now)
+            self._episode.began, self._probing.next_at, self._probing.refused_wait = -math.inf, now, 0.0
+            return
+        self._cut(self._in_flight, now)
+        wait = self._wait(max(self._probing.refused_wait, FIRST_PROBE_WAIT))
+        self._probing.next_at = now + max(retry_after_s or 0.0, wait)
+
+    def _shrank(self, permit: Permit, now: float) -> bool:
+        """Count the refusal into its episode: the service shrank when, within a latency of the
+        episode's first, SHRINK_REFUSALS more came further under the highest level it had
+        answered lately than the calls in transit explain (not under the level settled on: a
+        probe taken for admitted while calls on their way back had freed its place raises that
+        past what the service holds)."""
+        latency, episode = self._latency(), self._episode
+        if now - episode.began > latency:
+            episode.began, episode.level, episode.under = now, self._answered_level(now, latency), 0
+        elif permit.level <= episode.level - self._in_transit():
+            episode.under += 1
+        return episode.under >= SHRINK_REFUSALS
+
+    def _answered_level(self, now: float, latency: float) -> int:
+        """The highest level the service answered among the calls sent in the last two
+        latencies (the level settled on when none was)."""
+        return max((level for at, level in self._answered if at >= now - 2 * latency),
+                   default=self._probing.floor)
+
+    def _admitted(self, now: float) -> None:
+        """The probe step was taken by the service: the next one at once, twice as large."""
+        probing = self._probing
+        probing.floor = int(self._limit)
+        probing.taken_from, probing.first = None, None
+        probing.step = min(2 * probing.step, max(1.0, STEP_SHARE * self._limit))
+        probing.next_at = now
+
+    # -- time moves on
+
+    def _tick(self, now: float, wanted: bool) -> None:
+        """What time alone decides: a probe out unrefused long enough, the next step when
+        callers want one."""
+        if self._probe_held(now):
+            self._admitted(now)
+        if wanted and self._may_step(now):
+            self._probing.taken_from = int(self._limit)
+            self._set(self._limit + self._probing.step, now)
+
+    def _probe_held(self, now: float) -> bool:
+        """The step's first call is out unrefused long enough (a service refuses at admission),
+        while calls keep ending; once the service has refused a call, only at a level it served
+        before (a late refusal there would take the limit past anything it has shown)."""
+        probe = self._probing.first
+        return (probe is not None and now - probe.at >= self._admit_wait() and not self._stalled(now)
+                and (self._trips.mean is None or probe.level <= self._plateau + self._in_transit()))
+
+    def _may_step(self, now: float) -> bool:
+        """A step may be taken: none out, its time come, an answer seen (before one a step
+        would be blind), the limit in use, and the service not slowed."""
+        return (self._probing.taken_from is None and now >= self._probing.next_at
+                and bool(self._latencies.recent) and self._in_flight >= int(self._limit)
+                and not self._latencies.slowed())
+
+    def _due(self) -> float | None:
+        """When time alone may let a waiting caller go on."""
+        probing = self._probing
+        if probing.first is not None:
+            return probing.first.at + self._admit_wait()
+        if probing.taken_from is None and probing.next_at > self._clock():
+            return probing.next_at
+        return None
+
+    def _wait(self, latencies: float) -> float:
+        """Seconds until the next probe: `latencies`, at most PROBE_EVERY_S."""
+        return min(latencies * self._latency(), PROBE_EVERY_S)
+
+    def _stalled(self, now: float) -> bool:
+        """No call has ended for STALL_ENDS calls' share of the latency: this process or the
+        service is held up (a loaded machine), and a probe's refusal may be on its way however
+        long it has been out."""
+        gap = STALL_ENDS * self._latency() / max(self._in_flight, 1)
+        return now - self._ended_at > max(gap, self._admit_wait())
+
+    def _in_transit(self) -> int:
+        """Calls a level may count that the service does not hold: those answered and on their
+        way back (the limit's calls end limit / latency a second, each a 429 round trip on its
+        way; twice that, as round trips spread), and one."""
+        latency = self._latency()
+        if not latency:
+            return 1
+        return 1 + math.ceil(TRANSIT_SPREAD * self._limit * (self._trips.mean or 0.0) / latency)
+
+    def _latency(self) -> float:
+        """The median latency of the recent calls: the time unit of waits."""
+        return self._latencies.median()
+
+    def _admit_wait(self) -> float:
+        """How long a probe goes unrefused before it was admitted: a few 429 round trips, and
+        no less than the longest of the recent ones (on a loaded machine a refusal waits for a
+        CPU here as long as it took to come), or a share of the latency until one has been
+        measured."""
+        if self._trips.mean is not None:
+            return max(ADMIT_TRIPS * self._trips.mean, self._trips.longest())
+        return ADMIT_SHARE * self._latency() if self._latencies.recent else math.inf
+
+    def _cut(self, value: float, now: float) -> None:
+        """A lower limit; tries sent from now on are told apart from those sent before."""
+        self._set(value, now)
+        self._generation += 1
+        self._probing.settle(int(self._limit))
+
+    def _set(self, value: float, now: float) -> None:
+        self._limit = min(float(self.maximum), max(float(self.minimum), value))
+        if int(self._limit) != self._noted:
+            self._noted = int(self._limit)
+            self.changes.append((now, self._limit, self._in_flight))

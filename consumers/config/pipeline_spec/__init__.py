@@ -1,0 +1,38 @@
+"""A pipeline declared as data: its topics, AI endpoints and stages, read from `pipelines/*.yaml`.
+
+The runtime (`consumers.runtime.stages`), provisioning, the ACLs, the load source and the AI stand-in
+read everything pipeline-specific from a `PipelineSpec`, so a team brings its own workload by
+writing a spec, not by changing the platform. The package: the models (`models`), the checks
+across fields (`validation`), the code a spec names (`references`), where specs are found
+(`files`), and a command to check one (`python -m consumers.config.pipeline_spec check <spec>`).
+"""
+
+from consumers.config.pipeline_spec.files import (
+    PIPELINES_DIR,
+    REFERENCE,
+    available,
+    directory,
+    load,
+    path_of,
+    roles,
+)
+from consumers.config.pipeline_spec.models import (
+    DEAD_LETTER,
+    RUN_FIELDS,
+    TERMINAL_STATUSES,
+    EndpointSpec,
+    HttpWork,
+    PipelineSpec,
+    PythonWork,
+    Route,
+    SpecError,
+    StageSpec,
+)
+from consumers.config.pipeline_spec.references import resolve
+from consumers.config.pipeline_spec.validation import parse
+
+__all__ = [
+    "DEAD_LETTER", "PIPELINES_DIR", "REFERENCE", "RUN_FIELDS", "TERMINAL_STATUSES", "EndpointSpec",
+    "HttpWork", "PipelineSpec", "PythonWork", "Route", "SpecError", "StageSpec", "available", "directory",
+    "load", "parse", "path_of", "resolve", "roles",
+]

@@ -1,0 +1,338 @@
+"""A pipeline declared as data: its topics, AI endpoints and stages, as pydantic models.
+
+Every field is checked by its type (unknown fields are refused); what spans fields is checked by
+`consumers.config.pipeline_spec.validation`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Annotated, Any, Literal
+
+from jsonschema import Draft202012Validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+
+from consumers.config import http_work
+from consumers.config.pipeline_spec.references import exception_class
+
+DEAD_LETTER = "dlq"  # every pipeline's dead-letter topic: <prefix>.dlq
+# Fields the runtime itself relies on in every event, beside the pipeline's key.
+RUN_FIELDS = ("run_id", "produced_at")
+TERMINAL_STATUSES = ("completed", "rejected")  # a route's status that settles a request
+NAME = r"^[a-z][a-z0-9_]{0,39}$"
+CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
+
+Name = Annotated[str, Field(pattern=NAME)]
+Scalar = str | int | float | bool
+
+
+class SpecError(ValueError):
+    """A spec the platform refuses; `problems` are (field path, message) pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {path or '(spec)'}: {message}" for path, message in problems)
+        super().__init__(f"pipeline spec {source} refused:\n{lines}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Latency(_Model):
+    """An endpoint's latency at real scale: fixed, or lognormal with a median and a p99."""
+
+    distribution: Literal["fixed", "lognormal"] = "fixed"
+    median_s: PositiveFloat
+    p99_s: PositiveFloat | None = None
+    # Generation time per output token, after the drawn time to the first token (chat answers).
+    per_output_token_s: Annotated[float, Field(ge=0)] = 0.0
+
+    @property
+    def sigma(self) -> float:
+        """The lognormal's shape: ln(p99 / median) / z(0.99)."""
+        return math.log(self.p99_s / self.median_s) / Z99 if self.p99_s else 0.0
+
+    @property
+    def mean_s(self) -> float:
+        """What a call costs on average (Little's law sizes the concurrency from it)."""
+        return self.median_s * math.exp(self.sigma ** 2 / 2)
+
+
+class Answer(_Model):
+    """One stand-in answer rule: the first whose `when` patterns all match the request is sent.
+    Body strings may name request fields, e.g. `https://results.example/{request_id}.png`."""
+
+    when: dict[str, str] = {}
+    body: dict[str, Scalar]
+
+
+class StandIn(_Model):
+    """How the project's stand-in service answers this endpoint (a real API ignores it)."""
+
+    # plain: JSON in, the answer rule's body out; openai_chat: OpenAI's chat completions shape,
+    # the rule body's `content` as the assistant's text.
+    protocol: Literal["plain", "openai_chat"] = "plain"
+    required: list[str] = []
+    answers: Annotated[list[Answer], Field(min_length=1)]
+
+
+class Price(_Model):
+    """What an endpoint charges per 1,000 input and output tokens, from its provider's price
+    list: the cost figures (`measure.cost`) price a call's tokens with it when no gateway
+    reported the call's cost."""
+
+    input_per_1k: Annotated[float, Field(ge=0)]
+    output_per_1k: Annotated[float, Field(ge=0)]
+
+
+class EndpointSpec(_Model):
+    """An AI endpoint: the Airflow connection that says where it is, its path and its limits."""
+
+    connection: str
+    path: Annotated[str, Field(pattern=r"^/[\w./-]*$")]
+    # The model it serves, for an OpenAI-compatible API where every model shares one path:
+    # a provider's limits are per model, so an endpoint is one model (its works' default model).
+    model: str | None = None
+    concurrency: PositiveInt
+    # Per-minute budgets as providers meter them (None: not metered). `tokens` says which
+    # tokens `tokens_per_minute` counts: the prompt's, the answer's, or both.
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    tokens: Literal["input", "output", "total"] = "total"
+    price: Price | None = None  # None: the calls' cost is known only where a gateway reports it
+    latency: Latency
+    headers: dict[str, str] = {}  # sent with every call (never a key: that is the connection's)
+    # How the project's stand-in serves it; an endpoint without one is a real API only.
+    stand_in: StandIn | None = None
+
+
+class TopicSpec(_Model):
+    """A topic (named <prefix>.<name> per run) and the event field its records are keyed by."""
+
+    key: str
+
+
+class ChatMessage(_Model):
+    role: Literal["system", "user", "assistant"]
+    content: str  # a template (consumers.config.http_work)
+
+
+# What an `openai_chat` work keeps unless it says otherwise: the answer's text and its usage.
+CHAT_KEEP = {"content": "choices[0].message.content", "prompt_tokens": "usage.prompt_tokens",
+             "completion_tokens": "usage.completion_tokens"}
+
+
+class HttpWork(_Model):
+    """Call an AI endpoint: a request built from the event, answer fields kept by path.
+
+    `protocol: json` (the default) sends `body`, a JSON template over the event
+    (`consumers.config.http_work`), or `request`, a flat map of request field to event field.
+    `protocol: openai_chat` sends an OpenAI-compatible chat completion from `model`,
+    `messages` (templates), `max_tokens` and `temperature`, with `user` set to the request's key
+    (what providers ask for to tell end users apart; a template may say otherwise), and keeps
+    `CHAT_KEEP` unless `keep` names others. `keep` lists answer fields by name, or maps the
+    names a result gets to their paths in the answer (`choices[0].message.content`)."""
+
+    kind: Literal["http"]
+    endpoint: str
+    protocol: Literal["json", "openai_chat"] = "json"
+    request: dict[str, str] = {}  # request field -> event field
+    body: dict[str, Any] | None = None
+    model: str | None = None
+    messages: list[ChatMessage] = []
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    user: str | None = None
+    keep: list[str] | dict[str, str] = []
+
+    @property
+    def kept(self) -> dict[str, str]:
+        """Result field -> its path in the answer."""
+        if isinstance(self.keep, dict):
+            return dict(self.keep)
+        if not self.keep and self.protocol == "openai_chat":
+            return dict(CHAT_KEEP)
+        return {name: name for name in self.keep}
+
+    def payload(self, event: Mapping[str, Any], key: str, model: str | None = None) -> dict[str, Any]:
+        """The request body for `event` (keyed by its field `key`); `model`: the endpoint's, for a
+        chat work that names none."""
+        if self.protocol == "openai_chat":
+            chat = {"model": self.model or model, "messages": [m.model_dump() for m in self.messages],
+                    "user": self.user or f"{{{{ event.{key} }}}}",
+                    **({"max_tokens": self.max_tokens} if self.max_tokens else {}),
+                    **({"temperature": self.temperature} if self.temperature is not None else {})}
+            return http_work.render(chat, event)
+        if self.body is not None:
+            return http_work.render(self.body, event)
+        return {name: event.get(source) for name, source in self.request.items()}
+
+    def result(self, answer: Any) -> tuple[dict[str, Any], list[str]]:
+        """The kept fields of an answer, and the paths it lacks."""
+        picked = {name: http_work.pick(answer, path) for name, path in self.kept.items()}
+        missing = [self.kept[name] for name, value in picked.items() if value is http_work.MISSING]
+        return {name: value for name, value in picked.items() if value is not http_work.MISSING}, missing
+
+
+class PythonWork(_Model):
+    """Custom work: `module:function(event) -> dict` of result fields; it must be idempotent.
+
+    An exception it raises is the record's failure, tried again up to the stage's
+    `retry.max_attempts` and then dead-lettered (`work_failed`), unless it is an instance of a
+    class `transient` names (`module:Class`): a dependency of the work is down, and the record
+    waits for it as for any failing dependency."""
+
+    kind: Literal["python"]
+    callable: Annotated[str, Field(pattern=CALLABLE)]
+    transient: list[Annotated[str, Field(pattern=CALLABLE)]] = []
+
+    @cached_property
+    def transient_classes(self) -> tuple[type[BaseException], ...]:
+        return tuple(exception_class(reference) for reference in self.transient)
+
+
+Work = Annotated[HttpWork | PythonWork, Field(discriminator="kind")]
+
+
+class Route(_Model):
+    """Where an outcome goes: to `to` when the `when` fields equal and the `unless` ones do not.
+
+    The event sent is the input event with the kept result fields (`forward`) or a new one with
+    the key, run id and `fields` (a value `$name` is the outcome's field `name`). `status` is
+    what the request becomes; `once` sends only when this handling recorded the stage's result
+    first, for messages a person should not get twice.
+    """
+
+    to: str
+    when: dict[str, Scalar] = {}
+    unless: dict[str, Scalar] = {}
+    forward: bool = False
+    fields: dict[str, Scalar] = {}
+    status: str | None = None
+    once: bool = False
+
+    def matches(self, outcome: dict[str, Any]) -> bool:
+        return (all(outcome.get(k) == v for k, v in self.when.items())
+                and not (self.unless and all(outcome.get(k) == v for k, v in self.unless.items())))
+
+
+class Retry(_Model):
+    max_attempts: Annotated[int, Field(ge=1, le=20)] = 4
+    backoff_base_s: Annotated[float, Field(ge=0)] = 0.2
+
+
+class StageSpec(_Model):
+    """One stage: the topic it reads, the events it accepts, its work and its routes."""
+
+    source: str
+    event_schema: dict[str, Any] = Field(alias="schema")
+    record: list[str] = []  # event fields kept on the request row (joined across stages)
+    join: list[str] = []  # wait until every one of these fields is on the request row
+    status: str | None = None  # what the request becomes when this stage takes it
+    work: Work | None = None
+    routes: list[Route] = []
+    retry: Retry = Retry()
+    timeout_s: PositiveFloat = 10.0
+
+    def free_text_field(self, key: str) -> str | None:
+        """A plain string field of the events (no pattern, no enum; not the key or the run id):
+        where bad-input tests and the oversize fault put their text."""
+        return next((name for name, schema in self.event_schema.get("properties", {}).items()
+                     if schema.get("type") == "string" and not {"pattern", "enum"} & set(schema)
+                     and name not in (key, "run_id")), None)
+
+
+class FailureNotice(_Model):
+    """What is sent when a request fails for good: its AI call or its work (it is also dead-lettered)."""
+
+    to: str
+    fields: dict[str, Scalar] = {}
+
+
+class LoadSpec(_Model):
+    """The load source: `generator(rng, run_id, index, reject_share) -> [(topic, event), ...]`
+    builds one request's events; `measure` is the topic whose partition spread is its skew."""
+
+    generator: Annotated[str, Field(pattern=CALLABLE)]
+    measure: str
+
+
+class PipelineSpec(_Model):
+    """A whole pipeline. Build it with `load` or `parse`, which also check across fields."""
+
+    name: Annotated[str, Field(pattern=NAME)]
+    description: str = ""
+    key: str
+    topics: Annotated[dict[Name, TopicSpec], Field(min_length=1)]
+    endpoints: dict[Name, EndpointSpec] = {}
+    stages: Annotated[dict[Name, StageSpec], Field(min_length=1)]
+    failure_notice: FailureNotice | None = None
+    load: LoadSpec
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(self.stages)
+
+    @cached_property
+    def ai_stages(self) -> tuple[str, ...]:
+        """Stages that call an AI endpoint: the ones whose consumer mode is tuned."""
+        return tuple(n for n, s in self.stages.items() if isinstance(s.work, HttpWork))
+
+    @cached_property
+    def entry_stages(self) -> tuple[str, ...]:
+        """Stages fed by the load source rather than by another stage: a request is settled
+        once each of them has taken it (they may arrive in any order)."""
+        routed = {route.to for stage in self.stages.values() for route in stage.routes}
+        return tuple(n for n, s in self.stages.items() if s.source not in routed)
+
+    @property
+    def completing_stage(self) -> str:
+        """The stage whose results complete requests (its route settles them as completed):
+        its completion times are the pipeline's throughput."""
+        return next(n for n, s in self.stages.items() if any(r.status == "completed" for r in s.routes))
+
+    def summary(self) -> str:
+        """For logs and the check commands: the stages, where each endpoint is, and which ones
+        the stand-in cannot serve (no `stand_in`: a run needs the real API)."""
+        endpoints = [f"{name} on connection {e.connection}" for name, e in self.endpoints.items()]
+        real = sorted(name for name, e in self.endpoints.items() if e.stand_in is None)
+        return (f"{self.name}: stages {', '.join(self.stages)}; endpoints {', '.join(endpoints) or 'none'}"
+                + (f"\nnot served by the stand-in (real APIs only): {', '.join(real)}" if real else ""))
+
+    def endpoint_of(self, stage: str) -> EndpointSpec | None:
+        work = self.stages[stage].work
+        return self.endpoints[work.endpoint] if isinstance(work, HttpWork) else None
+
+    def outputs_of(self, stage: str) -> list[str]:
+        """Topic names a stage writes besides the dead-letter topic."""
+        spec = self.stages[stage]
+        outputs = [r.to for r in spec.routes]
+        if spec.work is not None and self.failure_notice:  # a request can fail for good there
+            outputs.append(self.failure_notice.to)
+        return sorted(set(outputs))
+
+    @cached_property
+    def ai_path_s(self) -> float:
+        """The longest chain of AI calls one request makes, in mean seconds (real scale): the
+        endpoints' latencies summed along the routes, the slowest branch where they fork."""
+        def longest(stage: str, seen: frozenset[str]) -> float:
+            spec = self.stages[stage]
+            work = spec.work
+            own = self.endpoints[work.endpoint].latency.mean_s if isinstance(work, HttpWork) else 0.0
+            after = [longest(n, seen | {n}) for route in spec.routes for n, s in self.stages.items()
+                     if s.source == route.to and n not in seen]
+            return own + max(after, default=0.0)
+
+        return max(longest(stage, frozenset({stage})) for stage in self.entry_stages)
+
+    def producing_topics(self) -> list[str]:
+        """Topics the load source writes: the entry stages' sources."""
+        return sorted({self.stages[s].source for s in self.entry_stages})
+
+    @cached_property
+    def validators(self) -> dict[str, Draft202012Validator]:
+        return {name: Draft202012Validator(stage.event_schema) for name, stage in self.stages.items()}

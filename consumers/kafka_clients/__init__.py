@@ -1,0 +1,2 @@
+"""Kafka clients and administration: the producer, the records the client hands back, topic
+provisioning and ACLs."""

@@ -1,0 +1,1 @@
+"""The load generator: a pipeline's requests written to its entry topic, as a burst or at a steady rate."""

@@ -1,0 +1,424 @@
+"""Run N members of one stage's consumer group as threads of one process.
+
+    python -m consumers.runtime.fleet --stage generate --run-id r1 --config @candidate.json
+    python -m consumers.runtime.fleet --stage generate --run-id r1 --mode flow --members 4 --window 16
+
+SIGTERM or SIGINT stops the fleet gracefully: members stop taking work, finish their in-flight
+records within the deadline, commit and leave the group. Consumer threads spend their time in
+librdkafka and HTTP calls, which release the GIL, so threads are enough for dozens of members.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from confluent_kafka import ConsumerGroupState, KafkaException
+
+from consumers.ai.circuit import Circuit
+from consumers.ai.client import AIClient, Endpoint, RetryPolicy
+from consumers.ai.concurrency_limit import AdaptiveLimit
+from consumers.ai.rate_budget import RateBudget
+from consumers.config import events, kafka_connection, pipeline_spec, profiles
+from consumers.config.candidate import ENDPOINTS_ENV, KEYS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
+from consumers.config.kafka_connection import KafkaAccess
+from consumers.config.pipeline_spec import HttpWork
+from consumers.kafka_clients.producer import KeyedProducer
+from consumers.runtime import metrics, start_up_heap, storage
+from consumers.runtime.batch_member import BatchMember
+from consumers.runtime.flow_member import FlowMember
+from consumers.runtime.member import MemberSettings, StageMember
+from consumers.runtime.outbox import DirectOutbox
+from consumers.runtime.share_member import ShareMember
+from consumers.runtime.stages import StageContext
+from consumers.runtime.window_pool import WindowPool
+
+log = logging.getLogger(__name__)
+
+# The member that runs each consumer mode (profiles.CONSUMER_MODES).
+MEMBER_KINDS: dict[str, type[StageMember]] = {"baseline": BatchMember, "bounded": BatchMember,
+                                              "flow": FlowMember, "share": ShareMember}
+
+CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}  # the gauge's values
+
+CLAIM_MARGIN_S = 2.0  # clock and database round trips between a lease's renewal and its try
+CHANGES_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's and a circuit's changes are written
+# A record's transactions take a millisecond on an idle machine, but tens of them when the
+# machine is saturated, and an AI stage's workers come back from their calls in waves: with 16
+# connections the generate workers spent most of a burst waiting for one (sampled profile), and
+# 48 raised `durable`'s utilisation from 0.57-0.64 to 0.76-0.87.
+DB_CONNECTIONS = 48
+
+
+class MissingEndpoint(ValueError):
+    """The fleet's stage calls an AI endpoint the fleet was given no URL for."""
+
+
+def check_endpoint(spec: pipeline_spec.PipelineSpec, settings: FleetSettings) -> None:
+    """Refuse a fleet whose stage calls an AI endpoint it has no URL for. Started anyway, it would
+    join its group and fail on the first record that needs the call; under a supervisor it would
+    then start again, join again and fail again, each time moving the group's partitions."""
+    work = spec.stages[settings.member.stage].work
+    if isinstance(work, HttpWork) and not settings.ai_url:
+        raise MissingEndpoint(
+            f"stage {settings.member.stage!r} calls AI endpoint {work.endpoint!r} of pipeline "
+            f"{spec.name}, and the fleet was given no URL for it: pass --ai-endpoints "
+            f"'{{\"{work.endpoint}\": \"<url>\"}}' or set {ENDPOINTS_ENV}")
+
+
+def epoch_of(steady_s: float) -> float:
+    """The epoch seconds, for the record, of a reading of time.monotonic (an adaptive limit's
+    changes are stamped on the steady clock its deadlines run on)."""
+    return time.time() - (time.monotonic() - steady_s)
+
+
+def member_name(stage: str, index: int, instance: str | None = None) -> str:
+    """`<stage>-<n>`, or `<stage>-<instance>-<n>` when several processes run a stage's members;
+    the stage comes first, which is how the platform's queries group members by stage."""
+    return f"{stage}-{instance}-{index}" if instance else f"{stage}-{index}"
+
+
+class MembersStuck(RuntimeError):
+    """Members still running after the shutdown deadline."""
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    """A stage's fleet: how many members, how each consumes, which AI endpoints it calls."""
+
+    member: MemberSettings
+    members: int
+    prefix: str
+    database_url: str
+    pipeline: str = pipeline_spec.REFERENCE
+    key_strategy: str = "uuid"  # keys of the events this stage sends downstream
+    ai_url: str | None = None  # the stage's AI endpoint, when its work calls one
+    ai_endpoint: str = ""  # its name in the pipeline spec
+    ai_timeout_s: float = 10.0
+    ai_auth_header: str | None = None
+    ai_calls: int | None = None  # AI calls in flight across the fleet, apart from records held
+    adaptive: bool = False  # the AI calls in flight follow a limit discovered from the endpoint
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    shutdown_deadline_s: float = 30.0
+    instance: str | None = None  # tells this process's members from another's (a pod's name)
+
+    @property
+    def claim_lease_s(self) -> float:
+        """How long a (request, stage) claim outlives its last renewal. Renewed before each
+        try, it must cover one try (bounded as a whole by the AI timeout, not per socket read:
+        `ai_client._read_within`) and the backoff before the next; it is also how long a
+        member that died mid-call holds up the copy of its record that a new member consumes."""
+        return self.ai_timeout_s + self.retry.backoff_max_s + CLAIM_MARGIN_S
+
+    @property
+    def assignment_timeout_s(self) -> float:
+        """How long the members may take to get their partitions: a classic group settles one
+        join round at a time, so large fleets get longer."""
+        return 60.0 + 2.0 * self.members
+
+
+class Fleet:
+    """The members of one stage, sharing a producer, a database pool and an HTTP client."""
+
+    def __init__(self, settings: FleetSettings) -> None:
+        self.settings = settings
+        s = settings
+        spec = pipeline_spec.load(s.pipeline)
+        check_endpoint(spec, s)  # before anything connects or joins
+        concurrency = s.member.window * s.members if s.member.mode in WINDOW_MODES else s.members
+        self.storage = storage.sized_pool(s.database_url, min(DB_CONNECTIONS, concurrency + 2))
+        self.producer = KeyedProducer(s.member.kafka, profile=s.member.profile, key_strategy=s.key_strategy,
+                                      batch_records=s.member.producer_batch_records)
+        self.ctx = StageContext(
+            stage=s.member.stage, topics=events.Topics(s.prefix, spec),
+            storage=self.storage, outbox=DirectOutbox(self.producer, self.storage.mark_notified),
+            key_strategy=s.key_strategy, ai=self._client(s.ai_url, concurrency, spec),
+            claim_lease_s=s.claim_lease_s,
+            windows=WindowPool(concurrency) if s.member.mode == "flow" else None,
+        )
+        kind = MEMBER_KINDS[s.member.mode]
+        self.members: list[StageMember] = [kind(member_name(s.member.stage, i, s.instance), s.member,
+                                                self.ctx) for i in range(s.members)]
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._recorder: threading.Thread | None = None
+
+    def _client(self, url: str | None, pool: int, spec: pipeline_spec.PipelineSpec) -> AIClient | None:
+        """The stage's AI client: told the endpoint's concurrency and per-minute budgets (a
+        minute shortened by the time scale), or, adaptive, told nothing and left to learn them
+        from the endpoint's refusals and rate-limit headers."""
+        if not url:
+            return None
+        s = self.settings
+        declared = spec.endpoints[s.ai_endpoint]
+        limiter = (AdaptiveLimit(maximum=pool) if s.adaptive
+                   else AdaptiveLimit.fixed(s.ai_calls) if s.ai_calls else None)
+        budget = (RateBudget() if s.adaptive
+                  else RateBudget(declared.requests_per_minute, declared.tokens_per_minute,
+                                  minute_s=60.0 * s.member.time_scale))
+        endpoint = Endpoint(url, s.ai_timeout_s, s.ai_auth_header, dict(declared.headers))
+        return AIClient(endpoint, s.retry, pool_size=pool, limiter=limiter, circuit=Circuit(),
+                        rate_budget=budget)
+
+    def start(self) -> Fleet:
+        for member in self.members:
+            thread = threading.Thread(target=member.run, args=(self._stop,), name=member.name)
+            thread.start()
+            self._threads.append(thread)
+        if self.ctx.ai is not None:
+            self._recorder = threading.Thread(target=self._record_changes, args=(self.ctx.ai,),
+                                              name=f"{self.settings.member.stage}-changes", daemon=True)
+            self._recorder.start()
+        return self
+
+    def _record_changes(self, ai: AIClient) -> None:
+        """Write the circuit's changes (and an adaptive limit's) every second until the fleet
+        stops, then the last ones; show the circuit's state as a metric."""
+        s = self.settings
+        stage, endpoint = s.member.stage, s.ai_endpoint
+        circuit = ai.circuit
+        assert circuit is not None  # the fleet's client always has one (`_client`)
+        writes: list[tuple[deque[Any], Callable[[list[Any]], None]]] = [(
+            circuit.changes,
+            lambda changes: self.storage.record_circuit(s.member.run_id, stage, endpoint, changes))]
+        if s.adaptive and ai.limiter is not None:
+            writes.append((ai.limiter.changes, lambda changes: self.storage.record_limits(
+                s.member.run_id, stage, [(epoch_of(at), limit, n) for at, limit, n in changes])))
+        stopping = False
+        while not stopping:
+            stopping = self._stop.wait(CHANGES_RECORD_INTERVAL_S)
+            metrics.CIRCUIT.labels(stage=stage, endpoint=endpoint).set(CIRCUIT_STATES[circuit.state])
+            for pending, write in writes:
+                changes = [pending.popleft() for _ in range(len(pending))]
+                if not changes:
+                    continue
+                try:
+                    write(changes)
+                except Exception as exc:  # noqa: BLE001 - a record of what happened, never a reason to stop
+                    log.warning("changes not recorded: %s", exc)
+                    pending.extendleft(reversed(changes))
+
+    def wait_assigned(self, timeout_s: float | None = None) -> None:
+        """Block until every member that can get partitions has them and the group is settled."""
+        timeout_s = timeout_s or self.settings.assignment_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while not all(m.assigned_once.is_set() for m in self.members):
+            self.raise_failures()
+            if time.monotonic() > deadline:
+                waiting = [m.name for m in self.members if not m.assigned_once.is_set()]
+                raise TimeoutError(f"{waiting} got no assignment within {timeout_s}s")
+            time.sleep(0.05)
+        settled_since = time.monotonic()
+        last = self._assignments()
+        admin = None if self.settings.member.mode == "share" else self.settings.member.kafka.admin()
+
+        def settled() -> bool:
+            return time.monotonic() - settled_since >= 1.0 and (admin is None or self._group_settled(admin))
+
+        while not settled():
+            if time.monotonic() > deadline:
+                raise TimeoutError("group assignment did not settle")
+            time.sleep(0.1)
+            now = self._assignments()
+            if now != last:
+                last, settled_since = now, time.monotonic()
+
+    def _group_settled(self, admin: Any) -> bool:
+        """The coordinator's view agrees: the group is stable and gives each member of this fleet
+        that holds partitions what it holds. A member's own assignment can stay the same for a
+        second while the group's next rebalance is under way: a steady load started then met
+        members that stopped fetching for it (its first records waited 1.2 s, and commits were
+        refused with ILLEGAL_GENERATION). A group the coordinator cannot describe yet (it is
+        loading, or moving with a broker's restart) is not settled: asked again until the deadline."""
+        group_id = self.settings.member.group_id
+        try:
+            group = admin.describe_consumer_groups([group_id], request_timeout=10)[group_id].result()
+        except KafkaException as exc:
+            log.info("group %s not described yet: %s", group_id, exc)
+            return False
+        if group.state != ConsumerGroupState.STABLE:
+            return False
+        held = {m.client_id: {(tp.topic, tp.partition) for tp in m.assignment.topic_partitions}
+                for m in group.members}
+        return all(held.get(m.name) == m.assignment for m in self.members if m.assignment)
+
+    def raise_failures(self) -> None:
+        """Re-raise the first member failure, so a broken fleet fails fast and loudly."""
+        for member in self.members:
+            if member.failure is not None:
+                raise RuntimeError(f"member {member.name} failed: {member.failure!r}") from member.failure
+
+    def _assignments(self) -> list[frozenset]:
+        return [frozenset(m.assignment) for m in self.members]
+
+    def request_stop(self) -> None:
+        """Tell the members to stop without waiting for them (`stop` waits): fleets told
+        together stop together."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Graceful stop: members finish in-flight work, commit and leave the group."""
+        self.request_stop()
+        deadline = time.monotonic() + self.settings.shutdown_deadline_s + 10
+        for thread in self._threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
+        alive = [t.name for t in self._threads if t.is_alive()]
+        if self._recorder is not None:
+            self._recorder.join(5)
+        self.producer.close()
+        if self.ctx.ai is not None:
+            self.ctx.ai.close()
+        self.storage.close()
+        if alive:
+            raise MembersStuck(f"members still running after the shutdown deadline: {alive}")
+
+    @contextmanager
+    def running(self) -> Iterator[Fleet]:
+        """`with fleet.running():` starts the members and always stops them; `wait_assigned`
+        waits for their partitions, so several fleets can join their groups at once."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+
+
+def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events.Topics,
+                 kafka: KafkaAccess, database_url: str, endpoints: Endpoints) -> FleetSettings:
+    """The fleet of one stage of a pipeline configuration, running as the stage's principal."""
+    stage_cfg = config.stage(stage)
+    member = MemberSettings(
+        run_id=run_id, stage=stage, mode=stage_cfg.mode, group_id=topics.group_of(stage),
+        kafka=kafka.of(stage), profile=config.profile, time_scale=config.time_scale,
+        group_protocol=config.group_protocol, batch_size=stage_cfg.batch_size,
+        window=stage_cfg.window, buffer=4 * stage_cfg.window,
+        revoke_deadline_s=config.shutdown_deadline_s, stats_interval_ms=config.stats_interval_ms,
+        exactly_once=config.exactly_once_for(stage),
+        producer_batch_records=config.producer_batch_records(stage))
+    work = topics.spec.stages[stage].work
+    return FleetSettings(
+        member=member, members=stage_cfg.members, prefix=topics.prefix, database_url=database_url,
+        pipeline=config.pipeline, key_strategy=config.key_strategy,
+        ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
+        ai_endpoint=work.endpoint if isinstance(work, HttpWork) else "",
+        ai_timeout_s=config.ai_timeout(stage),
+        ai_auth_header=endpoints.auth_for(work.endpoint) if isinstance(work, HttpWork) else None,
+        ai_calls=stage_cfg.ai_calls, adaptive=stage_cfg.adaptive, retry=config.retry(stage),
+        shutdown_deadline_s=config.shutdown_deadline_s)
+
+
+def config_from_args(args: argparse.Namespace) -> PipelineConfig:
+    """The --config document with the command-line overrides applied to it."""
+    config = PipelineConfig.from_argument(args.config)
+    stage = config.stage(args.stage)
+    stage = replace(stage, **{k: v for k, v in (("mode", args.mode), ("members", args.members),
+                                                ("window", args.window), ("batch_size", args.batch_size))
+                              if v is not None})
+    overrides = {k: v for k, v in (("profile", args.profile), ("group_protocol", args.group_protocol),
+                                   ("time_scale", args.time_scale), ("key_strategy", args.keys),
+                                   ("stats_interval_ms", args.stats_interval_ms))
+                 if v is not None}
+    return replace(config, **overrides).with_stages(**{args.stage: stage})
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--stage", required=True, help="a stage of the configuration's pipeline")
+    p.add_argument("--run-id", required=True, help="run the records are written under")
+    p.add_argument("--prefix", help="topic prefix of the pipeline (default: the run id)")
+    p.add_argument("--config", default="{}",
+                   help="pipeline configuration as JSON, or @file.json (defaults for missing keys)")
+    p.add_argument("--mode", choices=profiles.CONSUMER_MODES)
+    p.add_argument("--members", type=int, help="group members in this process")
+    p.add_argument("--window", type=int, help="flow and share modes: records in flight per member")
+    p.add_argument("--batch-size", type=int, help="bounded mode: records per consume")
+    p.add_argument("--profile", choices=list(profiles.PROFILES))
+    p.add_argument("--group-protocol", choices=profiles.GROUP_PROTOCOLS)
+    p.add_argument("--time-scale", type=float,
+                   help="shrinks max.poll.interval.ms and the session timeout with the AI latency")
+    p.add_argument("--keys", help="downstream event keys: uuid | none | field:<name>")
+    p.add_argument("--stats-interval-ms", type=int)
+    kafka_connection.add_argument(p)
+    p.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
+    p.add_argument("--ai-endpoints", default=os.environ.get(ENDPOINTS_ENV, "{}"),
+                   help="JSON object: the URL of each AI endpoint the pipeline spec names")
+    p.add_argument("--ai-token-env", default="AI_SERVICE_TOKEN",
+                   help="environment variable holding the bearer token (unset: no auth header)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address /metrics listens on (0.0.0.0 in a pod, for its readiness probe)")
+    p.add_argument("--instance",
+                   help="names this process's members <stage>-<instance>-<n>, apart from other "
+                        "processes of the stage (one pod per member on Kubernetes)")
+    return p
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    p = parser()
+    args = p.parse_args()
+    kafka = kafka_connection.from_args(args, p)
+    if not args.database_url:
+        p.error("set --database-url or DATABASE_URL (or source .local/stack.env)")
+    token = os.environ.get(args.ai_token_env) if args.ai_token_env else None
+    endpoints = Endpoints(json.loads(args.ai_endpoints), f"Bearer {token}" if token else None,
+                          json.loads(os.environ.get(KEYS_ENV, "{}")))
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:  # a --stage the pipeline does not have, a refused spec
+        p.error(str(exc))
+    metrics.serve(args.metrics_port, args.metrics_host)
+    settings = settings_for(config, args.stage, args.run_id,
+                            events.Topics(args.prefix or args.run_id, config.spec),
+                            kafka, args.database_url, endpoints)
+    try:
+        fleet = Fleet(replace(settings, instance=args.instance))
+    except MissingEndpoint as exc:
+        p.error(str(exc))
+    start_up_heap.freeze()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    fleet.start()
+    log.info("fleet %s running: %s", args.stage, config.stage(args.stage))
+    # Watch the members while waiting: a process whose member loop died must not run on with
+    # fewer members; it exits non-zero (EX_SOFTWARE) so its supervisor starts it again.
+    failure: RuntimeError | None = None
+    while failure is None and not stop.wait(0.5):
+        try:
+            fleet.raise_failures()
+        except RuntimeError as exc:
+            failure = exc
+    if failure is not None:
+        log.critical("fleet %s: %s; stopping the other members, then exiting %d", args.stage,
+                     failure, os.EX_SOFTWARE, exc_info=failure)
+    log.info("stopping: finishing in-flight work")
+    stop_or_exit(fleet, args.stage)
+    if failure is not None:
+        raise SystemExit(os.EX_SOFTWARE)
+
+
+def stop_or_exit(fleet: Fleet, stage: str) -> None:
+    """Stop the fleet; a member blocked in a client call past the deadline cannot be joined and
+    its thread would keep the process up, doing nothing, forever: the process exits at once
+    (EX_SOFTWARE), so its supervisor starts it again."""
+    try:
+        fleet.stop()
+    except MembersStuck as exc:
+        log.critical("fleet %s: %s; exiting %d now", stage, exc, os.EX_SOFTWARE)
+        logging.shutdown()
+        os._exit(os.EX_SOFTWARE)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The stand-in's behaviour, independent of HTTP: a call admitted, served after its latency or
+failed as injected; the stats; run-time changes of the configuration."""
+
+from __future__ import annotations
+
+import hmac
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from consumers.stand_in.calls import BadRequest, Call, echo, prepare
+from consumers.stand_in.config import (
+    SPEC_SETTINGS,
+    ConfigError,
+    EndpointConfig,
+    ServiceConfig,
+    check_time_scale,
+)
+from consumers.stand_in.endpoint import COUNTERS, TOKEN_COUNTERS, Endpoint, Refusal
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the handler sends back: status, JSON body, extra headers."""
+
+    status: int
+    body: dict[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def _refused(refusal: Refusal) -> Reply:
+    """A 429 as OpenAI words it: the error's type says which limit refused (concurrency, requests
+    or tokens); `Retry-After` when the refusal says when to come back."""
+    code = "too_many_requests" if refusal.kind == "concurrency" else "rate_limit_exceeded"
+    error = {"type": refusal.kind, "code": code, "message": refusal.message,
+             "retry_after_s": refusal.retry_after_s}
+    headers = dict(refusal.headers)
+    if refusal.retry_after_s is not None:
+        headers["Retry-After"] = _seconds(refusal.retry_after_s)
+    return Reply(429, {"error": error}, headers)
+
+
+def _seconds(value: float) -> str:
+    """A Retry-After value: seconds, fractional when the time scale makes it so."""
+    return f"{value:.3f}".rstrip("0").rstrip(".") or "0"
+
+
+class StandIn:
+    """The service's state and behaviour, independent of HTTP so it stays easy to reason about."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self.endpoints = {name: Endpoint(name, endpoint, config.seed)
+                          for name, endpoint in config.endpoints.items()}
+        self._time_scale = config.time_scale
+        self._token = config.token
+        self._seed = config.seed
+        self._config_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(self))
+
+    @property
+    def time_scale(self) -> float:
+        return self._time_scale
+
+    def authorized(self, authorization: str | None) -> bool:
+        if not self._token:
+            return True
+        expected = f"Bearer {self._token}".encode()
+        return hmac.compare_digest((authorization or "").encode(), expected)
+
+    def call(self, name: str, authorization: str | None, body: bytes) -> Reply:
+        """One AI request: auth, validation, a concurrency slot, the latency, then the outcome."""
+        endpoint = self.endpoints[name]
+        if not self.authorized(authorization):
+            endpoint.count("unauthorized")
+            return Reply(401, {"error": "unauthorized"}, {"WWW-Authenticate": "Bearer"})
+        declared = endpoint.config  # its path, protocol, fields and answers never change at run time
+        try:
+            call = prepare(declared, body)
+        except BadRequest as exc:
+            endpoint.count("bad_requests")
+            return Reply(400, {"error": "bad_request", "detail": str(exc)})
+        scale = self.time_scale
+        config = endpoint.admit(scale, call.input_tokens, call.output_estimate)
+        if isinstance(config, Refusal):
+            return _refused(config)
+        try:
+            reply = self._serve(endpoint, config, scale, call)
+        finally:
+            endpoint.release()
+        if config.budgeted:
+            reply = replace(reply, headers={**reply.headers, **endpoint.budget_headers(scale)})
+        return reply
+
+    def _serve(self, endpoint: Endpoint, config: EndpointConfig, scale: float, call: Call) -> Reply:
+        """The latency, then the outcome; an answer also takes its time per output token, and its
+        actual tokens replace the estimate charged (a failed call keeps its charge, as providers count
+        failed requests too)."""
+        payload = call.payload
+        outcome, duration = endpoint.plan(config, payload)
+        if outcome == "hang":
+            endpoint.count("hangs")
+        elif outcome == "ok":
+            duration += config.per_output_token_s * call.output_tokens
+        if self.stopping.wait(duration * scale):
+            return Reply(503, {"error": "shutting_down"})
+        if outcome == "hang":
+            return Reply(504, {"error": "upstream_timeout", **echo(payload)})
+        if outcome == "error":
+            endpoint.count("errors_5xx")
+            return Reply(500, {"error": "internal_error", **echo(payload)})
+        endpoint.correct(config, call.input_tokens, call.output_estimate, call.output_tokens, scale)
+        endpoint.served(payload[config.identity] if config.identity else None, call.input_tokens,
+                        call.output_tokens)
+        return Reply(200, call.body)
+
+    def stats(self) -> dict[str, Any]:
+        result: dict[str, Any] = {name: ep.snapshot(self.time_scale) for name, ep in self.endpoints.items()}
+        for snapshot in result.values():
+            config = snapshot["config"]
+            config["scaled_latency_s"] = config["latency_s"] * self.time_scale
+            config["time_scale"] = self.time_scale
+        result["service"] = {"time_scale": self.time_scale, "auth_required": bool(self._token),
+                             "seed": self._seed}
+        return result
+
+    def reset(self) -> None:
+        for endpoint in self.endpoints.values():
+            endpoint.reset()
+
+    def update(self, changes: Mapping[str, Any]) -> None:
+        """Apply run-time changes all at once, or none when any is invalid (raises ConfigError)."""
+        with self._config_lock:
+            time_scale, configs = self._planned(dict(changes))
+            for name, config in configs.items():
+                self.endpoints[name].reconfigure(config)
+            if time_scale is not None:
+                self._time_scale = time_scale
+
+    def _planned(self, changes: dict[str, Any]) -> tuple[float | None, dict[str, EndpointConfig]]:
+        """The changes per endpoint: `{name: {...}}` for one, `endpoint: name` beside settings for
+        one, settings alone for every endpoint."""
+        time_scale = changes.pop("time_scale", None)
+        if time_scale is not None:
+            check_time_scale(time_scale)
+        names = tuple(self.endpoints)
+        target = changes.pop("endpoint", None)
+        if target is not None and target not in names:
+            raise ConfigError(f"endpoint must be one of {names}, got {target!r}")
+        per_endpoint: dict[str, dict[str, Any]] = {name: {} for name in names}
+        for name in names:
+            nested = changes.pop(name, {})
+            if not isinstance(nested, dict):
+                raise ConfigError(f"{name} must be an object of endpoint settings")
+            per_endpoint[name].update(nested)
+        for name in [target] if target else names:
+            per_endpoint[name].update(changes)
+        known = {f.name for f in fields(EndpointConfig)} - set(SPEC_SETTINGS)
+        configs = {}
+        for name, settings in per_endpoint.items():
+            unknown = sorted(set(settings) - known)
+            if unknown:
+                raise ConfigError(f"unknown settings {unknown} (the spec fixes {list(SPEC_SETTINGS)}); "
+                                  f"known: {sorted(known)}, time_scale and the endpoints {list(names)}")
+            if settings:
+                configs[name] = replace(self.endpoints[name].config, **settings)
+        return time_scale, configs
+
+
+class _Collector:
+    """Prometheus view of the same counters as /v1/stats (so a reset shows as a counter reset)."""
+
+    def __init__(self, standin: StandIn) -> None:
+        self._standin = standin
+
+    def collect(self) -> list[Metric]:
+        requests = CounterMetricFamily("ai_service_requests", "AI requests by endpoint and outcome",
+                                       labels=["endpoint", "outcome"])
+        gauges = {key: GaugeMetricFamily(f"ai_service_{key}", help_text, labels=["endpoint"])
+                  for key, help_text in (("in_flight", "Requests being served now"),
+                                         ("max_in_flight", "Highest concurrency since the last reset"),
+                                         ("limit", "Concurrency limit; beyond it requests get 429"),
+                                         ("duplicate_served",
+                                          "200 answers beyond the first per request since the last reset"),
+                                         ("latency_seconds",
+                                          "Configured (median) latency after the time scale"))}
+        tokens = CounterMetricFamily("ai_service_tokens", "Actual tokens of served answers (input, output)",
+                                     labels=["endpoint", "kind"])
+        stats = self._standin.stats()
+        for name in self._standin.endpoints:
+            snapshot = stats[name]
+            for counter in COUNTERS:
+                requests.add_metric([name, counter], snapshot[counter])
+            for counter in TOKEN_COUNTERS:
+                tokens.add_metric([name, counter.removeprefix("tokens_")], snapshot[counter])
+            gauges["in_flight"].add_metric([name], snapshot["in_flight"])
+            gauges["max_in_flight"].add_metric([name], snapshot["max_in_flight"])
+            gauges["limit"].add_metric([name], snapshot["limit_in_force"])
+            gauges["duplicate_served"].add_metric([name], snapshot["duplicate_served"])
+            gauges["latency_seconds"].add_metric([name], snapshot["config"]["scaled_latency_s"])
+        scale = GaugeMetricFamily("ai_service_time_scale", "Factor applied to every duration",
+                                  value=self._standin.time_scale)
+        return [requests, tokens, *gauges.values(), scale]
