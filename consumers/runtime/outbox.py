@@ -40,6 +40,8 @@ from consumers.runtime.storage import Key, Origin
 log = logging.getLogger(__name__)
 
 DELIVERY_TIMEOUT_S = 30.0
+# Errors that say the cluster did not answer in time (the client's and the broker's)
+TIMEOUTS = frozenset({KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT})
 Position = tuple[str, int]
 
 
@@ -107,6 +109,7 @@ class TransactionalOutbox:
         self._handed: dict[Position, dict[int, _Handed]] = {}
         self._unmarked: list[Key] = []  # committed, notified_at not written yet (database down)
         self._in_doubt: _InDoubt | None = None
+        self._timed_out = False  # a call timed out since the last commit
         self.transactions = 0
         self.aborted = 0
         self.replaced = 0
@@ -164,12 +167,16 @@ class TransactionalOutbox:
                 raise
             log.warning("transaction of %s failed: %s", sorted(positions), error)
             self.aborted += 1
+            self._timed_out = self._timed_out or error.code() in TIMEOUTS
+            if error.fatal():
+                self._fenced(error)
             if not error.fatal() and self._abort(deadline):
                 self._give_back(taken)
             else:
                 self._replace(positions, taken)
             return False
         self.transactions += 1
+        self._timed_out = False
         self._mark_notified([h.settles for h in taken.values() if h.settles is not None])
         return True
 
@@ -224,7 +231,18 @@ class TransactionalOutbox:
             return True
         except KafkaException as exc:
             log.warning("abort failed: %s", exc.args[0])
+            self._timed_out = self._timed_out or exc.args[0].code() in TIMEOUTS
+            if exc.args[0].fatal():
+                self._fenced(exc.args[0])
             return False
+
+    def _fenced(self, error: KafkaError) -> None:
+        """A producer fenced with no timeout before it was fenced by another of its id: this
+        member is a zombie (its partitions' new owner runs under the same name), and goes down.
+        After a timeout the client reports its own epoch bump as "fenced by a newer instance"
+        too; that producer is only replaced (`_replace`)."""
+        if not self._timed_out:
+            raise TransactionFenced(f"transactional producer fenced: {error}")
 
     def _replace(self, positions: dict[Position, int], taken: dict[tuple[str, int, int], _Handed]) -> None:
         """A producer that cannot say how its transaction ended (fenced by its own epoch bump

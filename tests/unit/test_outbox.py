@@ -12,7 +12,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from consumers.config.kafka_connection import KafkaConnection
 from consumers.runtime import outbox
-from consumers.runtime.outbox import DirectOutbox, Outgoing, TransactionalOutbox
+from consumers.runtime.outbox import DirectOutbox, Outgoing, TransactionalOutbox, TransactionFenced
 from consumers.runtime.storage import Key, Origin
 
 
@@ -216,14 +216,29 @@ def produced(fakes: list[FakeTransactions]) -> list[bytes]:
     return [c[2] for f in fakes for c in f.calls if c[0] == "produce"]
 
 
-def test_a_producer_fenced_mid_commit_is_replaced_and_its_aborted_outputs_go_with_the_next(
+TIMED_OUT = KafkaError(KafkaError._TIMED_OUT, retriable=True)
+FENCED = KafkaError(KafkaError._FENCED, fatal=True)
+
+
+def test_a_producer_fenced_out_of_the_blue_takes_the_member_down(fake: list[FakeTransactions]) -> None:
+    # another producer of its id started: its partitions' new owner runs under its name
+    box = transactional(Notified())
+    hand(box, 0, 5, b"a")
+    fake[0].fail["commit"] = FENCED
+    with pytest.raises(TransactionFenced):
+        box.commit({("in", 0): 6}, Group())  # type: ignore[arg-type]
+
+
+def test_a_producer_fenced_after_a_timeout_is_replaced_and_its_aborted_outputs_go_with_the_next(
         fake: list[FakeTransactions], cluster: Cluster) -> None:
     # librdkafka reports its own epoch bump after a timed-out request as a fatal "fenced by a
     # newer instance": the producer cannot say whether the commit went through
     box = transactional(Notified())
     group = Group(cluster)
     hand(box, 0, 5, b"a")
-    fake[0].fail["commit"] = KafkaError(KafkaError._FENCED, fatal=True)
+    fake[0].fail["offsets"] = TIMED_OUT
+    assert box.commit({("in", 0): 6}, group) is False  # type: ignore[arg-type]
+    fake[0].fail["commit"] = FENCED
     assert box.commit({("in", 0): 6}, group) is False  # type: ignore[arg-type]
     assert len(fake) == 2 and box.replaced == 1
     # the coordinator did not commit it (no offset reached 6): the output goes again, once
@@ -240,17 +255,20 @@ def test_a_commit_that_went_through_unreported_is_not_sent_again(
     group = Group(cluster)
     hand(box, 0, 5, b"a", KEY)
     hand(box, 1, 2, b"x")
+    fake[0].fail["offsets"] = TIMED_OUT
+    assert box.commit({("in", 0): 6, ("in", 1): 3}, group) is False  # type: ignore[arg-type]
 
     def committed_then_fenced(timeout: float) -> None:  # the answer to a commit that happened is lost
         cluster.committed.update({("in", 0): 6, ("in", 1): 3})
-        raise KafkaException(KafkaError(KafkaError._FENCED, fatal=True))
+        raise KafkaException(FENCED)
 
     fake[0].commit_transaction = committed_then_fenced  # type: ignore[method-assign]
     assert box.commit({("in", 0): 6, ("in", 1): 3}, group) is False  # type: ignore[arg-type]
     hand(box, 0, 6, b"b")
     assert box.commit({("in", 0): 7, ("in", 1): 3}, group) is True  # type: ignore[arg-type]
-    assert produced(fake) == [b"a", b"x", b"b"]  # a and x once, in the transaction that committed
-    assert notified.keys == [KEY] and box.waiting() == 0
+    # a and x went once, with the transaction that committed; the aborted first one is not read
+    assert produced(fake[1:]) == [b"b"] and box.waiting() == 0
+    assert notified.keys == [KEY]
 
 
 def test_a_cluster_that_stops_answering_never_holds_a_commit_past_its_budget(
@@ -275,7 +293,9 @@ def test_partitions_given_back_while_a_commit_is_in_doubt_are_not_settled_by_thi
     group = Group(cluster)
     hand(box, 0, 5, b"a")
     hand(box, 1, 5, b"b")
-    fake[0].fail["commit"] = KafkaError(KafkaError._FENCED, fatal=True)
+    fake[0].fail["offsets"] = TIMED_OUT
+    box.commit({("in", 0): 6, ("in", 1): 6}, group)  # type: ignore[arg-type]
+    fake[0].fail["commit"] = FENCED
     assert box.commit({("in", 0): 6, ("in", 1): 6}, group) is False  # type: ignore[arg-type]
     box.drop([("in", 0)])  # its next owner handles offset 5 again and sends its output
     assert box.commit({("in", 1): 6}, group) is True  # type: ignore[arg-type]
