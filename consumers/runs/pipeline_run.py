@@ -23,8 +23,9 @@ from consumers.config.kafka_connection import KafkaAccess
 from consumers.kafka_clients import acls
 from consumers.kafka_clients.provisioning import delete, provision
 from consumers.loadgen.source import SourceReport, send_in_process
-from consumers.runtime.fleet import Fleet, settings_for
+from consumers.runtime.fleet import Fleet
 from consumers.runtime.fleet_process import FleetProcess
+from consumers.runtime.fleet_settings import settings_for
 from consumers.runtime.storage import Storage
 from measure.figures import TERMINAL
 

@@ -20,24 +20,29 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import ConsumerGroupState, KafkaException
 
 from consumers.ai.circuit import Circuit
-from consumers.ai.client import AIClient, Endpoint, RetryPolicy
+from consumers.ai.client import AIClient, Endpoint
 from consumers.ai.concurrency_limit import AdaptiveLimit
 from consumers.ai.rate_budget import RateBudget
 from consumers.config import events, kafka_connection, pipeline_spec, profiles
 from consumers.config.candidate import ENDPOINTS_ENV, KEYS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
-from consumers.config.kafka_connection import KafkaAccess
-from consumers.config.pipeline_spec import HttpWork
 from consumers.kafka_clients.producer import KeyedProducer
 from consumers.runtime import metrics, start_up_heap, storage
 from consumers.runtime.batch_member import BatchMember
+from consumers.runtime.fleet_settings import (
+    FleetSettings,
+    MissingEndpoint,
+    check_endpoint,
+    member_name,
+    settings_for,
+)
 from consumers.runtime.flow_member import FlowMember
-from consumers.runtime.member import MemberSettings, StageMember
+from consumers.runtime.member import StageMember
 from consumers.runtime.outbox import DirectOutbox
 from consumers.runtime.share_member import ShareMember
 from consumers.runtime.stages import StageContext
@@ -51,7 +56,6 @@ MEMBER_KINDS: dict[str, type[StageMember]] = {"baseline": BatchMember, "bounded"
 
 CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}  # the gauge's values
 
-CLAIM_MARGIN_S = 2.0  # clock and database round trips between a lease's renewal and its try
 CHANGES_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's and a circuit's changes are written
 # A record's transactions take a millisecond on an idle machine, but tens of them when the
 # machine is saturated, and an AI stage's workers come back from their calls in waves: with 16
@@ -60,71 +64,14 @@ CHANGES_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's and a circuit's
 DB_CONNECTIONS = 48
 
 
-class MissingEndpoint(ValueError):
-    """The fleet's stage calls an AI endpoint the fleet was given no URL for."""
-
-
-def check_endpoint(spec: pipeline_spec.PipelineSpec, settings: FleetSettings) -> None:
-    """Refuse a fleet whose stage calls an AI endpoint it has no URL for. Started anyway, it would
-    join its group and fail on the first record that needs the call; under a supervisor it would
-    then start again, join again and fail again, each time moving the group's partitions."""
-    work = spec.stages[settings.member.stage].work
-    if isinstance(work, HttpWork) and not settings.ai_url:
-        raise MissingEndpoint(
-            f"stage {settings.member.stage!r} calls AI endpoint {work.endpoint!r} of pipeline "
-            f"{spec.name}, and the fleet was given no URL for it: pass --ai-endpoints "
-            f"'{{\"{work.endpoint}\": \"<url>\"}}' or set {ENDPOINTS_ENV}")
-
-
 def epoch_of(steady_s: float) -> float:
     """The epoch seconds, for the record, of a reading of time.monotonic (an adaptive limit's
     changes are stamped on the steady clock its deadlines run on)."""
     return time.time() - (time.monotonic() - steady_s)
 
 
-def member_name(stage: str, index: int, instance: str | None = None) -> str:
-    """`<stage>-<n>`, or `<stage>-<instance>-<n>` when several processes run a stage's members;
-    the stage comes first, which is how the platform's queries group members by stage."""
-    return f"{stage}-{instance}-{index}" if instance else f"{stage}-{index}"
-
-
 class MembersStuck(RuntimeError):
     """Members still running after the shutdown deadline."""
-
-
-@dataclass(frozen=True)
-class FleetSettings:
-    """A stage's fleet: how many members, how each consumes, which AI endpoints it calls."""
-
-    member: MemberSettings
-    members: int
-    prefix: str
-    database_url: str
-    pipeline: str = pipeline_spec.REFERENCE
-    key_strategy: str = "uuid"  # keys of the events this stage sends downstream
-    ai_url: str | None = None  # the stage's AI endpoint, when its work calls one
-    ai_endpoint: str = ""  # its name in the pipeline spec
-    ai_timeout_s: float = 10.0
-    ai_auth_header: str | None = None
-    ai_calls: int | None = None  # AI calls in flight across the fleet, apart from records held
-    adaptive: bool = False  # the AI calls in flight follow a limit discovered from the endpoint
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    shutdown_deadline_s: float = 30.0
-    instance: str | None = None  # tells this process's members from another's (a pod's name)
-
-    @property
-    def claim_lease_s(self) -> float:
-        """How long a (request, stage) claim outlives its last renewal. Renewed before each
-        try, it must cover one try (bounded as a whole by the AI timeout, not per socket read:
-        `ai_client._read_within`) and the backoff before the next; it is also how long a
-        member that died mid-call holds up the copy of its record that a new member consumes."""
-        return self.ai_timeout_s + self.retry.backoff_max_s + CLAIM_MARGIN_S
-
-    @property
-    def assignment_timeout_s(self) -> float:
-        """How long the members may take to get their partitions: a classic group settles one
-        join round at a time, so large fleets get longer."""
-        return 60.0 + 2.0 * self.members
 
 
 class Fleet:
@@ -291,30 +238,6 @@ class Fleet:
             yield self
         finally:
             self.stop()
-
-
-def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events.Topics,
-                 kafka: KafkaAccess, database_url: str, endpoints: Endpoints) -> FleetSettings:
-    """The fleet of one stage of a pipeline configuration, running as the stage's principal."""
-    stage_cfg = config.stage(stage)
-    member = MemberSettings(
-        run_id=run_id, stage=stage, mode=stage_cfg.mode, group_id=topics.group_of(stage),
-        kafka=kafka.of(stage), profile=config.profile, time_scale=config.time_scale,
-        group_protocol=config.group_protocol, batch_size=stage_cfg.batch_size,
-        window=stage_cfg.window, buffer=4 * stage_cfg.window,
-        revoke_deadline_s=config.shutdown_deadline_s, stats_interval_ms=config.stats_interval_ms,
-        exactly_once=config.exactly_once_for(stage),
-        producer_batch_records=config.producer_batch_records(stage))
-    work = topics.spec.stages[stage].work
-    return FleetSettings(
-        member=member, members=stage_cfg.members, prefix=topics.prefix, database_url=database_url,
-        pipeline=config.pipeline, key_strategy=config.key_strategy,
-        ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
-        ai_endpoint=work.endpoint if isinstance(work, HttpWork) else "",
-        ai_timeout_s=config.ai_timeout(stage),
-        ai_auth_header=endpoints.auth_for(work.endpoint) if isinstance(work, HttpWork) else None,
-        ai_calls=stage_cfg.ai_calls, adaptive=stage_cfg.adaptive, retry=config.retry(stage),
-        shutdown_deadline_s=config.shutdown_deadline_s)
 
 
 def config_from_args(args: argparse.Namespace) -> PipelineConfig:

@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from multiprocessing.synchronize import Event
 
 from consumers.runtime import start_up_heap
-from consumers.runtime.fleet import Fleet, FleetSettings
+from consumers.runtime.fleet import Fleet
+from consumers.runtime.fleet_settings import FleetSettings
 
 
 def _serve(settings: FleetSettings, ready: Event, stop: Event, parent: int) -> None:

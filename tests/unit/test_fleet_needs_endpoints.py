@@ -15,7 +15,8 @@ import pytest
 from consumers.config import events, pipeline_spec
 from consumers.config.candidate import ENDPOINTS_ENV, Endpoints, PipelineConfig
 from consumers.config.kafka_connection import KafkaAccess
-from consumers.runtime.fleet import Fleet, MissingEndpoint, settings_for
+from consumers.runtime.fleet import Fleet
+from consumers.runtime.fleet_settings import MissingEndpoint, settings_for
 
 REPO = Path(__file__).resolve().parents[2]
 NOWHERE_DB = "postgresql://nobody@127.0.0.1:1/none"  # refused, were it tried

@@ -30,7 +30,7 @@ from kubernetes.client.rest import ApiException
 
 from consumers.config import kafka_connection, pipeline_spec, presets
 from consumers.config.candidate import Endpoints, PipelineConfig
-from consumers.runtime.fleet import member_name
+from consumers.runtime.fleet_settings import member_name
 from host.files import write_private
 from pipeline_ops.fleets import manifests
 from pipeline_ops.fleets.backend import FleetEnvironment
