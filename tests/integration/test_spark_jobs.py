@@ -422,8 +422,8 @@ def assert_agree(bench_side: dict, spark_side: dict) -> None:
 
 
 def spark_document(stack: Stack, spark: SparkSession, run_id: str) -> dict:
-    frames = pipeline_analysis.load_run(spark, job_io.jdbc_from(stack.database_url), run_id)
-    return pipeline_analysis.analyse(frames, run_id)
+    frames = pipeline_analysis.load_runs(spark, job_io.jdbc_from(stack.database_url), [run_id])
+    return pipeline_analysis.analyse(frames, [run_id])[run_id]
 
 
 def test_bench_and_spark_agree_on_a_synthetic_run(stack: Stack, spark: SparkSession,

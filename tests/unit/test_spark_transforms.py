@@ -164,8 +164,11 @@ def test_collect_sorted_puts_nulls_first_as_spark_sorts(spark: SparkSession) -> 
 
 # --- pipeline analysis ------------------------------------------------------------------------
 
+RUN = "run-x"
+
+
 def run_frames(spark: SparkSession) -> pipeline_analysis.RunFrames:
-    """A small run: 5 requests (3 completed, 1 rejected, 1 dead-lettered), stages check and
+    """A small run (RUN): 5 requests (3 completed, 1 rejected, 1 dead-lettered), stages check and
     generate, 3 members, two consumer groups."""
     requests = spark.createDataFrame(
         [(P, "r1", "completed", at(0), at(1), at(1.5)), (P, "r2", "completed", at(0.5), at(2.5), None),
@@ -195,12 +198,19 @@ def run_frames(spark: SparkSession) -> pipeline_analysis.RunFrames:
     # r5's dead letter ends it at 6.0; r1's (a completed request) and another pipeline's r5 do not count
     dead_letters = spark.createDataFrame([(P, "r5", at(6.0)), (P, "r1", at(50.0)), ("other", "r5", at(40.0))],
                                          "pipeline string, request_id string, at timestamp")
-    return pipeline_analysis.RunFrames(requests, stage_results, attempts, rebalances, dead_letters)
+    frames = (requests, stage_results, attempts, rebalances, dead_letters)
+    return pipeline_analysis.RunFrames(*(in_run(frame) for frame in frames))
+
+
+def in_run(frame: DataFrame, run_id: str = RUN) -> DataFrame:
+    """The frame's rows as rows of `run_id`, the column every pipeline_analysis frame carries."""
+    return frame.select(F.lit(run_id).alias("run_id"), "*")
 
 
 def test_completions_per_stage_and_bucket(spark: SparkSession) -> None:
     frames = run_frames(spark)
     rows = by(collect(pipeline_analysis.completions(frames.stage_results, 2)), "stage", "bucket_start")
+    assert {r["run_id"] for r in rows.values()} == {RUN}
     assert {k: r["completions"] for k, r in rows.items()} == {
         ("check", T0_S + 10): 2, ("check", T0_S + 12): 1, ("generate", T0_S + 10): 2,
         ("generate", T0_S + 20): 1, ("generate", T0_S + 32): 1}
@@ -230,7 +240,7 @@ def test_end_to_end_latency_counts_completed_requests_only(spark: SparkSession) 
         [("a", "completed", at(0), at(2), at(3)), ("b", "rejected", at(0), at(0.2), at(0.4))],
         "request_id string, status string, produced_at timestamp, finished_at timestamp, "
         "notified_at timestamp")
-    rows = by(collect(pipeline_analysis.end_to_end_latency(requests)), "measure")
+    rows = by(collect(pipeline_analysis.end_to_end_latency(in_run(requests))), "measure")
     assert (rows["finished"]["count"], rows["finished"]["p50"]) == (1, pytest.approx(2.0))
     assert (rows["notified"]["count"], rows["notified"]["p50"]) == (1, pytest.approx(3.0))
 
@@ -238,10 +248,10 @@ def test_end_to_end_latency_counts_completed_requests_only(spark: SparkSession) 
 def test_last_terminal_state_is_a_rejection_finishing_last(spark: SparkSession) -> None:
     frames = run_frames(spark)
     requests = frames.requests.unionByName(spark.createDataFrame(
-        [(P, "r6", "rejected", at(4), at(7.5), None), (P, "r7", "checking", at(5), None, None)],
+        [(RUN, P, "r6", "rejected", at(4), at(7.5), None), (RUN, P, "r7", "checking", at(5), None, None)],
         frames.requests.schema))
-    last = pipeline_analysis.last_terminal_us(dataclasses.replace(frames, requests=requests))
-    assert last == (T0_S + 7.5) * 1_000_000  # r6's rejection, after r5's dead letter at 6
+    doc = pipeline_analysis.analyse(dataclasses.replace(frames, requests=requests), [RUN])[RUN]
+    assert doc["last_terminal_at"] == at(7.5).isoformat()  # r6's rejection, after r5's dead letter at 6
 
 
 def test_stage_latency_counts_successful_attempts_only(spark: SparkSession) -> None:
@@ -256,7 +266,7 @@ def test_band_work_counts_ok_call_seconds_inside_the_band_and_calls_ended_in_it(
     # band 1.5 -> 3.5 s: check's ok calls 0-1 (0 s), 1-3 (1.5 s, ended), 3-6 (0.5 s), 0-4 (2 s);
     # generate's 0-2 (0.5 s, ended), 2-3 (1 s, ended); the timeout does not count
     band = (at(1.5).timestamp(), at(3.5).timestamp())
-    rows = by(collect(pipeline_analysis.band_work(run_frames(spark).attempts, band)), "stage")
+    rows = by(collect(pipeline_analysis.band_work(run_frames(spark).attempts, {RUN: band})), "stage")
     assert (rows["check"]["busy_s"], rows["check"]["calls"]) == (pytest.approx(4.0), 1)
     assert (rows["generate"]["busy_s"], rows["generate"]["calls"]) == (pytest.approx(1.5), 2)
 
@@ -278,7 +288,7 @@ def test_duplicate_calls_count_calls_interrupted_by_a_crash(spark: SparkSession)
          ("r3", "generate", "m1", "http_5xx", at(2), at(5)), ("r3", "generate", "m1", "ok", at(6), at(9))],
         "request_id string, stage string, member string, outcome string, started_at timestamp, "
         "ended_at timestamp")
-    repeated = collect(pipeline_analysis.repeated_calls(attempts))
+    repeated = collect(pipeline_analysis.repeated_calls(in_run(attempts)))
     # r1: a call cut short by a crash, then the takeover's call -> 2 calls; r2: one interrupted
     # call alone; r3: a 5xx produced nothing, then one ok.
     assert [(r["request_id"], r["stage"], r["calls"]) for r in repeated] == [("r1", "generate", 2)]
@@ -287,7 +297,7 @@ def test_duplicate_calls_count_calls_interrupted_by_a_crash(spark: SparkSession)
 def test_rebalance_windows_merge_and_cost_idle_buckets(spark: SparkSession) -> None:
     frames = run_frames(spark)
     run_end = (T0_S + 33.2) * 1_000_000  # the last generate completion, after the last event
-    windows = pipeline_analysis.rebalance_windows(frames.rebalances, int(run_end))
+    windows = pipeline_analysis.rebalance_windows(frames.rebalances, {RUN: int(run_end)})
     costed = collect(pipeline_analysis.rebalance_cost(windows, frames.stage_results, "generate", 1))
     got = sorted((w["group_id"], w["start_us"], w["end_us"], w["events"], w["cost_seconds"]) for w in costed)
     us = 1_000_000
@@ -302,7 +312,7 @@ def test_rebalance_windows_merge_and_cost_idle_buckets(spark: SparkSession) -> N
 
 
 def test_analyse_document(spark: SparkSession) -> None:
-    doc = pipeline_analysis.analyse(run_frames(spark), "run-x", bucket_seconds=1)
+    doc = pipeline_analysis.analyse(run_frames(spark), [RUN], bucket_seconds=1)[RUN]
     assert (doc["requests"], doc["completed"]) == (5, 3)
     assert doc["status"] == {"completed": 3, "dead_lettered": 1, "rejected": 1}
     # first produced at 0; last terminal state: r5's dead letter at 6 (after r3's finish at 4)
@@ -319,6 +329,28 @@ def test_analyse_document(spark: SparkSession) -> None:
                                                                     pytest.approx(3.2)]
     assert doc["completions"]["generate"][0] == {"bucket_start": at(10).isoformat(), "completions": 1}
     assert doc["latency_s"]["stages"]["generate"]["p99"] == pytest.approx(1.99)
+
+
+def test_runs_analysed_together_get_the_documents_each_gets_alone(spark: SparkSession) -> None:
+    frames = run_frames(spark)
+
+    def later(frame: DataFrame) -> DataFrame:
+        """A second run's rows: the first's without r4 and r5, 100 s later, under run-y."""
+        if "request_id" in frame.columns:
+            frame = frame.where(~F.col("request_id").isin("r4", "r5"))
+        shift = F.expr("INTERVAL 100 SECONDS")
+        return frame.select(*(F.lit("run-y").alias(name) if name == "run_id"
+                              else (F.col(name) + shift).alias(name) if kind == "timestamp"
+                              else F.col(name) for name, kind in frame.dtypes))
+
+    other = pipeline_analysis.RunFrames(*(later(f) for f in frames.frames()))
+    both = pipeline_analysis.RunFrames(*(a.unionByName(b) for a, b in zip(
+        frames.frames(), other.frames(), strict=True)))
+    together = pipeline_analysis.analyse(both, [RUN, "run-y", "run-z"])
+    assert together[RUN] == pipeline_analysis.analyse(frames, [RUN])[RUN]
+    assert together["run-y"] == pipeline_analysis.analyse(other, ["run-y"])["run-y"]
+    assert together["run-y"]["requests"] == 3 and together["run-y"]["rebalances"]["windows"]
+    assert (together["run-z"]["requests"], together["run-z"]["span_s"]) == (0, None)  # no rows
 
 
 # --- sizing and helpers -----------------------------------------------------------------------
