@@ -192,6 +192,7 @@ class Phase:
             ended = self.fleet_pids()
             record["fleet_pids"] = {s: {"start": pid, "end": ended[s]} for s, pid in started.items()}
             self.fleets.stop()
+            self._finish_run()
             record.update(self.figures(window.start, window.end, window.detail.get("records", []),
                                        record["produced"], record["load_ended"]))
         except Exception as exc:  # noqa: BLE001 - one fault that cannot run must not stop the others
@@ -227,6 +228,14 @@ class Phase:
         self.fleets.start()
         self.fleets.wait_stable()
         requests.post(f"{self.env['AI_SERVICE_URL']}/v1/stats/reset", timeout=10).raise_for_status()
+
+    def _finish_run(self) -> None:
+        """The run's end time, as every run the platform drives records it."""
+        storage = Storage(self.env["DATABASE_URL"], pool_size=1)
+        try:
+            storage.finish_run(self.run_id)
+        finally:
+            storage.close()
 
     def load(self) -> subprocess.Popen[str]:
         """Start the steady load and let it run up to the fault."""

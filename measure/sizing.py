@@ -7,8 +7,8 @@ so t_consume = concurrency / service time. Every rate is in the same unit (recor
 for all three). Partitions can only grow, and growing them changes which partition a key hashes
 to, so a result above the current count comes with that warning.
 
-Plain Python: provisioning (and so every DAG that provisions) and the Spark job
-`spark/partition_sizing.py` share it without importing PySpark.
+Plain Python: provisioning (and so every DAG that provisions) and the Spark skew diagnosis
+(`spark/partition_load.py`) share it without importing PySpark.
 """
 
 from __future__ import annotations

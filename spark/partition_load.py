@@ -363,7 +363,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="JSON object (or a file holding one): topic -> the partition-sizing inputs "
                              "for the rate it must carry (target, produce_per_partition, and "
                              "consume_per_partition or concurrency_per_partition and service_time_s, as "
-                             "spark/partition_sizing.py takes them); an evenly loaded topic with fewer "
+                             "measure/sizing.py takes them); an evenly loaded topic with fewer "
                              "partitions than the formula asks for is diagnosed too_few_partitions")
     args = parser.parse_args(argv)
     args.kafka = kafka_connection.from_args(args, parser).default

@@ -2,7 +2,7 @@
 
 The standard figures are defined in `measure/figures.py` (its docstring says what each means):
 this job gets their aggregates with DataFrames, and the driver turns the small results into
-figures with that module, as `bench/figures.py` does from SQL. Per run it computes:
+figures with that module, as `consumers/runs/run_figures.py` does from SQL. Per run it computes:
 
 - completions per stage and epoch-aligned bucket of `--bucket-seconds` (`stage_results` rows of
   any outcome: the stage finished with the request);

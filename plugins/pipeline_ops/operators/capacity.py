@@ -9,7 +9,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from consumers.config import events
-from consumers.runs import capacity_search as capacity
+from consumers.runs import capacity_search
 from consumers.runs.pipeline_run import Pipeline
 from consumers.runs.run_figures import burst_figures
 from pipeline_ops import report
@@ -42,7 +42,7 @@ class CapacitySearchOperator(BaseOperator):
         limit, burst = int(self.ai_limit), int(self.burst)
         if limit < 1 or burst < 1:
             raise ValueError(f"ai_limit and burst must be positive, got {limit} and {burst}")
-        objective = capacity.Objective(p99_s=float(self.p99_objective_s),
+        objective = capacity_search.Objective(p99_s=float(self.p99_objective_s),
                                        lag_growth=float(self.lag_growth), step_s=float(self.step_s),
                                        precision=float(self.precision), max_steps=int(self.max_steps))
         registry = ConfigRegistry(self.conns.postgres)
@@ -56,9 +56,9 @@ class CapacitySearchOperator(BaseOperator):
             pipeline = Pipeline(self.run_id, events.Topics(self.run_id, config.spec), config, env.kafka,
                                 env.database_url)
 
-            def step(rate: float) -> capacity.Step:
+            def step(rate: float) -> capacity_search.Step:
                 run_id = f"{self.run_id}-s{next(numbers)}"
-                result = capacity.run_step(pipeline, run_id, rate, objective, limit, self.timeout_s)
+                result = capacity_search.run_step(pipeline, run_id, rate, objective, limit, self.timeout_s)
                 self.log.info("step at %.2f rps: %s", rate, result.summary())
                 return result
 
@@ -66,7 +66,7 @@ class CapacitySearchOperator(BaseOperator):
             if not calibration["capacity_rps"]:
                 raise RuntimeError("the calibration burst measured no AI capacity: no call succeeded")
             self.log.info("calibration: AI capacity %.2f rps", calibration["capacity_rps"])
-            best, steps = capacity.search(step, 0.9 * calibration["capacity_rps"], objective)
+            best, steps = capacity_search.search(step, 0.9 * calibration["capacity_rps"], objective)
         result = {"version": version.version, "name": version.name, "pipeline": config.pipeline,
                   "run_id": self.run_id,
                   "max_sustainable_rps": best, "ai_capacity_rps": calibration["capacity_rps"],
