@@ -50,24 +50,18 @@ UNIFORM_MASK = (1 << 53) - 1
 DISTINCT_KEYS_COST = ("about 1.7x the job's time: on 10 M records here the best of three runs took "
                       "12.5-12.7 s against 7.3-7.6 s without it")
 # DataSketches HLL of the keys (--distinct-keys): a hashed coupon per key up to about 196k
-# distinct keys per partition (30k counted exactly in a test, 10M uuid keys over 64 partitions within 0.02 %),
-# beyond that 2^21 registers, a relative standard error of about 0.07 %; at most 2 MiB a sketch.
+# distinct keys per partition, beyond that 2^21 registers (a relative standard error of about
+# 0.07 %); at most 2 MiB a sketch.
 KEY_SKETCH_LG_K = 21
-# The scan's Kafka consumer settings (each task's consumer reads one partition; ten million
-# 100-byte records over 64 partitions, warm session, measured here):
-# - fetch.max.wait.ms 500 -> 10: each consumer otherwise ends on a fetch the broker holds for the
-#   full wait at the log end, 0.5 s per partition (2-3x the scan time).
-# - max.poll.records 500 -> 10,000 and max.partition.fetch.bytes 1 -> 8 MiB: after every poll the
-#   connector seeks and asks the broker for the partition's earliest and latest offsets, so the
-#   scan's cost follows its number of polls; a poll now takes what one fetch brings. Bare scan
-#   median 7.8 s at 2,000 records a poll with 8 MiB fetches, 6.0 s at 10,000 (20,000 no better),
-#   8.0 s at 10,000 with 1 MiB fetches. The connector keeps each partition's last poll after its
-#   task ends (about 4,300 records a partition here, some 60 MiB a query), which
-#   spark/session.py lets go sooner.
-# - receive.buffer.bytes 64 KiB -> 2 MiB, as Kafka's ConsumerPerformance sets it.
-# - no JMX reporter, no client-metrics push: every task builds a consumer, and registering its
-#   metrics as MBeans and asking the broker for a telemetry subscription cost each one CPU
-#   time for figures nobody reads (median 9.4 -> 8.5 s at 2,000 records a poll).
+# The scan's Kafka consumer settings; each task's consumer reads one partition (the figures
+# behind them: docs/analysis.md, "Speed against Kafka's own consumer"):
+# - fetch.max.wait.ms 10: each consumer otherwise ends on a fetch the broker holds for the full
+#   wait at the log end, per partition;
+# - max.poll.records 10,000 and max.partition.fetch.bytes 8 MiB: the connector seeks and asks the
+#   broker for the partition's offsets after every poll, so the scan's cost follows its polls;
+# - receive.buffer.bytes 2 MiB, as Kafka's ConsumerPerformance sets it;
+# - no JMX reporter, no client-metrics push: every task builds a consumer, and both cost it CPU
+#   time for figures nobody reads;
 # - read_committed, as the platform's consumers: a stage with exactly-once outputs leaves the
 #   records of its aborted transactions in its topics, which no reader of them may count.
 SCAN_CONSUMER = {
