@@ -27,13 +27,13 @@ must survive, a raising request not dead-lettered exactly once with its exceptio
 that could not be measured).
 
 Why this setup:
-- The durability profile (RF 3, min ISR 2, acks=all, idempotent producers, each stage's
-  outputs and offsets in one Kafka transaction) with the `flow` preset on 16 partitions: the
-  configuration that is meant to survive a broker, so the one whose guarantees are worth
-  testing. Every phase reads every topic the stages write with Kafka's own console consumer,
-  `read_committed`, and an exactly-once phase fails on an event seen twice.
-  `--preset flow-at-least-once` (make faults PRESET=flow-at-least-once) runs the faults with
-  outputs sent as each record is done instead.
+- The durability profile (RF 3, min ISR 2, acks=all, idempotent producers) with the
+  `flow-exactly-once` preset (each stage's outputs and offsets in one Kafka transaction) on 16
+  partitions: the configuration that is meant to survive a broker and a fleet's death, so the
+  one whose guarantees are worth testing. Every phase reads every topic the stages write with
+  Kafka's own console consumer, `read_committed`, and an exactly-once phase fails on an event
+  seen twice. `--preset flow` (make faults PRESET=flow) runs the faults with outputs sent as
+  each record is done instead.
 - AI time scale 0.25 and 16 concurrent calls per endpoint: capacity 16 / (3 s x 0.25) = 21.3
   requests/s, the reference scenario's ceiling (64 / 3 s) with calls four times shorter and
   four times fewer in flight. On this 2-core machine that keeps the fleets' threads and the
@@ -102,7 +102,7 @@ class Settings:
     baseline_s: float = 15.0  # the pre-fault rate is measured over the last seconds before it
     window_s: float = 5.0  # recovery: completions counted over this window
     drain_s: float = 90.0  # after the load, how long to wait for every request to settle
-    preset: str = "flow"
+    preset: str = "flow-exactly-once"
 
     @property
     def params(self) -> presets.PresetParams:
@@ -177,8 +177,7 @@ class Phase:
         allowed = self.fault.allowed_service_duplicates(self.config)
         record: dict[str, Any] = {"fault": self.fault.name, **self.fault.describe(), "run_id": self.run_id,
                                   "allowed_service_duplicates": allowed,
-                                  "exactly_once": all(self.config.exactly_once_for(stage)
-                                                      for stage in self.config.spec.stage_names)}
+                                  "exactly_once": self.config.exactly_once}
         source: subprocess.Popen[str] | None = None
         try:
             self.prepare()
@@ -317,7 +316,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--faults", default=",".join(f.name for f in FAULTS),
                    help=f"comma-separated, from: {', '.join(f.name for f in FAULTS)}")
-    p.add_argument("--preset", default=Settings.preset, choices=("flow", "flow-at-least-once"),
+    p.add_argument("--preset", default=Settings.preset, choices=("flow-exactly-once", "flow"),
                    help="the configuration under test (default %(default)s)")
     return p.parse_args(argv)
 

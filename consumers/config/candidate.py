@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.ai.client import RetryPolicy
-from consumers.config import pipeline_spec, profiles
+from consumers.config import pipeline_spec
 
 MIN_AI_TIMEOUT_S = 5.0
 WINDOW_MODES = ("flow", "share")
@@ -74,8 +74,9 @@ class PipelineConfig:
     shutdown_deadline_s: float = 30.0
     # Each stage's outputs and the input offsets they answer commit in one Kafka transaction, so
     # a read_committed reader sees every output once, even after a member died mid-burst.
-    # None: as the profile has it, for the stages that can (`exactly_once_for`).
-    exactly_once: bool | None = None
+    # Not the durability profile's default: a request's platform overhead grows tenfold, each
+    # hop's outputs waiting for their transaction's commit (docs/benchmarks.md).
+    exactly_once: bool = False
 
     @property
     def spec(self) -> pipeline_spec.PipelineSpec:
@@ -104,14 +105,6 @@ class PipelineConfig:
         if name not in self.spec.stages:
             raise ValueError(f"{self.pipeline} has no stage {name!r}; stages: {list(self.spec.stages)}")
         return StageConfig() if name in self.spec.ai_stages else StageConfig(mode="bounded", batch_size=50)
-
-    def exactly_once_for(self, stage: str) -> bool:
-        """Whether `stage`'s outputs are exactly once: as configured (a stage that cannot be is
-        refused when its fleet starts), else the profile's default for the modes that can."""
-        if self.exactly_once is not None:
-            return self.exactly_once
-        can = self.stage(stage).mode in profiles.TRANSACTIONAL_MODES
-        return can and profiles.get(self.profile).exactly_once
 
     def producer_batch_records(self, writer: str | None) -> int | None:
         """The records one producer batch may hold for what `writer` (a stage, or None for the

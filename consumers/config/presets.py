@@ -4,16 +4,14 @@ stages that call an AI endpoint; the others read with one flow member.
 
 baseline     no keys (sticky partitions), client defaults, 500-record batches processed before
              committing: the reference article's starting point
-tuned        a UUID key per event and bounded polls of one record: the article's fix, at least
-             once as the article has it
+tuned        a UUID key per event and bounded polls of one record: the article's fix
 flow         UUID keys and the flow-controlled consumer: a few members whose windows add up to
              FLOW_WINDOW_FACTOR times the AI concurrency, with the AI calls capped at the
              concurrency, so records that wait on writing their result or on an acknowledged
-             send never idle an AI slot; its outputs are exactly once, as the durability
-             profile has them (one Kafka transaction per member and commit, `consumers.runtime.outbox`)
+             send never idle an AI slot
 flow-kip848  `flow` with the KIP-848 consumer group protocol (`group.protocol=consumer`)
-flow-at-least-once  `flow` whose outputs are sent and acknowledged as each record is done, its
-             offsets committed after: what exactly once costs is the difference
+flow-exactly-once  `flow` whose stages send their outputs and commit their offsets in one Kafka
+             transaction per member and commit (`consumers.runtime.outbox`)
 flow-adaptive  `flow` told nothing of the AI concurrency: each fleet discovers its endpoint's
              limit while calling it (`consumers.ai.concurrency_limit`); the members' windows only
              cap it at ADAPTIVE_CEILING calls
@@ -31,7 +29,7 @@ from typing import Any
 from consumers.config import pipeline_spec
 from consumers.config.candidate import PipelineConfig, StageConfig
 
-NAMES = ("baseline", "tuned", "flow", "flow-kip848", "flow-at-least-once", "flow-adaptive", "share")
+NAMES = ("baseline", "tuned", "flow", "flow-kip848", "flow-exactly-once", "flow-adaptive", "share")
 ADAPTIVE_CEILING = 256  # calls in flight per AI stage, far above the published limits
 # Records in flight per AI call allowed. A record holds its place in the window for its call and
 # then while its result is written and its sends are acknowledged (Little's law: records in
@@ -116,11 +114,10 @@ def build(name: str, p: PresetParams) -> PipelineConfig:
     configs = {
         "baseline": replace(common, key_strategy="none", profile="latency").with_stages(
             **ai_stages(StageConfig("baseline", members=members))),
-        "tuned": replace(common, exactly_once=False).with_stages(
-            **ai_stages(StageConfig("bounded", members=members, batch_size=1))),
+        "tuned": common.with_stages(**ai_stages(StageConfig("bounded", members=members, batch_size=1))),
         "flow": flow,
         "flow-kip848": replace(flow, group_protocol="consumer"),
-        "flow-at-least-once": replace(flow, exactly_once=False),
+        "flow-exactly-once": replace(flow, exactly_once=True),
         "flow-adaptive": common.with_stages(**ai_stages(StageConfig(
             "flow", members=p.flow_members, window=ADAPTIVE_CEILING // p.flow_members, adaptive=True))),
         "share": common.with_stages(**ai_stages(StageConfig(

@@ -55,9 +55,6 @@ class Profile:
     topic: TopicSettings
     producer: dict[str, Any] = field(default_factory=dict)
     consumer: dict[str, Any] = field(default_factory=dict)
-    # Whether stages that can (TRANSACTIONAL_MODES) send their outputs and commit their offsets
-    # in one transaction unless the configuration says otherwise (`consumers.runtime.outbox`).
-    exactly_once: bool = False
 
 
 _DURABLE_PRODUCER = {"acks": "all", "enable.idempotence": True}
@@ -82,8 +79,7 @@ PROFILES: dict[str, Profile] = {
     ),
     "durability": Profile(
         "durability",
-        "the production default: RF=3, min ISR=2, acks=all, idempotence, no unclean election, "
-        "outputs exactly once",
+        "the production default: RF=3, min ISR=2, acks=all, idempotence, no unclean election",
         TopicSettings(replication_factor=3, min_insync_replicas=2),
         # A millisecond's linger, not 5: a stage sends at its AI's pace, tens to hundreds of
         # records a second over tens of partitions, so a batch waited its whole 5 ms for records
@@ -95,7 +91,6 @@ PROFILES: dict[str, Profile] = {
         producer={**_DURABLE_PRODUCER, "linger.ms": 1, "sticky.partitioning.linger.ms": 10,
                   "compression.type": "lz4"},
         consumer={"fetch.min.bytes": 1, "fetch.wait.max.ms": 100},
-        exactly_once=True,
     ),
     "availability": Profile(
         "availability",

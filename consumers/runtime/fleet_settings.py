@@ -83,7 +83,7 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
         group_protocol=config.group_protocol, batch_size=stage_cfg.batch_size,
         window=stage_cfg.window, buffer=4 * stage_cfg.window,
         revoke_deadline_s=config.shutdown_deadline_s, stats_interval_ms=config.stats_interval_ms,
-        exactly_once=config.exactly_once_for(stage),
+        exactly_once=config.exactly_once,
         producer_batch_records=config.producer_batch_records(stage))
     work = topics.spec.stages[stage].work
     return FleetSettings(

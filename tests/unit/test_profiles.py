@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import random
-from dataclasses import replace
 
 import pytest
 
 from consumers.ai.client import RetryPolicy
 from consumers.config import presets, profiles
-from consumers.config.candidate import PipelineConfig, StageConfig
 from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.producer import key_for
 
@@ -78,19 +76,8 @@ def test_key_strategies() -> None:
 
 
 
-def test_outputs_are_exactly_once_where_the_durability_profile_can_have_them() -> None:
-    config = PipelineConfig(pipeline="genai_image").with_stages(
-        check=StageConfig("flow"), generate=StageConfig("share"))
-    # intake takes the default of a stage without AI work: bounded batches
-    assert {s: config.exactly_once_for(s) for s in ("intake", "check", "generate")} == {
-        "intake": True, "check": True, "generate": False}
-    assert not replace(config, profile="latency").exactly_once_for("check")
-    assert not replace(config, exactly_once=False).exactly_once_for("check")
-    assert replace(config, exactly_once=True).exactly_once_for("generate")  # refused when its fleet starts
-
 
 @pytest.mark.parametrize(("preset", "expected"), [
-    ("flow", True), ("tuned", False), ("flow-at-least-once", False), ("baseline", False), ("share", False)])
+    ("flow-exactly-once", True), ("flow", False), ("tuned", False), ("baseline", False), ("share", False)])
 def test_which_presets_are_exactly_once(preset: str, expected: bool) -> None:
-    config = presets.build(preset, presets.PresetParams(pipeline="genai_image"))
-    assert {config.exactly_once_for(s) for s in config.spec.ai_stages} == {expected}
+    assert presets.build(preset, presets.PresetParams(pipeline="genai_image")).exactly_once is expected
