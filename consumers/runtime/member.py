@@ -73,7 +73,7 @@ class MemberSettings:
     batch_size: int = 1  # bounded
     window: int = 16  # flow: records in flight; share: records per poll, handled at once
     buffer: int = 64  # flow: application buffer that triggers a pause
-    commit_interval_s: float | None = None  # flow: None takes the outbox's (`commit_every_s`)
+    commit_interval_s: float | None = None  # flow; None: the default for its outputs (`commit_every_s`)
     revoke_deadline_s: float = 30.0
     stats_interval_ms: int = 0
     exactly_once: bool = False  # outputs and offsets in one transaction (`consumers.runtime.outbox`)
