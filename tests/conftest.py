@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -35,19 +36,23 @@ def cluster(stack: Stack) -> Stack:
 # share its metadata database, its port (a standalone Airflow of their own each) and the
 # promotion history that their checks read, and an Airflow scheduler would also take up the
 # tasks of an `airflow dags test` run of a DAG it finds unpaused.
+#
+# The Airflow unit is the longest, and the critical path: one worker runs it whole while the
+# other takes every other unit in the order below. Both hold the stack's AI stand-in and Spark
+# master (`stand_in_lock`, tests/integration/conftest.py) in turn, so the order keeps either
+# from waiting for it: the Airflow unit measures first (test_dags' tuning and capacity runs,
+# its first tests), while the other worker runs the long modules that need neither (the
+# secured stack's, the Spark jobs on local[2]); then the other worker measures (benchmark,
+# Spark master, supervised fleets) while the Airflow unit runs what needs neither (its DAG
+# refusals and rollbacks, triage and redrive, the UI's Airflow start and dead letters), and the
+# UI's tuning run comes last. The short modules come at the end, for whichever worker is free.
 AIRFLOW_MODULES = tuple(f"tests/integration/{name}.py" for name in
-                        ("test_triage", "test_redrive", "test_airflow_ui", "test_dags"))
-# The longest units go first, so that neither worker is left with a long one at the end. The
-# Airflow unit is the longest by far; the benchmark and the other modules holding the stack's AI
-# stand-in and Spark master (tests/integration/conftest.py) come while the Airflow unit is still
-# on Airflow's start and on triage, which need neither. Third comes a short module: a worker
-# takes its next unit as soon as its first test ends, and the Airflow worker keeps that unit
-# until the whole Airflow unit is done.
-FIRST = ("tests/integration/test_bench_smoke.py", "tests/unit/test_confidence.py",
-         "tests/integration/test_spark_cluster.py", "tests/integration/test_supervised_fleet.py",
-         "tests/integration/test_secured.py", "tests/integration/test_pipeline.py",
-         "tests/integration/test_spark_jobs.py", "tests/integration/test_spark_diagnosis.py",
-         "tests/integration/test_bad_input.py", "tests/integration/test_delivery.py")
+                        ("test_dags", "test_triage", "test_redrive", "test_airflow_ui"))
+FIRST = tuple(f"tests/integration/{name}.py" for name in (
+    "test_secured", "test_spark_jobs",
+    "test_bench_smoke", "test_spark_cluster", "test_supervised_fleet",
+    "test_router_peer", "test_pipeline", "test_spark_diagnosis", "test_gateway", "test_spark_io",
+    "test_bad_input"))
 
 
 def unit_of_work(module: str) -> str:
@@ -69,8 +74,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return ModuleScheduling(config, log)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """Tell each worker the distribution mode: xdist resets a worker's own `dist` option to "no",
+    and the order below is the workers' collection, which the scheduler hands out."""
+    node.workerinput["dist"] = node.config.getvalue("dist")
+
+
+def distribution(config: pytest.Config) -> str:
+    """The run's `--dist` mode, on the controller and on a worker alike."""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput.get("dist", "no") if workerinput is not None else config.getoption("dist", "no")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("dist", "no") != "loadscope":
+    if distribution(config) != "loadscope":
         return  # one process: the order as collected
 
     def rank(item: pytest.Item) -> tuple[int, int]:
