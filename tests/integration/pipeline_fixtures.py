@@ -10,7 +10,7 @@ import psycopg2
 import requests
 
 from consumers.config import pipeline_spec
-from consumers.config.candidate import Endpoints
+from consumers.config.candidate import Endpoints, PipelineConfig
 from consumers.stand_in.config import ServiceConfig
 from consumers.stand_in.server import serve
 
@@ -60,3 +60,16 @@ def query(database_url: str, sql: str, *params: object) -> list[tuple]:
 
 def scalar(database_url: str, sql: str, *params: object) -> object:
     return query(database_url, sql, *params)[0][0]
+
+
+def another_version(database_url: str, pipeline: str) -> int:
+    """A registered version of `pipeline` that no run promotes, to roll back to (registered here
+    when there is none yet)."""
+    config = PipelineConfig(pipeline=pipeline, partitions=3)
+    rows = query(database_url, "SELECT version FROM configurations WHERE config = %s::jsonb",
+                 config.to_json())
+    if rows:
+        return rows[0][0]
+    return query(database_url, "INSERT INTO configurations (name, pipeline, config, note) VALUES "
+                 "('rollback-target', %s, %s, 'rollback target of the DAG and UI tests') RETURNING version",
+                 config.pipeline, config.to_json())[0][0]

@@ -1,19 +1,26 @@
 """DAG tests: every DAG loads with the metadata users rely on, the forms reject bad input, the
-smoke DAG, the tuning DAG (candidates of two pipelines, the active version re-measured, a broken
-spec refused before anything is provisioned) and the rollback DAG run against the real stack."""
+tuning DAG (a good candidate promoted, a poor one rejected, the active version re-measured, a
+broken spec refused before anything is provisioned), the capacity DAG, the smoke DAG and the
+rollback DAG run against the real stack. Another pipeline's candidate is tuned from the UI's form
+(test_airflow_ui.py).
+
+The runs that use the stack's AI stand-in and Spark master come first: the order of the suite's
+two workers (tests/conftest.py) counts on it. Each test's preconditions come from its fixtures."""
 
 from __future__ import annotations
 
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
 from consumers.config import pipeline_spec
-from tests.integration.pipeline_fixtures import query
+from tests.integration.conftest import stand_in_lock
+from tests.integration.pipeline_fixtures import another_version, query
 from tests.stack import REPO, DagTestRun, Stack, unique
 
 DAG_FILES = sorted(p for p in (REPO / "dags").glob("*.py") if not p.name.startswith("_"))
@@ -72,11 +79,6 @@ def test_forms_reject_bad_input_with_a_clear_message(dag_bag, dag_id: str, param
         dag_bag.dags[dag_id].params.get_param(param).resolve(value=bad)
 
 
-def test_smoke_dag_succeeds(stack: Stack) -> None:
-    run = stack.run_dag("kafka_smoke")
-    assert run.state == "success", run.output[-4000:]
-
-
 # Two trials of small bursts at a fast time scale keep each tuning run to a few minutes.
 def tuning_conf(candidate: str, **extra: object) -> str:
     return json.dumps({"candidate": candidate, "partitions": 16, "concurrency": 16, "burst": 160,
@@ -87,11 +89,6 @@ def tuning_conf(candidate: str, **extra: object) -> str:
 # two, df = 1, t = 12.7, is too wide to clear any target on a machine whose load moves the
 # throughput from one trial to the next), a low target, a wide tolerance.
 PASSABLE = {"trials": 3, "target_utilization": 0.05, "tolerance": 0.9}
-# text_moderation's candidates at a time scale where its models' calls (summarize: 0.3 s mean)
-# outlast a record's own hops and the group session (9 s) outlasts a loaded machine's stalls. At
-# 0.05 the bottleneck call took 76 ms, a trial used 0.06 to 0.2 of the capacity from one to the
-# next, and members lost their partitions when the 2.25 s session ran out.
-TEXT_MODERATION_SCALE = 0.2
 UNREACHABLE_RPS = 1e6  # steady requests/s: a trial serves a few hundred at most
 
 
@@ -116,15 +113,62 @@ def checks(reasons: list[dict]) -> dict[str, dict]:
     return {r["name"]: r for r in reasons}
 
 
-@pytest.mark.usefixtures("stand_in")
-def test_tuning_measures_trials_promotes_a_good_candidate_and_rejects_a_poor_one(stack: Stack) -> None:
-    # Whatever an earlier run left active was measured under other conditions: the good
-    # candidate gets a target and tolerance the loaded test machine meets; the poor one is held
-    # to the defaults, and to the good one measured here.
-    before = active_version(stack)
-    good = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", **PASSABLE))
-    assert good.state == "success", good.output[-6000:]
-    _, version, name, passed, reasons, figures = decision_of(stack, good)
+@dataclass(frozen=True)
+class Tuning:
+    """A tuning DAG run of the reference pipeline, and its active version just before and just
+    after the run (read then: a later test may roll it back and forth)."""
+
+    run: DagTestRun
+    before: int | None
+    after: int | None
+
+    def decision(self, stack: Stack) -> tuple:
+        return decision_of(stack, self.run)
+
+
+def tune(stack: Stack, conf: str) -> Tuning:
+    """One tuning run, alone on the stack's AI stand-in and Spark master."""
+    with stand_in_lock(stack):
+        before = active_version(stack)
+        run = stack.run_dag("pipeline_tuning", conf=conf)
+        return Tuning(run, before, active_version(stack))
+
+
+# One run per gate path, each serving the tests of its decision: a good candidate, a poor one
+# compared with it, and the good one (then active) re-measured against its own history.
+@pytest.fixture(scope="module")
+def good(stack: Stack) -> Tuning:
+    """flow, with a target and tolerance the loaded test machine meets: whatever an earlier run
+    left active was measured under other conditions."""
+    return tune(stack, tuning_conf("flow", **PASSABLE))
+
+
+@pytest.fixture(scope="module")
+def good_version(stack: Stack, good: Tuning) -> int:
+    """The version the good run measured (what the runs below are compared with)."""
+    assert good.run.state == "success", good.run.output[-6000:]
+    return good.decision(stack)[1]
+
+
+@pytest.fixture(scope="module")
+def poor(stack: Stack, good_version: int) -> Tuning:
+    """baseline, held to the default gate, and to the good candidate measured under the same
+    conditions."""
+    return tune(stack, tuning_conf("baseline"))
+
+
+@pytest.fixture(scope="module")
+def remeasured(stack: Stack, good_version: int) -> Tuning:
+    """The active version re-measured under the good run's conditions. A throughput floor no
+    trial can reach makes it fail: the alarm path. A utilization target of 1.0 is not: the
+    utilization is the plateau's slope over completions that come in waves, not bounded by 1,
+    and a CI run's re-measurement passed that target."""
+    return tune(stack, tuning_conf("active", min_throughput_rps=UNREACHABLE_RPS, tolerance=0.9))
+
+
+def test_tuning_measures_trials_and_promotes_a_good_candidate(stack: Stack, good: Tuning) -> None:
+    assert good.run.state == "success", good.run.output[-6000:]
+    _, version, name, passed, reasons, figures = good.decision(stack)
     assert (name, passed) == ("flow", True), reasons
     assert len(figures["trials"]) == 3 and figures["summary"]["trials"] == 3
     assert [t["run_id"].rsplit("-", 1)[-1] for t in figures["trials"]] == ["t1", "t2", "t3"]
@@ -135,71 +179,68 @@ def test_tuning_measures_trials_promotes_a_good_candidate_and_rejects_a_poor_one
         assert 0 < trial["utilization"] <= 1.0
     utilization = checks(reasons)["utilization"]
     assert utilization["measured"] == utilization["interval"]["low"] <= utilization["interval"]["estimate"]
-    assert active_version(stack) == version
+    assert good.after == version
     promoted = query(stack.database_url, "SELECT action FROM promotions WHERE run_id LIKE %s",
-                     f"tuning-{good.ts_nodash.lower()}-%")
-    assert promoted == ([] if before == version else [("promote",)])  # promoting the active: no-op
+                     f"tuning-{good.run.ts_nodash.lower()}-%")
+    assert promoted == ([] if good.before == version else [("promote",)])  # promoting the active: no-op
     report = (REPO / "results" / figures["trials"][0]["run_id"].rsplit("-", 1)[0] / "gate.txt").read_text()
     assert "capacity" in report and "utilization" in report and "[" in report
 
-    poor = stack.run_dag("pipeline_tuning", conf=tuning_conf("baseline"))
-    assert poor.state == "success", poor.output[-6000:]
-    _, rejected, name, passed, reasons, figures = decision_of(stack, poor)
+
+def test_tuning_rejects_a_poor_candidate_against_the_good_one(stack: Stack, good_version: int,
+                                                               poor: Tuning) -> None:
+    assert poor.before == good_version  # measured while the good candidate was the active one
+    assert poor.run.state == "success", poor.run.output[-6000:]
+    _, rejected, name, passed, reasons, figures = poor.decision(stack)
     assert (name, passed) == ("baseline", False)
     failed = {r["name"] for r in reasons if not r["passed"]}
     assert {"utilization", "regression"} <= failed, reasons  # far below capacity, and below flow
-    assert figures["reference"]["version"] == version
+    assert figures["reference"]["version"] == good_version
     assert all(r["measured"] is not None and r["required"] for r in reasons if not r["passed"])
-    assert active_version(stack) == version != rejected
+    assert poor.after == good_version != rejected
 
 
-@pytest.mark.usefixtures("stand_in")
 def test_re_measuring_the_active_version_compares_with_its_history_and_raises_an_alarm(
-        stack: Stack) -> None:
-    # Runs after the test above, which left flow active with a measurement under these conditions.
-    version = active_version(stack)
-    assert version is not None
-    # A throughput floor no trial can reach makes the re-measurement fail: the alarm path. A
-    # utilization target of 1.0 is not: the utilization is the plateau's slope over completions
-    # that come in waves, not bounded by 1, and a CI run's re-measurement passed that target.
-    run = stack.run_dag("pipeline_tuning", conf=tuning_conf("active", min_throughput_rps=UNREACHABLE_RPS,
-                                                            tolerance=0.9))
-    assert run.state == "success", run.output[-6000:]
-    decision_id, candidate, _, passed, reasons, figures = decision_of(stack, run)
-    assert (candidate, passed) == (version, False)
+        stack: Stack, good_version: int, remeasured: Tuning) -> None:
+    assert remeasured.before == good_version  # the good run's version was the one re-measured
+    assert remeasured.run.state == "success", remeasured.run.output[-6000:]
+    decision_id, candidate, _, passed, reasons, figures = remeasured.decision(stack)
+    assert (candidate, passed) == (good_version, False)
     regression = checks(reasons)["regression"]
     assert regression["measured"] is not None and regression["interval"]["n"] == [2, 3], regression
-    assert figures["reference"]["version"] == version
+    assert figures["reference"]["version"] == good_version
     alarms = query(stack.database_url, "SELECT version, failed FROM regression_alarms WHERE decision_id = %s",
                    decision_id)
-    assert len(alarms) == 1 and alarms[0][0] == version
+    assert len(alarms) == 1 and alarms[0][0] == good_version
     assert "throughput_floor" in {f["name"] for f in alarms[0][1]}
-    assert active_version(stack) == version  # an alarm, not a rollback
+    assert remeasured.after == good_version  # an alarm, not a rollback
 
 
 @pytest.mark.usefixtures("stand_in")
-def test_tuning_measures_and_promotes_a_candidate_of_another_pipeline(stack: Stack) -> None:
-    reference_active = active_version(stack)
-    run = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", pipeline="text_moderation", **PASSABLE,
-                                                          time_scale=TEXT_MODERATION_SCALE))
+def test_capacity_dag_runs_steps_and_keeps_the_result_beside_the_configuration(stack: Stack) -> None:
+    conf = {"candidate": "flow", "partitions": 8, "concurrency": 8, "flow_members": 2, "time_scale": 0.05,
+            "burst": 80, "step_s": 5, "max_steps": 2}
+    run = stack.run_dag("pipeline_capacity", conf=json.dumps(conf))
     assert run.state == "success", run.output[-6000:]
-    _, version, name, passed, reasons, figures = decision_of(stack, run, "text_moderation")
-    assert (name, passed) == ("flow", True), reasons
-    if figures["reference"]:  # compared only with text_moderation's active version
-        assert query(stack.database_url, "SELECT pipeline FROM configurations WHERE version = %s",
-                     figures["reference"]["version"]) == [("text_moderation",)]
-    for trial in figures["trials"]:
-        assert trial["produced"] == trial["completed"] == 160
-        skew = query(stack.database_url, "SELECT records, diagnosis FROM analysis_skew WHERE topic = %s",
-                     f"{trial['run_id']}.texts")  # text_moderation's measured topic
-        assert skew and skew[0][0] == 160, skew
-        # uuid keys: whatever the burst hashed to, nothing to fix; the gate's figures carry it
-        assert skew[0][1] in ("balanced", "hashing_noise") and trial["skew_diagnosis"] == skew[0][1]
-        completing = query(stack.database_url, "SELECT count(*) FROM stage_results WHERE run_id = %s "
-                           "AND stage = 'join'", trial["run_id"])
-        assert completing == [(160,)]
-    assert active_version(stack, "text_moderation") == version
-    assert active_version(stack) == reference_active  # each pipeline keeps its own active version
+    rows = query(stack.database_url, "SELECT s.version, c.name, s.run_id, s.max_sustainable_rps, "
+                 "s.ai_capacity_rps, s.objective, s.steps FROM capacity_searches s "
+                 "JOIN configurations c USING (version) "
+                 "WHERE s.run_id LIKE %s", f"capacity-{run.ts_nodash.lower()}-%")
+    assert len(rows) == 1, rows
+    _, name, run_id, best, capacity, objective, steps = rows[0]
+    assert name == "flow" and capacity > 0
+    assert objective["p99_s"] == pytest.approx(10 * 0.05) and objective["step_s"] == 5
+    first, second = steps
+    assert first["rate"] == pytest.approx(0.9 * capacity)  # the search starts just below capacity
+    assert second["rate"] == pytest.approx(first["rate"] * (1.25 if first["sustained"] else 0.8))
+    held = [s["rate"] for s in steps if s["sustained"]]
+    assert best == (max(held) if held else None)
+    assert (REPO / "results" / run_id / "capacity.png").stat().st_size > 10_000
+
+
+def test_smoke_dag_succeeds(stack: Stack) -> None:
+    run = stack.run_dag("kafka_smoke")
+    assert run.state == "success", run.output[-4000:]
 
 
 def test_a_broken_spec_is_refused_before_anything_is_provisioned(stack: Stack, tmp_path: Path,
@@ -230,10 +271,10 @@ def test_a_broken_spec_is_refused_before_anything_is_provisioned(stack: Stack, t
                  f"%{tuning.logical_date[:19]}%") == [(0,)]
 
 
-def test_rollback_dag_activates_a_version_and_back_with_the_reason(stack: Stack) -> None:
-    active = active_version(stack)
-    other = query(stack.database_url, "SELECT version FROM configurations WHERE NOT active "
-                  "AND pipeline = %s ORDER BY version DESC LIMIT 1", pipeline_spec.REFERENCE)[0][0]
+def test_rollback_dag_activates_a_version_and_back_with_the_reason(stack: Stack, good_version: int) -> None:
+    """From the version the good run left active to another one registered, and back."""
+    active, other = active_version(stack), another_version(stack.database_url, pipeline_spec.REFERENCE)
+    assert active == good_version != other
     run = stack.run_dag("pipeline_rollback", conf=json.dumps({"version": other, "reason": "dag test: away"}))
     assert run.state == "success", run.output[-4000:]
     assert active_version(stack) == other
@@ -257,25 +298,3 @@ def test_rollback_dag_activates_a_version_and_back_with_the_reason(stack: Stack)
     assert refused.state == "failed" and "already active" in refused.output
     assert elsewhere.state == "failed", elsewhere.output[-4000:]
     assert f"version {other} is a configuration of genai_image, not of text_moderation" in elsewhere.output
-
-
-@pytest.mark.usefixtures("stand_in")
-def test_capacity_dag_runs_steps_and_keeps_the_result_beside_the_configuration(stack: Stack) -> None:
-    conf = {"candidate": "flow", "partitions": 8, "concurrency": 8, "flow_members": 2, "time_scale": 0.05,
-            "burst": 80, "step_s": 5, "max_steps": 2}
-    run = stack.run_dag("pipeline_capacity", conf=json.dumps(conf))
-    assert run.state == "success", run.output[-6000:]
-    rows = query(stack.database_url, "SELECT s.version, c.name, s.run_id, s.max_sustainable_rps, "
-                 "s.ai_capacity_rps, s.objective, s.steps FROM capacity_searches s "
-                 "JOIN configurations c USING (version) "
-                 "WHERE s.run_id LIKE %s", f"capacity-{run.ts_nodash.lower()}-%")
-    assert len(rows) == 1, rows
-    _, name, run_id, best, capacity, objective, steps = rows[0]
-    assert name == "flow" and capacity > 0
-    assert objective["p99_s"] == pytest.approx(10 * 0.05) and objective["step_s"] == 5
-    first, second = steps
-    assert first["rate"] == pytest.approx(0.9 * capacity)  # the search starts just below capacity
-    assert second["rate"] == pytest.approx(first["rate"] * (1.25 if first["sustained"] else 0.8))
-    held = [s["rate"] for s in steps if s["sustained"]]
-    assert best == (max(held) if held else None)
-    assert (REPO / "results" / run_id / "capacity.png").stat().st_size > 10_000

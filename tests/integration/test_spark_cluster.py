@@ -17,11 +17,13 @@ from consumers.config.candidate import PipelineConfig, StageConfig
 from consumers.runs.pipeline_run import running_pipeline
 from pipeline_ops.dag_support import spark_env
 from pipeline_ops.operators.analysis import AnalysisSubmitOperator
+from tests.integration.conftest import stand_in_lock
 from tests.integration.pipeline_fixtures import TIME_SCALE, ai_service
 from tests.stack import REPO, Stack
 
-# Counts the applications that finish on the stack's Spark master: alone on it for the module.
-pytestmark = [pytest.mark.usefixtures("stand_in_for_module"), pytest.mark.timeout(1200)]
+# The jobs on the stack's Spark master count the applications that finish there: alone on it
+# (`stand_in_lock`) while they submit to it, not while the run they analyse or local[2] works.
+pytestmark = pytest.mark.timeout(1200)
 
 BURST = 80
 LOCAL_CONN = "spark_local"
@@ -36,7 +38,7 @@ def cluster_stack(stack: Stack) -> Stack:
 
 @pytest.fixture(scope="module")
 def run_id(cluster_stack: Stack) -> str:
-    """A small flow run whose topics and rows the jobs analyse."""
+    """A small flow run whose topics and rows the jobs analyse (on an AI stand-in of its own)."""
     config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
                             stages={"check": StageConfig("flow", members=1, window=8),
                                     "generate": StageConfig("flow", members=1, window=8)})
@@ -72,18 +74,19 @@ def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
 
 def test_the_jobs_on_the_standalone_master_match_local(cluster_stack: Stack, run_id: str, local_spark: str,
                                                        tmp_path: Path) -> None:
-    before = {app["id"] for app in cluster_stack.spark_master_status()["completedapps"]}
-    results = {}
-    for conn_id in ("spark_default", local_spark):
+    def both_jobs(conn_id: str) -> tuple[dict, dict]:
         out = tmp_path / conn_id
         out.mkdir()
-        results[conn_id] = (
-            submit("partition_load", conn_id,
-                   ["--topics", f"{run_id}.style", "--run-id", f"{run_id}-{conn_id}"], out / "load.json"),
-            submit("pipeline_analysis", conn_id, ["--run-id", run_id], out / "analysis.json"))
-    on_cluster, on_local = results["spark_default"], results[local_spark]
+        return (submit("partition_load", conn_id,
+                       ["--topics", f"{run_id}.style", "--run-id", f"{run_id}-{conn_id}"], out / "load.json"),
+                submit("pipeline_analysis", conn_id, ["--run-id", run_id], out / "analysis.json"))
+
+    on_local = both_jobs(local_spark)
+    with stand_in_lock(cluster_stack):
+        before = {app["id"] for app in cluster_stack.spark_master_status()["completedapps"]}
+        on_cluster = both_jobs("spark_default")
+        completed = cluster_stack.spark_master_status()["completedapps"]
     # The cluster really ran both: the master lists two more finished applications.
-    completed = cluster_stack.spark_master_status()["completedapps"]
     finished = [app for app in completed if app["id"] not in before]
     assert sorted(app["state"] for app in finished) == ["FINISHED", "FINISHED"], finished
     load_cluster, load_local = (dict(doc, run_id=None) for doc, _ in (on_cluster, on_local))
@@ -101,6 +104,7 @@ def readme_command() -> str:
     return block.group(1)
 
 
+@pytest.mark.usefixtures("stand_in")  # the command submits to the stack's master
 def test_the_readme_spark_submit_command_runs_as_written(cluster_stack: Stack, run_id: str,
                                                          tmp_path: Path) -> None:
     command = readme_command()
