@@ -126,7 +126,11 @@ def browser_page() -> Iterator[Any]:
     with playwright_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        # Actions and assertions wait up to a minute: an assertion's 5 s by default is less than
+        # a page's first load in a new browser on the loaded test machine (one that holds
+        # returns at once).
         page.set_default_timeout(60_000)
+        playwright_api.expect.set_options(timeout=60_000)
         try:
             yield page
         except BaseException:
