@@ -37,22 +37,24 @@ def cluster(stack: Stack) -> Stack:
 # promotion history that their checks read, and an Airflow scheduler would also take up the
 # tasks of an `airflow dags test` run of a DAG it finds unpaused.
 #
-# The Airflow unit is the longest, and the critical path: one worker runs it whole while the
-# other takes every other unit in the order below. Both hold the stack's AI stand-in and Spark
-# master (`stand_in_lock`, tests/integration/conftest.py) in turn, so the order keeps either
-# from waiting for it: the Airflow unit measures first (test_dags' tuning and capacity runs,
-# its first tests), while the other worker runs the long modules that need neither (the
-# secured stack's, the Spark jobs on local[2]); then the other worker measures (benchmark,
-# Spark master, supervised fleets) while the Airflow unit runs what needs neither (its DAG
-# refusals and rollbacks, triage and redrive, the UI's Airflow start and dead letters), and the
-# UI's tuning run comes last. The short modules come at the end, for whichever worker is free.
+# The Airflow unit is the longest: one worker runs it whole while the other takes every other
+# unit in the order below. Both hold the stack's AI stand-in and Spark master
+# (`stand_in_lock`, tests/integration/conftest.py) in turn, so the order keeps either from
+# waiting for it: the Airflow unit measures first (test_dags' tuning and capacity runs, its
+# first tests, held together), while the other worker runs long modules that need neither (the
+# secured stack's, the router, the pipelines); then the other worker measures (benchmark, Spark
+# master, supervised fleets) while the Airflow unit runs what needs neither (its DAG refusals
+# and rollbacks, triage and redrive, the UI's Airflow start and dead letters), and the UI's
+# tuning run comes last. The benchmark comes before the modules that start Spark in the
+# worker's own process: a later session there keeps the first one's master (local[2]), and the
+# benchmark checks that its Spark measurement ran on the stack's. The short modules come at the
+# end, for whichever worker is free.
 AIRFLOW_MODULES = tuple(f"tests/integration/{name}.py" for name in
                         ("test_dags", "test_triage", "test_redrive", "test_airflow_ui"))
 FIRST = tuple(f"tests/integration/{name}.py" for name in (
-    "test_secured", "test_spark_jobs",
+    "test_secured", "test_router_peer", "test_pipeline", "test_gateway",
     "test_bench_smoke", "test_spark_cluster", "test_supervised_fleet",
-    "test_router_peer", "test_pipeline", "test_spark_diagnosis", "test_gateway", "test_spark_io",
-    "test_bad_input"))
+    "test_spark_jobs", "test_spark_diagnosis", "test_spark_io", "test_bad_input"))
 
 
 def unit_of_work(module: str) -> str:

@@ -20,16 +20,29 @@ import pytest
 
 from tests.stack import Stack
 
+_holds = [0]  # this process's holds of the lock, one inside the other (tests run one at a time)
+
 
 @contextlib.contextmanager
 def stand_in_lock(stack: Stack) -> Iterator[None]:
-    """Exclusive use of the stack's AI stand-in and Spark master, until the block ends."""
-    stack.layout.root.mkdir(parents=True, exist_ok=True)
-    with open(stack.layout.root / "stand-in.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    """Exclusive use of the stack's AI stand-in and Spark master, until the block ends. Inside a
+    block of this process's own, it is held already (a lock of a file opened again would wait
+    for that block)."""
+    if _holds[0]:
+        _holds[0] += 1
         try:
             yield
         finally:
+            _holds[0] -= 1
+        return
+    stack.layout.root.mkdir(parents=True, exist_ok=True)
+    with open(stack.layout.root / "stand-in.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _holds[0] = 1
+        try:
+            yield
+        finally:
+            _holds[0] = 0
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 

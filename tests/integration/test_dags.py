@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,76 +167,89 @@ def remeasured(stack: Stack, good_version: int) -> Tuning:
     return tune(stack, tuning_conf("active", min_throughput_rps=UNREACHABLE_RPS, tolerance=0.9))
 
 
-def test_tuning_measures_trials_and_promotes_a_good_candidate(stack: Stack, good: Tuning) -> None:
-    assert good.run.state == "success", good.run.output[-6000:]
-    _, version, name, passed, reasons, figures = good.decision(stack)
-    assert (name, passed) == ("flow", True), reasons
-    assert len(figures["trials"]) == 3 and figures["summary"]["trials"] == 3
-    assert [t["run_id"].rsplit("-", 1)[-1] for t in figures["trials"]] == ["t1", "t2", "t3"]
-    for trial in figures["trials"]:
-        assert trial["produced"] == trial["completed"] == 160
-        # the binding limit's share used on the plateau, counted on its calls (measure/capacity.py)
-        assert trial["binding_limit"] == "generate.concurrency"
-        assert 0 < trial["utilization"] <= 1.0
-    utilization = checks(reasons)["utilization"]
-    assert utilization["measured"] == utilization["interval"]["low"] <= utilization["interval"]["estimate"]
-    assert good.after == version
-    promoted = query(stack.database_url, "SELECT action FROM promotions WHERE run_id LIKE %s",
-                     f"tuning-{good.run.ts_nodash.lower()}-%")
-    assert promoted == ([] if good.before == version else [("promote",)])  # promoting the active: no-op
-    report = (REPO / "results" / figures["trials"][0]["run_id"].rsplit("-", 1)[0] / "gate.txt").read_text()
-    assert "capacity" in report and "utilization" in report and "[" in report
+@pytest.fixture(scope="class")
+def alone_on_the_stand_in(stack: Stack) -> Iterator[None]:
+    with stand_in_lock(stack):
+        yield
 
 
-def test_tuning_rejects_a_poor_candidate_against_the_good_one(stack: Stack, good_version: int,
-                                                               poor: Tuning) -> None:
-    assert poor.before == good_version  # measured while the good candidate was the active one
-    assert poor.run.state == "success", poor.run.output[-6000:]
-    _, rejected, name, passed, reasons, figures = poor.decision(stack)
-    assert (name, passed) == ("baseline", False)
-    failed = {r["name"] for r in reasons if not r["passed"]}
-    assert {"utilization", "regression"} <= failed, reasons  # far below capacity, and below flow
-    assert figures["reference"]["version"] == good_version
-    assert all(r["measured"] is not None and r["required"] for r in reasons if not r["passed"])
-    assert poor.after == good_version != rejected
+@pytest.mark.usefixtures("alone_on_the_stand_in")
+class TestMeasuringRuns:
+    """The runs that measure on the stack's AI stand-in and Spark master, kept together: the
+    class holds the stand-in from its first test's run on until its last test ends, so that no
+    other worker's measurement comes in between (tests/conftest.py orders the workers' units
+    around this block)."""
 
+    def test_tuning_measures_trials_and_promotes_a_good_candidate(self, stack: Stack,
+                                                                  good: Tuning) -> None:
+        assert good.run.state == "success", good.run.output[-6000:]
+        _, version, name, passed, reasons, figures = good.decision(stack)
+        assert (name, passed) == ("flow", True), reasons
+        assert len(figures["trials"]) == 3 and figures["summary"]["trials"] == 3
+        assert [t["run_id"].rsplit("-", 1)[-1] for t in figures["trials"]] == ["t1", "t2", "t3"]
+        for trial in figures["trials"]:
+            assert trial["produced"] == trial["completed"] == 160
+            # the binding limit's share used on the plateau, counted on its calls (measure/capacity.py)
+            assert trial["binding_limit"] == "generate.concurrency"
+            assert 0 < trial["utilization"] <= 1.0
+        utilization = checks(reasons)["utilization"]
+        interval = utilization["interval"]
+        assert utilization["measured"] == interval["low"] <= interval["estimate"]
+        assert good.after == version
+        promoted = query(stack.database_url, "SELECT action FROM promotions WHERE run_id LIKE %s",
+                         f"tuning-{good.run.ts_nodash.lower()}-%")
+        assert promoted == ([] if good.before == version else [("promote",)])  # promoting the active: no-op
+        run_dir = REPO / "results" / figures["trials"][0]["run_id"].rsplit("-", 1)[0]
+        report = (run_dir / "gate.txt").read_text()
+        assert "capacity" in report and "utilization" in report and "[" in report
 
-def test_re_measuring_the_active_version_compares_with_its_history_and_raises_an_alarm(
-        stack: Stack, good_version: int, remeasured: Tuning) -> None:
-    assert remeasured.before == good_version  # the good run's version was the one re-measured
-    assert remeasured.run.state == "success", remeasured.run.output[-6000:]
-    decision_id, candidate, _, passed, reasons, figures = remeasured.decision(stack)
-    assert (candidate, passed) == (good_version, False)
-    regression = checks(reasons)["regression"]
-    assert regression["measured"] is not None and regression["interval"]["n"] == [2, 3], regression
-    assert figures["reference"]["version"] == good_version
-    alarms = query(stack.database_url, "SELECT version, failed FROM regression_alarms WHERE decision_id = %s",
-                   decision_id)
-    assert len(alarms) == 1 and alarms[0][0] == good_version
-    assert "throughput_floor" in {f["name"] for f in alarms[0][1]}
-    assert remeasured.after == good_version  # an alarm, not a rollback
+    def test_tuning_rejects_a_poor_candidate_against_the_good_one(self, stack: Stack, good_version: int,
+                                                                  poor: Tuning) -> None:
+        assert poor.before == good_version  # measured while the good candidate was the active one
+        assert poor.run.state == "success", poor.run.output[-6000:]
+        _, rejected, name, passed, reasons, figures = poor.decision(stack)
+        assert (name, passed) == ("baseline", False)
+        failed = {r["name"] for r in reasons if not r["passed"]}
+        assert {"utilization", "regression"} <= failed, reasons  # far below capacity, and below flow
+        assert figures["reference"]["version"] == good_version
+        assert all(r["measured"] is not None and r["required"] for r in reasons if not r["passed"])
+        assert poor.after == good_version != rejected
 
+    def test_re_measuring_the_active_version_compares_with_its_history_and_raises_an_alarm(
+            self, stack: Stack, good_version: int, remeasured: Tuning) -> None:
+        assert remeasured.before == good_version  # the good run's version was the one re-measured
+        assert remeasured.run.state == "success", remeasured.run.output[-6000:]
+        decision_id, candidate, _, passed, reasons, figures = remeasured.decision(stack)
+        assert (candidate, passed) == (good_version, False)
+        regression = checks(reasons)["regression"]
+        assert regression["measured"] is not None and regression["interval"]["n"] == [2, 3], regression
+        assert figures["reference"]["version"] == good_version
+        alarms = query(stack.database_url, "SELECT version, failed FROM regression_alarms "
+                       "WHERE decision_id = %s", decision_id)
+        assert len(alarms) == 1 and alarms[0][0] == good_version
+        assert "throughput_floor" in {f["name"] for f in alarms[0][1]}
+        assert remeasured.after == good_version  # an alarm, not a rollback
 
-@pytest.mark.usefixtures("stand_in")
-def test_capacity_dag_runs_steps_and_keeps_the_result_beside_the_configuration(stack: Stack) -> None:
-    conf = {"candidate": "flow", "partitions": 8, "concurrency": 8, "flow_members": 2, "time_scale": 0.05,
-            "burst": 80, "step_s": 5, "max_steps": 2}
-    run = stack.run_dag("pipeline_capacity", conf=json.dumps(conf))
-    assert run.state == "success", run.output[-6000:]
-    rows = query(stack.database_url, "SELECT s.version, c.name, s.run_id, s.max_sustainable_rps, "
-                 "s.ai_capacity_rps, s.objective, s.steps FROM capacity_searches s "
-                 "JOIN configurations c USING (version) "
-                 "WHERE s.run_id LIKE %s", f"capacity-{run.ts_nodash.lower()}-%")
-    assert len(rows) == 1, rows
-    _, name, run_id, best, capacity, objective, steps = rows[0]
-    assert name == "flow" and capacity > 0
-    assert objective["p99_s"] == pytest.approx(10 * 0.05) and objective["step_s"] == 5
-    first, second = steps
-    assert first["rate"] == pytest.approx(0.9 * capacity)  # the search starts just below capacity
-    assert second["rate"] == pytest.approx(first["rate"] * (1.25 if first["sustained"] else 0.8))
-    held = [s["rate"] for s in steps if s["sustained"]]
-    assert best == (max(held) if held else None)
-    assert (REPO / "results" / run_id / "capacity.png").stat().st_size > 10_000
+    def test_capacity_dag_runs_steps_and_keeps_the_result_beside_the_configuration(
+            self, stack: Stack) -> None:
+        conf = {"candidate": "flow", "partitions": 8, "concurrency": 8, "flow_members": 2,
+                "time_scale": 0.05, "burst": 80, "step_s": 5, "max_steps": 2}
+        run = stack.run_dag("pipeline_capacity", conf=json.dumps(conf))
+        assert run.state == "success", run.output[-6000:]
+        rows = query(stack.database_url, "SELECT s.version, c.name, s.run_id, s.max_sustainable_rps, "
+                     "s.ai_capacity_rps, s.objective, s.steps FROM capacity_searches s "
+                     "JOIN configurations c USING (version) "
+                     "WHERE s.run_id LIKE %s", f"capacity-{run.ts_nodash.lower()}-%")
+        assert len(rows) == 1, rows
+        _, name, run_id, best, capacity, objective, steps = rows[0]
+        assert name == "flow" and capacity > 0
+        assert objective["p99_s"] == pytest.approx(10 * 0.05) and objective["step_s"] == 5
+        first, second = steps
+        assert first["rate"] == pytest.approx(0.9 * capacity)  # the search starts just below capacity
+        assert second["rate"] == pytest.approx(first["rate"] * (1.25 if first["sustained"] else 0.8))
+        held = [s["rate"] for s in steps if s["sustained"]]
+        assert best == (max(held) if held else None)
+        assert (REPO / "results" / run_id / "capacity.png").stat().st_size > 10_000
 
 
 def test_smoke_dag_succeeds(stack: Stack) -> None:
