@@ -55,11 +55,17 @@ FIRST = tuple(f"tests/integration/{name}.py" for name in (
     "test_secured", "test_router_peer", "test_pipeline", "test_gateway",
     "test_bench_smoke", "test_spark_cluster", "test_supervised_fleet",
     "test_spark_jobs", "test_spark_diagnosis", "test_spark_io", "test_bad_input"))
+# The unit modules that start Spark share a worker, whose JVM then starts once; they come before
+# the other units, which the second worker takes meanwhile.
+SPARK_UNITS = tuple(f"tests/unit/{name}.py"
+                    for name in ("test_spark_transforms", "test_partition_load_topics"))
 
 
 def unit_of_work(module: str) -> str:
     """The unit of work a module's tests belong to (`module`: its path from the repository)."""
-    return "airflow" if module in AIRFLOW_MODULES else module
+    if module in AIRFLOW_MODULES:
+        return "airflow"
+    return "spark units" if module in SPARK_UNITS else module
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
@@ -97,6 +103,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.path.relative_to(REPO).as_posix()
         if module in AIRFLOW_MODULES:
             return 0, AIRFLOW_MODULES.index(module)
-        return (1 + FIRST.index(module) if module in FIRST else 1 + len(FIRST)), 0
+        if module in FIRST:
+            return 1 + FIRST.index(module), 0
+        return 1 + len(FIRST) + (module not in SPARK_UNITS), 0
 
     items.sort(key=rank)  # stable: a module's tests keep their order
