@@ -11,6 +11,9 @@ SPARK ?= local
 GATEWAY ?= none
 GATEWAY_VENV := .local/litellm-venv
 MVN := mvn -q -B -s infra/maven-settings.xml
+# The environments are installed by uv from their locks: several times faster than pip on two
+# cores (its downloads run side by side and its cache is linked, not unpacked again).
+UV := uv==0.13.9
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
 # make test runs pytest on TEST_WORKERS workers (TEST_WORKERS=1: one process): on two the suite
@@ -32,17 +35,16 @@ deps: venv jars postgres-server browser
 venv: .venv/.installed
 .venv/.installed: requirements.lock
 	@test -x $(PY) || python3.11 -m venv .venv
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q $(UV)
+	.venv/bin/uv pip install -q --python $(PY) -r requirements.lock
 	$(PY) -m pip check
 	@touch $@
 
 # LiteLLM's proxy (GATEWAY=litellm) in an environment of its own: it pins what Airflow pins differently.
 gateway-venv: $(GATEWAY_VENV)/.installed
-$(GATEWAY_VENV)/.installed: infra/litellm/requirements.lock
+$(GATEWAY_VENV)/.installed: infra/litellm/requirements.lock | .venv/.installed
 	@test -x $(GATEWAY_VENV)/bin/python || python3.11 -m venv $(GATEWAY_VENV)
-	$(GATEWAY_VENV)/bin/python -m pip install -q --upgrade pip
-	$(GATEWAY_VENV)/bin/python -m pip install -q -r infra/litellm/requirements.lock
+	.venv/bin/uv pip install -q --python $(GATEWAY_VENV)/bin/python -r infra/litellm/requirements.lock
 	$(GATEWAY_VENV)/bin/python -m pip check
 	@touch $@
 
