@@ -488,12 +488,12 @@ def agreeing_figures(stack: Stack, spark: SparkSession, run_id: str, pipeline: s
     assert sum(bench_side["requests_per_partition"]) == skew["records"] == produced
     assert bench_side["completed"] + bench_side["status"]["rejected"] == produced
     assert bench_side["lost"] == bench_side["duplicate_ai_calls"] == 0
-    assert bench_side["utilization"] > 0 and bench_side["skew_max_over_mean"] >= 1
+    assert bench_side["skew_max_over_mean"] >= 1
     return bench_side
 
 
 def test_bench_and_spark_agree_on_a_real_run(stack: Stack, spark: SparkSession, real_run: str) -> None:
-    agreeing_figures(stack, spark, real_run, "genai_image", REAL_BURST)
+    assert agreeing_figures(stack, spark, real_run, "genai_image", REAL_BURST)["utilization"] > 0
 
 
 def test_bench_and_spark_agree_on_a_run_completed_by_a_join(stack: Stack, spark: SparkSession,
