@@ -3,8 +3,9 @@ with non-default values and a pipeline picked in its dropdown, watch the run fin
 gate's decision (capacity, throughput, utilization with its interval, every check) on the gate
 page under its pipeline's name, filter the page down to that pipeline, and roll back from it;
 read a run's dead letters and endpoint circuits on the gate page, and redrive from it. The
-form's run also shows what the tuning DAG measures and promotes for a pipeline other than the
-reference one.
+form's run is the LLM pipeline's (support_tickets): it also shows what the tuning DAG measures
+and promotes for a pipeline other than the reference one, and the binding limit and AI cost the
+gate page shows for a pipeline whose endpoints declare prices.
 
 Airflow (standalone) runs on the test stack for this module only; Chromium is Debian's
 (`make browser`), driven headless by Playwright. Screenshots go to results/ui/. The form's run
@@ -29,6 +30,7 @@ import requests
 from consumers.config import events, pipeline_spec
 from consumers.config.pipeline_spec import REFERENCE
 from infra import airflow_ui
+from measure import cost
 from pipeline_ops.registry import ConfigRegistry
 from tests.integration.conftest import stand_in_lock
 from tests.integration.kafka_helpers import create_topic
@@ -45,15 +47,20 @@ SHOTS = REPO / "results" / "ui"
 DAG_ID = "pipeline_tuning"
 ROLLBACK_DAG_ID = "pipeline_rollback"
 REDRIVE_DAG_ID = "pipeline_redrive"
-PIPELINE = "text_moderation"  # not the form's default
+PIPELINE = "support_tickets"  # not the form's default
+SPEC = pipeline_spec.load(PIPELINE)
 BURST = 200  # the form's default is 320: seeing 200 in the run's conf proves the form was used
-# text_moderation's candidates at a time scale where its models' calls (summarize: 0.3 s mean)
-# outlast a record's own hops and the group session (9 s) outlasts a loaded machine's stalls. At
-# 0.05 the bottleneck call took 76 ms, a trial used 0.06 to 0.2 of the capacity from one to the
-# next, and members lost their partitions when the 2.25 s session ran out.
-TEXT_MODERATION_SCALE = 0.2
-# The DAG tests' passable thresholds, at the time scale that text_moderation's trials need.
-FORM = {"burst": BURST, **PASSABLE, "time_scale": TEXT_MODERATION_SCALE}
+# The candidates of a pipeline other than the reference one at a time scale where its models'
+# calls outlast a record's own hops and the group session (9 s) outlasts a loaded machine's
+# stalls. At 0.05 text_moderation's bottleneck call took 76 ms, a trial used 0.06 to 0.2 of the
+# capacity from one to the next, and members lost their partitions when the 2.25 s session ran out.
+OTHER_PIPELINE_SCALE = 0.2
+# The DAG tests' passable thresholds, at the time scale that another pipeline's trials need.
+FORM = {"burst": BURST, **PASSABLE, "time_scale": OTHER_PIPELINE_SCALE}
+# Both endpoints are held to the form's concurrency and every ticket calls both: a draft (the
+# large model, 0.8 s median and 78 output tokens at 10 ms each) outlasts a triage (the small
+# model, 0.4 s and a token or two at 5 ms), so the drafts' concurrency bounds the capacity.
+BINDING_LIMIT = "draft.concurrency"
 RUN_TIMEOUT_S = 600
 # The nightly schedule would add a run of its own as soon as the DAG is unpaused (catchup=False
 # still runs the latest missed interval); this Airflow only runs what is triggered.
@@ -473,14 +480,22 @@ def test_the_form_s_run_measures_and_promotes_the_pipeline_picked(stack: Stack, 
     assert len(figures["trials"]) == FORM["trials"]
     for trial in figures["trials"]:
         assert trial["produced"] == trial["completed"] == BURST
+        assert trial["binding_limit"] == BINDING_LIMIT
         skew = query(stack.database_url, "SELECT records, diagnosis FROM analysis_skew WHERE topic = %s",
-                     f"{trial['run_id']}.texts")  # text_moderation's measured topic
+                     f"{trial['run_id']}.tickets")  # support_tickets' measured topic
         assert skew and skew[0][0] == BURST, skew
         # uuid keys: whatever the burst hashed to, nothing to fix; the gate's figures carry it
         assert skew[0][1] in ("balanced", "hashing_noise") and trial["skew_diagnosis"] == skew[0][1]
-        completing = query(stack.database_url, "SELECT count(*) FROM stage_results WHERE run_id = %s "
-                           "AND stage = 'join'", trial["run_id"])
-        assert completing == [(BURST,)]
+        # a trial's load has no spam: every ticket is triaged, then drafted (the completing stage)
+        stages = query(stack.database_url, "SELECT stage, count(*) FROM stage_results WHERE run_id = %s "
+                       "GROUP BY stage ORDER BY stage", trial["run_id"])
+        assert stages == [("draft", BURST), ("triage", BURST)]
+    # The cost: every call's tokens at its endpoint's declared prices (no gateway on this stack),
+    # none paid twice, over the trials' completed tickets.
+    spent = figures["summary"]["cost"]
+    assert spent["cost_per_1k_requests"] == pytest.approx(
+        declared_cost_per_1k(stack, [t["run_id"] for t in figures["trials"]]), rel=1e-9)
+    assert spent["cost_per_1k_requests"] > 0 and spent["paid_twice_cost"] == 0
     assert form_run.active_after == version
     before, after = form_run.reference_active
     assert after == before  # each pipeline keeps its own active version
@@ -530,6 +545,14 @@ def test_trigger_tuning_from_the_form_and_act_on_the_gate_decision(stack: Stack,
         expect(row.locator("td.utilization")).to_contain_text(
             f"{utilization['estimate']:.3f} [{utilization['low']:.3f}, {utilization['high']:.3f}]")
         expect(row.locator("td.capacity")).to_contain_text(f"{summary['capacity_rps']['estimate']:.1f}")
+        # What bound the capacity, and what the calls cost (per 1,000 tickets, none paid twice).
+        assert summary["binding_limits"] == [BINDING_LIMIT]
+        expect(row.locator("td.capacity .binding")).to_have_text(f"bound by {BINDING_LIMIT}")
+        spent = summary["cost"]
+        assert spent["cost_per_1k_requests"] > 0 and spent["paid_twice_cost"] == 0
+        expect(row.locator("td.cost")).to_contain_text(
+            f"{cost.shown(spent['cost_per_1k_requests'])} per 1,000 requests")
+        expect(row.locator("td.cost .failed-cost")).to_contain_text("paid twice 0")
         expect(row.locator("td.throughput")).to_contain_text(
             f"{summary['steady_throughput_rps']['estimate']:.2f}")
         # Each trial's skew and why: uuid keys (the flow preset's) leave nothing to fix.
@@ -582,6 +605,20 @@ def test_trigger_tuning_from_the_form_and_act_on_the_gate_decision(stack: Stack,
     except BaseException:
         page.screenshot(path=SHOTS / "failure.png")
         raise
+
+
+def declared_cost_per_1k(stack: Stack, run_ids: list[str]) -> float:
+    """What the runs' calls cost per 1,000 completed requests, from their answered calls' tokens
+    at the prices the spec declares for each stage's endpoint; every ticket was called once per
+    stage (checked here, so no other billed call is left out)."""
+    prices = {"triage": SPEC.endpoints["small_model"].price, "draft": SPEC.endpoints["large_model"].price}
+    rows = query(stack.database_url, "SELECT stage, count(*), sum(tokens_input), sum(tokens_output) "
+                 "FROM ai_attempts WHERE run_id = ANY(%s) AND outcome = 'ok' GROUP BY stage", run_ids)
+    completed = len(run_ids) * BURST
+    assert {(stage, calls) for stage, calls, *_ in rows} == {("triage", completed), ("draft", completed)}
+    total = sum(tokens_in / 1000 * prices[stage].input_per_1k
+                + tokens_out / 1000 * prices[stage].output_per_1k for stage, _, tokens_in, tokens_out in rows)
+    return 1000 * total / completed
 
 
 def reference_active(stack: Stack) -> int:

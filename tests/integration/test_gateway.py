@@ -1,13 +1,15 @@
 """LiteLLM's proxy in front of the AI stand-in, started as `GATEWAY=litellm` starts it
 (infra.ai_gateway): a chat completion through it answers with usage, rate-limit headers and the
 cost of its tokens at the configured prices; a failed call is not retried on the caller's behalf;
-a model past its requests per minute is refused with 429; the master key reaches no command line,
-no log it writes and no answer.
+a model past its requests per minute is refused with 429; the documentation's real-API spec
+(docs/pipelines.md) runs through it, each request called once and each call's reported cost its
+tokens at the spec's prices; the master key reaches no command line, no log, no answer and no row
+of the run.
 
 The stand-in and the proxy are this module's own: the test stack's stand-in serves the shipped
 specs for the other tests, and a model held to a few requests a minute here would refuse their
 calls. The stand-in takes a free port; the proxy, which listens only seconds after it is started
-(printed with `pytest -s`), the test stack's gateway port, which `make test` leaves free: a port
+(printed with `pytest -s`), the stack's gateway port, which `make test` leaves free: a port
 picked free beforehand could meanwhile go to a fleet's metrics.
 """
 
@@ -23,17 +25,29 @@ from pathlib import Path
 import pytest
 import requests
 
+from consumers.config import pipeline_spec
+from consumers.config.candidate import Endpoints, PipelineConfig
+from consumers.runs.pipeline_run import running_pipeline
 from consumers.stand_in.config import EndpointConfig, ServiceConfig
 from consumers.stand_in.server import serve
 from host.processes import terminate
 from infra import ai_gateway
 from infra.ai_gateway import Model
-from infra.layout import Layout
+from pipeline_ops.connections import endpoint_keys, endpoint_urls
+from tests.integration.pipeline_fixtures import query
+from tests.integration.test_readme_pipeline import real_api_spec
+from tests.stack import Stack
 
 # Prices far above real ones, so the cost of a few tokens is a number to check by hand.
 MODEL = Model("support-small", rpm=4, tpm=100_000, input_cost_per_token=0.001, output_cost_per_token=0.002)
-CHAT = EndpointConfig(path="/v1/chat/completions", protocol="openai_chat", latency_s=0.02,
+CHAT = EndpointConfig(path="/v1/chat/completions", protocol="openai_chat", model=MODEL.name, latency_s=0.02,
                       answers=({"when": {}, "body": {"content": "Routed to billing, {user}."}},))
+# The documentation's real-API spec calls `small-model`: the gateway serves it as the stack's
+# does (its table of models), the stand-in as it does for the support tickets pipeline.
+DOCUMENTED = next(m for m in ai_gateway.MODELS if m.name == "small-model")
+SMALL_MODEL = EndpointConfig.from_spec(pipeline_spec.load("support_tickets").endpoints["small_model"])
+STAND_IN_SCALE = 0.1  # the small model's 0.4 s median call takes 40 ms; CHAT's 20 ms take 2
+TICKETS = 40
 # "Route the ticket." and "My invoice is wrong": 17 + 19 = 36 characters, 9 tokens at 4 each.
 MESSAGES = [{"role": "system", "content": "Route the ticket."},
             {"role": "user", "content": "My invoice is wrong"}]
@@ -49,13 +63,14 @@ class Gateway:
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    server = serve(ServiceConfig({"chat": CHAT}), port=0)
+def gateway(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    config = ServiceConfig({"chat": CHAT, "small_model": SMALL_MODEL}, time_scale=STAND_IN_SCALE)
+    server = serve(config, port=0)
     stand_in = f"http://127.0.0.1:{server.server_address[1]}"
     key = ai_gateway.new_key(secrets.token_urlsafe(24))
-    port, directory = Layout("test").ai_gateway_port, tmp_path_factory.mktemp("gateway")
+    port, directory = stack.layout.ai_gateway_port, tmp_path_factory.mktemp("gateway")
     started = time.monotonic()
-    pid = ai_gateway.start(directory, port, stand_in, key, [MODEL])
+    pid = ai_gateway.start(directory, port, stand_in, key, [MODEL, DOCUMENTED])
     print(f"LiteLLM's proxy listened {time.monotonic() - started:.1f} s after its start")
     try:
         yield Gateway(f"http://127.0.0.1:{port}", key, directory, stand_in)
@@ -126,6 +141,57 @@ def test_past_its_requests_per_minute_the_model_is_refused_with_429(gateway: Gat
     assert "Retry-After" not in refused.headers
     # A refusal never reached the stand-in.
     assert upstream(gateway) == {"served": 1 + statuses.count(200), "errors_5xx": 1}
+
+
+def test_the_documented_real_api_spec_runs_through_the_gateway_at_its_prices(
+        stack: Stack, gateway: Gateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """The spec's `llm` connection names the gateway and holds its key, as a team's would; its
+    fleets run in processes of their own, as deployed ones do. Every ticket is answered by one
+    call, and the cost the gateway reported for each is its tokens at the spec's prices."""
+    (tmp_path / "ticket_answers.yaml").write_text(real_api_spec())
+    monkeypatch.setenv("PIPELINES_DIR", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW_CONN_LLM", gateway.url.replace("://", f"://:{gateway.key}@"))
+    spec = pipeline_spec.load("ticket_answers")
+    endpoints = Endpoints(endpoint_urls(spec), keys=endpoint_keys(spec))
+    assert endpoints.urls == {"assistant": f"{gateway.url}/v1/chat/completions"}
+    config = PipelineConfig(pipeline="ticket_answers", partitions=4, time_scale=STAND_IN_SCALE,
+                            replication_factor=1)
+    with running_pipeline(config, stack.kafka, stack.database_url, endpoints,
+                          fleet_processes=True) as pipeline:
+        pipeline.send(TICKETS, reject_share=0.0)
+        counts = pipeline.wait_terminal(TICKETS, timeout_s=180)
+        command_lines = subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True,
+                                       check=True).stdout
+    assert counts == {"completed": TICKETS}
+    served = requests.get(f"{gateway.stand_in}/v1/stats", timeout=5).json()["small_model"]
+    assert (served["served"], served["duplicate_served"]) == (TICKETS, 0)
+
+    # One call per ticket, answered; the tokens it kept from the gateway's answer are the row's.
+    calls = query(stack.database_url, "SELECT a.outcome, a.http_status, a.tokens_input, a.tokens_output, "
+                  "a.reported_cost, (r.result->>'tokens')::int FROM ai_attempts a JOIN stage_results r "
+                  "USING (pipeline, run_id, request_id, stage) WHERE a.run_id = %s", pipeline.run_id)
+    assert len(calls) == TICKETS
+    price = spec.endpoints["assistant"].price
+    declared = []
+    for outcome, status, tokens_in, tokens_out, reported, kept in calls:
+        assert (outcome, status, kept) == ("ok", 200, tokens_in + tokens_out)
+        declared.append(tokens_in / 1000 * price.input_per_1k + tokens_out / 1000 * price.output_per_1k)
+        assert reported == pytest.approx(declared[-1], rel=0.01)
+    assert sum(reported for *_, reported, _ in calls) == pytest.approx(sum(declared), rel=0.01)
+    assert sum(declared) > 0
+
+    # The key: in no command line while the fleets ran (the proxy's and theirs among them), in
+    # nothing they printed, in no row the run wrote.
+    assert "--config" in command_lines and "spawn_main" in command_lines
+    rows = query(stack.database_url, " UNION ALL ".join(
+        f"SELECT t::text FROM {table} t WHERE run_id = %s"
+        for table in ("runs", "requests", "stage_results", "ai_attempts")), *[pipeline.run_id] * 4)
+    printed = capfd.readouterr()
+    places = [("command lines", command_lines), ("fleet output", printed.out + printed.err),
+              *((f"row {i}", row) for i, (row,) in enumerate(rows))]
+    leaks = [name for name, text in places if gateway.key in text]
+    assert len(rows) == 1 + 3 * TICKETS and leaks == []
 
 
 def test_the_master_key_is_in_no_command_line_log_or_answer(gateway: Gateway) -> None:
