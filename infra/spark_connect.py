@@ -27,14 +27,16 @@ from spark.session import server_conf
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"  # the server's own variable for its token
-# On the standalone master: an executor idle this long, shuffle files or not, is let go. Each
-# analysis's queries are new, so nothing reads an earlier one's shuffle files again.
+# On the standalone master: an executor idle this long, with shuffle files or cached blocks or
+# neither, is let go. Each analysis's queries and caches are its own, so nothing reads an earlier
+# one's again.
 IDLE_EXECUTOR = "30s"
 RELEASING_CORES = {
     "spark.dynamicAllocation.enabled": "true",
     "spark.dynamicAllocation.shuffleTracking.enabled": "true",  # no external shuffle service here
     "spark.dynamicAllocation.executorIdleTimeout": IDLE_EXECUTOR,
     "spark.dynamicAllocation.shuffleTracking.timeout": IDLE_EXECUTOR,
+    "spark.dynamicAllocation.cachedExecutorIdleTimeout": IDLE_EXECUTOR,
 }
 
 

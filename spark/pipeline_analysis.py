@@ -80,10 +80,6 @@ class RunFrames:
     def cache(self) -> RunFrames:
         return RunFrames(*(frame.cache() for frame in self.frames()))
 
-    def unpersist(self) -> None:
-        for frame in self.frames():
-            frame.unpersist()
-
 
 def load_runs(spark: SparkSession, jdbc: job_io.Jdbc, run_ids: Sequence[str]) -> RunFrames:
     """The runs' rows, filtered by run_id inside PostgreSQL (the `query` option): one read per
@@ -373,8 +369,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
         try:
             documents = analyse(frames, run_ids, bucket_seconds=args.bucket_seconds,
                                 final_stage=args.final_stage)
-        finally:  # a Connect server keeps what a released session cached
-            frames.unpersist()
+        finally:
+            # On a Connect server what a session cached outlives it, and unpersist() missed three
+            # of the five frames there (Spark 4.0.0); nothing else the analyses run caches.
+            spark.catalog.clearCache()
     for run_id, doc in documents.items():
         if args.database_url:
             job_io.upsert_figures(args.database_url, "analysis_pipeline", run_id, doc)
