@@ -54,7 +54,9 @@ def test_the_server_command(master: str, releases_cores: bool, monkeypatch: pyte
     line = spark_connect.command(TEST, master)
     assert line[0].endswith("/spark-submit")
     assert line[1:7] == ["--class", spark_connect.SERVER_CLASS, "--name", "spark-connect", "--master", master]
-    conf = dict(arg.split("=", 1) for arg in line[8::2])
+    assert line[7:9] == ["--driver-java-options", f"{session.QUICK_JIT} -Dlog4j2.configurationFile="
+                         f"{spark_connect.log_config(TEST)}"]  # at INFO its log would show passwords
+    conf = dict(arg.split("=", 1) for arg in line[10::2])
     assert conf["spark.connect.grpc.binding.port"] == str(TEST.spark_connect_port)
     assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"
     assert conf["spark.jars"] == "/jars/kafka.jar,/jars/postgresql.jar"

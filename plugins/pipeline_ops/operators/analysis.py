@@ -36,7 +36,9 @@ class AnalysisSubmitOperator(SparkSubmitOperator):
             return
         from spark import analyses  # PySpark's import is the task's, not the DAG file's parse
 
-        self.log.info("running the analysis on the Spark Connect server of %s", self.spark_connect_conn_id)
+        argv = list(self.application_args or [])
+        self.log.info("running %s on the Spark Connect server of %s",
+                      ", ".join(name for name, _ in analyses.split(argv)), self.spark_connect_conn_id)
         with environment(connections):
-            analyses.main(list(self.application_args or []), remote=remote)
+            analyses.main(argv, remote=remote)
 
