@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 
@@ -81,3 +82,18 @@ def tail(path: Path, lines: int = 30) -> str:
     if not path.exists():
         return f"(no log at {path})"
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def environment(variables: Mapping[str, str]) -> Iterator[None]:
+    """`variables` set in this process's environment while the block runs, as they were after."""
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

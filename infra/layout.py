@@ -100,6 +100,12 @@ class Layout:
         return 7077 + self.offset
 
     @property
+    def spark_connect_port(self) -> int:
+        """The stack's Spark Connect server (Spark's default 15002 would put the offset stacks'
+        in the ephemeral range)."""
+        return 7078 + self.offset
+
+    @property
     def spark_master_ui_port(self) -> int:
         return 8180 + self.offset
 

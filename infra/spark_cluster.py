@@ -72,7 +72,7 @@ def write_conf(layout: Layout, spark: str) -> Path:
     return conf
 
 
-def _environment(layout: Layout) -> dict[str, str]:
+def environment(layout: Layout) -> dict[str, str]:
     return {**os.environ, "SPARK_LOG_DIR": str(folder(layout) / "logs"),
             "SPARK_CONF_DIR": str(conf_dir(layout)), "PYSPARK_PYTHON": sys.executable}
 
@@ -83,7 +83,7 @@ def _spark_class(main_class: str, *args: str) -> list[str]:
 
 def start(layout: Layout, timeout_s: float = 90.0) -> dict[str, int]:
     """Start the master and a worker (those not running); wait until the worker registered."""
-    env, logs = _environment(layout), folder(layout) / "logs"
+    env, logs = environment(layout), folder(layout) / "logs"
     master = spawn(_spark_class("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                 "--port", str(layout.spark_master_port),
                                 "--webui-port", str(layout.spark_master_ui_port)),

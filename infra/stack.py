@@ -11,7 +11,9 @@ STACK=test selects the test stack (own folder, ports +10000). SECURITY=sasl_ssl 
 secured: Kafka only over SASL_SSL with a SCRAM user per role and ACLs enforced (see
 infra/kafka_cluster.py). Every stack's PostgreSQL requires its superuser's password.
 SPARK=cluster also starts a Spark standalone master and worker (infra/spark_cluster.py) and points
-`spark_default` at it; every stack writes a Spark configuration folder (SPARK_CONF_DIR).
+`spark_default` at it; every stack writes a Spark configuration folder (SPARK_CONF_DIR) and runs a
+Spark Connect server on its master (infra/spark_connect.py, SPARK_CONNECT_URL and the
+`spark_connect_default` connection), where the DAGs' analyses run.
 GATEWAY=litellm also starts LiteLLM's proxy in front of the AI stand-in (infra/ai_gateway.py), its
 URL and master key in stack.env (AI_GATEWAY_URL, AI_GATEWAY_KEY) and the `ai_gateway` connection.
 
@@ -40,7 +42,7 @@ from consumers.config.pipeline_spec import roles
 from host import supervisor
 from host.files import write_private
 from host.processes import alive, spawn, terminate
-from infra import ai_gateway, kafka_cluster, postgres_server, spark_cluster, tls
+from infra import ai_gateway, kafka_cluster, postgres_server, spark_cluster, spark_connect, tls
 from infra.layout import (
     LOCAL,
     PLAINTEXT,
@@ -60,21 +62,25 @@ from spark.jars import resolved_jars
 @dataclass(frozen=True, repr=False)
 class Credentials:
     """The stack's passwords: PostgreSQL's superuser's, on a secured stack each Kafka
-    principal's (`admin` and one per role, named like the role), and with a gateway its master key."""
+    principal's (`admin` and one per role, named like the role), with a gateway its master key,
+    and the Spark Connect server's token."""
 
     postgres: str | None
     kafka: Mapping[str, str]
     gateway: str | None = None
+    spark_connect: str | None = None
 
     @classmethod
     def saved(cls, layout: Layout) -> Credentials:
         """The passwords the stack's stack.env holds (none before the first start)."""
         access = KafkaAccess.from_environment(layout.saved_env())
         connections = [access.default, *access.roles.values()] if access else []
+        connect_url = layout.saved_env().get("SPARK_CONNECT_URL")
         return cls(layout.postgres_password(),
                    {c.settings["sasl.username"]: c.settings["sasl.password"]
                     for c in connections if "sasl.username" in c.settings},
-                   layout.saved_env().get("AI_GATEWAY_KEY"))
+                   layout.saved_env().get("AI_GATEWAY_KEY"),
+                   spark_connect.token_of(connect_url) if connect_url else None)
 
     def completed(self, security: str, gateway: str = ai_gateway.NONE) -> Credentials:
         """These passwords, with new ones for what `security` and `gateway` need and they lack
@@ -82,7 +88,8 @@ class Credentials:
         users = (kafka_cluster.ADMIN, *roles()) if security == SASL_SSL else ()
         key = (self.gateway or ai_gateway.new_key(new_password())) if gateway == ai_gateway.LITELLM else None
         return Credentials(self.postgres or new_password(),
-                           {user: self.kafka.get(user) or new_password() for user in users}, key)
+                           {user: self.kafka.get(user) or new_password() for user in users}, key,
+                           self.spark_connect or new_password())
 
 
 def new_password() -> str:
@@ -117,7 +124,8 @@ def start_ai_service(layout: Layout) -> int:
 def ports(layout: Layout, brokers: int, spark: str = spark_cluster.LOCAL,
           gateway: str = ai_gateway.NONE) -> dict[str, int]:
     """Every port the stack will listen on, named for error messages."""
-    named = {"PostgreSQL": layout.postgres_port, "AI service": layout.ai_service_port}
+    named = {"PostgreSQL": layout.postgres_port, "AI service": layout.ai_service_port,
+             "Spark Connect": layout.spark_connect_port}
     if gateway == ai_gateway.LITELLM:
         named["AI gateway"] = layout.ai_gateway_port
     if spark == spark_cluster.CLUSTER:
@@ -179,6 +187,16 @@ def spark_connection(layout: Layout, spark: str) -> dict:
     return {"conn_type": "spark", "host": "local[*]"}
 
 
+def spark_connect_environment(layout: Layout, token: str | None) -> dict[str, str]:
+    """The Connect server's URL, token included, and the `spark_connect_default` connection.
+    Not PySpark's own SPARK_REMOTE: with it set, every session PySpark builds, spark-submit's
+    included, would be a client of the server."""
+    if token is None:
+        return {}
+    return {"SPARK_CONNECT_URL": spark_connect.url(layout, token),
+            "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(spark_connect.connection(layout, token))}
+
+
 def gateway_environment(layout: Layout, key: str | None) -> dict[str, str]:
     """With a gateway (`key` its master key): its URL and key, and the `ai_gateway` connection
     (HTTP, the key as its password) for the endpoints of a spec that name it; the `llm`
@@ -224,6 +242,7 @@ def environment(layout: Layout, brokers: int, security: str, credentials: Creden
         **airflow_kafka_connections(access),
         "AIRFLOW_CONN_POSTGRES_DEFAULT": database_url.replace("postgresql://", "postgres://"),
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_connection(layout, spark)),
+        **spark_connect_environment(layout, credentials.spark_connect),
         "AIRFLOW_CONN_AI_SERVICE": f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true",
         # The OpenAI-compatible models the LLM pipeline names: the stand-in serves them, or the
         # gateway in front of it when there is one (below).
@@ -253,18 +272,27 @@ def airflow_db_migrate(layout: Layout, env: dict[str, str]) -> None:
         raise RuntimeError(f"airflow db migrate failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
 
 
-def ensure_spark(layout: Layout, state: dict, spark: str) -> None:
-    """Write the stack's Spark configuration; start or stop the standalone cluster to match."""
+def ensure_spark(layout: Layout, state: dict, spark: str, token: str | None) -> None:
+    """Write the stack's Spark configuration; start or stop the standalone cluster to match; run
+    the Connect server on the stack's master, started again when that master is new."""
     spark_cluster.write_conf(layout, spark)
+    master = spark_cluster.master_url(layout, spark)
+    connect = state.get("spark_connect") or {}
     pids = state.get("spark", {})
     up_now = spark_cluster.running(pids, layout)
+    restart = connect.get("master") != master or (spark == spark_cluster.CLUSTER and not up_now)
+    if restart:
+        spark_connect.stop(connect.get("pid"))
     if spark == spark_cluster.CLUSTER and not up_now:
-        print(f"starting a Spark standalone master and worker on {spark_cluster.master_url(layout, spark)}")
+        print(f"starting a Spark standalone master and worker on {master}")
         spark_cluster.stop(pids)  # whichever half survived
         state["spark"] = spark_cluster.start(layout)
     elif spark == spark_cluster.LOCAL and pids:
         spark_cluster.stop(pids)
         state["spark"] = {}
+    if token and (restart or not alive(connect.get("pid"))):
+        print(f"starting a Spark Connect server on 127.0.0.1:{layout.spark_connect_port} ({master})")
+        state["spark_connect"] = {"pid": spark_connect.start(layout, master, token), "master": master}
     save_state(layout, state)
 
 
@@ -304,7 +332,7 @@ def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) ->
         ensure_gateway(layout, state, gateway, credentials.gateway)
         migrate(layout.database_url())  # migrations added since the stack started
         supervisor.start(stack_paths(layout))
-        ensure_spark(layout, state, spark)
+        ensure_spark(layout, state, spark, credentials.spark_connect)
         print(f"{layout.name} stack already running")
         return
     check_ports_free(layout, brokers, spark, gateway)
@@ -346,7 +374,7 @@ def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) ->
     print(f"starting supervisord ({paths.socket}); deployed fleets start again")
     supervisor.start(paths)
 
-    ensure_spark(layout, state, spark)
+    ensure_spark(layout, state, spark, credentials.spark_connect)
 
     print("preparing the Airflow metadata database")
     airflow_db_migrate(layout, env)
@@ -360,11 +388,13 @@ def down(layout: Layout) -> None:
     # First, while Kafka runs: the fleets finish their work, commit and leave their groups.
     supervisor.shutdown(stack_paths(layout))
     terminate(state.get("gateway"), state.get("ai_service"), grace_s=10)
+    spark_connect.stop((state.get("spark_connect") or {}).get("pid"))  # before its master
     spark_cluster.stop(state.get("spark", {}))
     kafka_cluster.stop_nodes(*state.get("kafka", {}).values())
     postgres_server.stop(layout)
     if state:
         state["kafka"], state["ai_service"], state["gateway"], state["spark"] = {}, None, None, {}
+        state["spark_connect"] = None
         save_state(layout, state)
     left = [f"{name} port {port}" for name, port
             in ports(layout, state.get("brokers", 3), spark_cluster.CLUSTER, gateway).items()
@@ -389,6 +419,11 @@ def status(layout: Layout) -> int:
         print(f"Spark master: {'up' if spark_cluster.running(state['spark'], layout) else 'down'} on "
               f"{spark_cluster.master_url(layout, spark_cluster.CLUSTER)}, {len(workers)} worker(s), "
               f"status {spark_cluster.status_url(layout)}")
+    connect = state.get("spark_connect") or {}
+    if connect:
+        print(f"Spark Connect: {'up' if alive(connect['pid']) else 'down'} on "
+              f"127.0.0.1:{layout.spark_connect_port} ({connect['master']}), "
+              f"log {spark_connect.log_file(layout)}")
     paths = stack_paths(layout)
     client = supervisor.Client(paths)
     supervising = client.alive()

@@ -39,6 +39,9 @@ def add_common_args(parser: argparse.ArgumentParser, *, kafka: bool = False, jdb
     if spark:
         parser.add_argument("--master", help="Spark master (default: spark-submit's, else spark.master in "
                             "$SPARK_CONF_DIR/spark-defaults.conf, else local[*])")
+        parser.add_argument("--remote", metavar="URL",
+                            help="a Spark Connect server (sc://host:port/;token=...) to run in, instead "
+                                 "of starting Spark (the stack's is $SPARK_CONNECT_URL)")
     if kafka:
         kafka_connection.add_argument(parser)
         parser.add_argument("--topics", type=lambda s: [t for t in s.split(",") if t], required=True,

@@ -41,7 +41,7 @@ from consumers.config.kafka_connection import KafkaConnection
 from measure import figures, skew
 from measure.sizing import SizingInput, size
 from spark import job_io
-from spark.session import build
+from spark.session import job_session
 
 RECORD_COLUMNS = ("topic", "partition", "offset", "bytes", "key", "ts_ms")
 # A record's place in [0, 1) for the key sample: the low 53 bits of a hash, as a double holds them.
@@ -373,12 +373,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"unknown topic: {unknown}") from None
     partitions = {t: args.partitions or len(c) for t, c in counts.items()}
     sizing = sizing_of(args.sizing_json, partitions)
-    spark = build("partition-load", args.master)
-    records = read_records(spark, args.kafka, args.topics, start_ms=args.start_ms,
-                           end_ms=args.end_ms, min_partitions=args.min_partitions)
-    result = analyse(records, partitions, hot_threshold=args.hot_threshold,
-                     bucket_seconds=args.bucket_seconds, partition_records=counts,
-                     distinct_keys=args.distinct_keys, sizing=sizing)
+    with job_session("partition-load", args.master, remote_url=args.remote) as spark:
+        records = read_records(spark, args.kafka, args.topics, start_ms=args.start_ms,
+                               end_ms=args.end_ms, min_partitions=args.min_partitions)
+        result = analyse(records, partitions, hot_threshold=args.hot_threshold,
+                         bucket_seconds=args.bucket_seconds, partition_records=counts,
+                         distinct_keys=args.distinct_keys, sizing=sizing)
     document = result.document(run_id, topics=args.topics, start_ms=args.start_ms, end_ms=args.end_ms,
                                bucket_seconds=args.bucket_seconds, hot_threshold=args.hot_threshold,
                                distinct_keys=args.distinct_keys, key_sample=skew.key_sample_size())

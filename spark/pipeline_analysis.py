@@ -55,7 +55,7 @@ from pyspark.sql import functions as F
 from measure import figures
 from spark import job_io
 from spark.job_io import collect_sorted
-from spark.session import build
+from spark.session import job_session
 
 OPENING_EVENTS = ("revoke", "lost")
 # A run's rows are thousands: every shuffle of this job fits one task, and more tasks only cost
@@ -362,11 +362,17 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Analyse each run of --run-id; return the documents by run id."""
     args = parse_args(argv)
     jdbc = job_io.jdbc_from(args.database_url, args.jdbc_url)
-    spark = build("pipeline-analysis", args.master).newSession()  # its own SQL settings, the same context
-    spark.conf.set("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
     run_ids = list(dict.fromkeys(r for r in args.run_id.split(",") if r))
-    documents = analyse(load_runs(spark, jdbc, run_ids).cache(), run_ids, bucket_seconds=args.bucket_seconds,
-                        final_stage=args.final_stage)
+    with job_session("pipeline-analysis", args.master, remote_url=args.remote, own_settings=True) as spark:
+        spark.conf.set("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
+        frames = load_runs(spark, jdbc, run_ids).cache()
+        try:
+            documents = analyse(frames, run_ids, bucket_seconds=args.bucket_seconds,
+                                final_stage=args.final_stage)
+        finally:
+            # On a Connect server what a session cached outlives it, and unpersist() missed three
+            # of the five frames there (Spark 4.0.0); nothing else the analyses run caches.
+            spark.catalog.clearCache()
     for run_id, doc in documents.items():
         if args.database_url:
             job_io.upsert_figures(args.database_url, "analysis_pipeline", run_id, doc)

@@ -1,4 +1,5 @@
-"""The Spark session every job uses: the connector jars, and the master it was given.
+"""The Spark session every job uses: the connector jars, and the master it was given, or a
+session on a Spark Connect server.
 
 The master is the job's `--master` when given; otherwise what spark-submit was told (its
 `--master`, as `SparkSubmitOperator` passes the `spark_default` connection's), else
@@ -6,6 +7,11 @@ The master is the job's `--master` when given; otherwise what spark-submit was t
 a job never overrides the master it was submitted to. The jars come from `spark/jars.py`. They
 go through `spark.jars`, not `spark.jars.packages`, because Ivy would bypass the Maven
 resolution the project pins.
+
+With `--remote` (a Connect URL, `sc://...`) a job starts no JVM: it runs in a session of its
+own on a long-lived server (the stack's, `infra/spark_connect.py`), which was started with
+`server_conf()` and whose JVM is already warm. The session gets the SQL settings only
+(`sql_conf()`); the others are the server's.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from typing import cast
 
 from pyspark.sql import SparkSession
 
+from host.processes import environment
 from spark.jars import JARS_DIR, connector_jars
 
 # The JIT's optimising tier (C2) costs a job of seconds more CPU than it saves it: a tuning
@@ -53,6 +61,28 @@ KAFKA_POOLS = ("spark.kafka.consumer.cache", "spark.kafka.consumer.fetchedData.c
 # this list takes the connector's V2 source, which produces internal rows directly: the same job
 # 9.7 s warm instead of 12.8 s, its bare read 12.9 s instead of 20.8 s, measured here.
 V1_SOURCES = "avro,csv,json,orc,parquet,text"  # Spark's default, kafka left out
+# PySpark's functions (F.col, F.length("key"), ...) build Connect columns only while this is set
+# (pyspark.sql.utils.is_remote); PySpark's own builder sets it for good once it makes a remote
+# session, which would turn the classic sessions built later in the process into clients too.
+CONNECT_MODE = {"SPARK_CONNECT_MODE_ENABLED": "1"}
+
+
+def server_conf() -> dict[str, str]:
+    """What a JVM takes when it starts: the connector jars and the Kafka pools' eviction."""
+    jars = connector_jars()
+    if not jars:
+        raise RuntimeError(f"no connector jars in {JARS_DIR}: run `make jars`")
+    conf = {"spark.jars": jars, "spark.ui.showConsoleProgress": "false"}
+    for pool in KAFKA_POOLS:
+        conf |= {f"{pool}.timeout": KAFKA_POOL_IDLE, f"{pool}.evictorThreadRunInterval": KAFKA_POOL_IDLE}
+    return conf
+
+
+def sql_conf() -> dict[str, str]:
+    """What each session sets for itself: UTC, the shuffle's partitions, the V2 Kafka source."""
+    return {"spark.sql.session.timeZone": "UTC",
+            "spark.sql.shuffle.partitions": os.environ.get("SPARK_SHUFFLE_PARTITIONS", "8"),
+            "spark.sql.sources.useV1SourceList": V1_SOURCES}
 
 
 def build(app_name: str, master: str | None = None, *, long_scan: bool = False) -> SparkSession:
@@ -60,20 +90,9 @@ def build(app_name: str, master: str | None = None, *, long_scan: bool = False) 
     `long_scan`, LONG_SCAN_JVM and LONG_SCAN_MEMORY whatever spark-defaults.conf says (they apply
     when this process starts the JVM: `python -m` or the benchmark, not a session spark-submit
     already made)."""
-    jars = connector_jars()
-    if not jars:
-        raise RuntimeError(f"no connector jars in {JARS_DIR}: run `make jars`")
-    builder = (
-        SparkSession.builder.appName(app_name)
-        .config("spark.jars", jars)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", os.environ.get("SPARK_SHUFFLE_PARTITIONS", "8"))
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.sources.useV1SourceList", V1_SOURCES)
-    )
-    for pool in KAFKA_POOLS:
-        builder = (builder.config(f"{pool}.timeout", KAFKA_POOL_IDLE)
-                   .config(f"{pool}.evictorThreadRunInterval", KAFKA_POOL_IDLE))
+    builder = SparkSession.builder.appName(app_name)
+    for name, value in {**server_conf(), **sql_conf()}.items():
+        builder = builder.config(name, value)
     if master:
         builder = builder.master(master)
     if long_scan:
@@ -86,6 +105,24 @@ def build(app_name: str, master: str | None = None, *, long_scan: bool = False) 
     return session
 
 
+def remote(url: str) -> SparkSession:
+    """A new session on the Spark Connect server at `url`, with `sql_conf()`; use it inside
+    `connect_mode()`. Imported here: the client's modules take seconds to import, which a
+    spark-submit driver need not pay. The Connect session serves the DataFrame API the jobs use,
+    though it is no subclass of the classic session."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    builder = RemoteSession.builder.remote(url)
+    for name, value in sql_conf().items():
+        builder = builder.config(name, value)
+    return cast(SparkSession, builder.create())
+
+
+def connect_mode() -> AbstractContextManager[None]:
+    """PySpark's functions building Connect columns while the block runs (CONNECT_MODE)."""
+    return environment(CONNECT_MODE)
+
+
 @contextmanager
 def session(app_name: str, master: str | None = None, *, long_scan: bool = False) -> Iterator[SparkSession]:
     """A built session, stopped on leaving: a long-lived process (the benchmark, a test run) must
@@ -95,3 +132,22 @@ def session(app_name: str, master: str | None = None, *, long_scan: bool = False
         yield spark
     finally:
         spark.stop()
+
+
+@contextmanager
+def job_session(app_name: str, master: str | None = None, *, remote_url: str | None = None,
+                own_settings: bool = False) -> Iterator[SparkSession]:
+    """The session a job's main runs in. On a Connect server (`remote_url`): a session of its
+    own, released on leaving, while the server runs on. Otherwise the application's (`build`),
+    left running for spark-submit or spark/analyses.py to end; with `own_settings`, a new
+    session over its context, whose SQL settings are the job's alone."""
+    if remote_url:
+        with connect_mode():
+            spark = remote(remote_url)
+            try:
+                yield spark
+            finally:
+                spark.stop()
+        return
+    spark = build(app_name, master)
+    yield spark.newSession() if own_settings else spark

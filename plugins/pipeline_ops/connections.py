@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow.exceptions import AirflowNotFoundException
+from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from airflow.sdk import BaseHook
 
@@ -42,6 +43,15 @@ def database_url(postgres_conn_id: str) -> str:
     driver). It reaches processes in their environment, never on a command line."""
     return re.sub(r"^postgres(ql)?(\+\w+)?://", "postgresql://",
                   PostgresHook(postgres_conn_id=postgres_conn_id).get_uri())
+
+
+def spark_connect_url(conn_id: str) -> str | None:
+    """The Spark Connect server's URL (`sc://...`, its token included) as the provider's hook
+    builds it from a `spark_connect` connection; None when there is no such connection."""
+    try:
+        return SparkConnectHook(conn_id).get_connection_url()
+    except AirflowNotFoundException:
+        return None
 
 
 def base_url(conn_id: str) -> str:

@@ -55,12 +55,14 @@ def spark_analysis(run_ids: str, key: str) -> AnalysisSubmitOperator:
     completing stage. `run_ids` is a Jinja expression giving the list of runs (e.g.
     `[params.run_id]`): one JVM start for both jobs and all the trials of a tuning run instead of
     one per job. The spec's values come from the check task; the Kafka connection and the
-    database URL reach the jobs in their environment."""
+    database URL reach the jobs in their environment. With the stack's Spark Connect server
+    (`spark_connect_default`), the jobs run on it and no JVM starts."""
     topics = ("{% for r in " + run_ids + " %}{{ r }}.{{ " + spec_value("measure") + " }}"
               "{{ '' if loop.last else ',' }}{% endfor %}")
     return AnalysisSubmitOperator(
         task_id="spark_analysis", application=spark_application("analyses"), name="analyses",
-        conn_id="spark_default", jars=connector_jars(), env_vars=spark_env(), application_args=[
+        conn_id="spark_default", spark_connect_conn_id="spark_connect_default", jars=connector_jars(),
+        env_vars=spark_env(), application_args=[
             "partition_load", "--topics", topics, "--run-id", key, "--",
             "pipeline_analysis", "--run-id", "{{ " + run_ids + " | join(',') }}",
             "--final-stage", "{{ " + spec_value("completing_stage") + " }}"])

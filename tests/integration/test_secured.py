@@ -34,6 +34,7 @@ from consumers.config.candidate import PipelineConfig, StageConfig
 from consumers.config.events import Topics
 from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.pipeline_run import running_pipeline
+from infra import spark_connect
 from infra.layout import Layout
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.integration.test_dags import PASSABLE, decision_of, tuning_conf
@@ -213,10 +214,12 @@ def test_pipeline_tuning_succeeds_on_the_secured_stack(secure: Stack) -> None:
 
 
 def secrets_of(env: dict[str, str]) -> set[str]:
-    """Every password the stack generated: the Kafka principals' and PostgreSQL's."""
+    """Every password the stack generated: the Kafka principals', PostgreSQL's and the Spark
+    Connect server's token."""
     found = {json.loads(v)["sasl.password"] for k, v in env.items()
              if k.startswith("KAFKA_CLIENT_CONFIG") and "sasl.password" in json.loads(v)}
     found.add(urlsplit(env["DATABASE_URL"]).password)
+    found.add(spark_connect.token_of(env["SPARK_CONNECT_URL"]))
     return found
 
 
@@ -229,7 +232,7 @@ def is_log(path: Path) -> bool:
 
 def test_no_password_in_any_log_or_result(secure: Stack) -> None:
     secrets = secrets_of(secure.env)
-    assert len(secrets) == len(ROLES) + 2  # admin, each role, PostgreSQL
+    assert len(secrets) == len(ROLES) + 3  # admin, each role, PostgreSQL, the Connect server
     root = secure.layout.root
     logs = [p for p in root.rglob("*.log") if is_log(p.relative_to(root))]
     results = [p for p in (REPO / "results").rglob("*") if p.is_file()
@@ -238,9 +241,9 @@ def test_no_password_in_any_log_or_result(secure: Stack) -> None:
     names = {str(p.relative_to(root)) for p in logs}
     assert any(n.startswith("supervisor/logs/fleet-") for n in names), sorted(names)[:20]
     assert {"kafka-1/logs/server.log", "postgres/server.log", "ai-service.log",
-            "supervisor/supervisord.log"} <= names
+            "supervisor/supervisord.log", "spark/logs/connect.log"} <= names
     assert any(p.name == "gate.txt" for p in results) and len(OUTPUTS) == 2
-    # `airflow dags test` logs its tasks to its output: the Spark submits and the deployments.
+    # `airflow dags test` logs its tasks to its output: the Spark jobs and the deployments.
     assert all(task in OUTPUTS[1] for task in ("partition_load", "pipeline_analysis", "trials", "gate"))
     leaks = [str(p) for p in [*logs, *results]
              if any(s.encode() in p.read_bytes() for s in secrets)]

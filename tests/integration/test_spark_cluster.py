@@ -1,6 +1,7 @@
 """The analysis jobs on the test stack's Spark standalone master, submitted as the DAGs submit
-them (`SparkSubmitOperator` on `spark_default`), give exactly what `local[*]` gives; and the
-documentation's `spark-submit` command (docs/analysis.md) runs as written."""
+them without a Connect server (`SparkSubmitOperator` on `spark_default`) and run as they run with
+one (in the task, on the stack's Spark Connect server), give exactly what `local[*]` gives; and
+the documentation's `spark-submit` command (docs/analysis.md) runs as written."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from consumers.config.candidate import PipelineConfig, StageConfig
 from consumers.runs.pipeline_run import running_pipeline
@@ -72,19 +74,24 @@ def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
         yield patch
 
 
-def test_the_jobs_on_the_standalone_master_match_local(cluster_stack: Stack, run_id: str, local_spark: str,
-                                                       tmp_path: Path) -> None:
-    def both_jobs(conn_id: str) -> tuple[dict, dict]:
-        out = tmp_path / conn_id
-        out.mkdir()
-        return (submit("partition_load", conn_id,
-                       ["--topics", f"{run_id}.style", "--run-id", f"{run_id}-{conn_id}"], out / "load.json"),
-                submit("pipeline_analysis", conn_id, ["--run-id", run_id], out / "analysis.json"))
+def both_jobs(run_id: str, conn_id: str, out: Path) -> tuple[dict, dict]:
+    out.mkdir()
+    return (submit("partition_load", conn_id,
+                   ["--topics", f"{run_id}.style", "--run-id", f"{run_id}-{conn_id}"], out / "load.json"),
+            submit("pipeline_analysis", conn_id, ["--run-id", run_id], out / "analysis.json"))
 
-    on_local = both_jobs(local_spark)
+
+@pytest.fixture(scope="module")
+def on_local(run_id: str, local_spark: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    """Both jobs' documents from spark-submits on local[2]: what every other way must give."""
+    return both_jobs(run_id, local_spark, tmp_path_factory.mktemp("local") / "out")
+
+
+def test_the_jobs_on_the_standalone_master_match_local(cluster_stack: Stack, run_id: str,
+                                                       on_local: tuple[dict, dict], tmp_path: Path) -> None:
     with stand_in_lock(cluster_stack):
         before = {app["id"] for app in cluster_stack.spark_master_status()["completedapps"]}
-        on_cluster = both_jobs("spark_default")
+        on_cluster = both_jobs(run_id, "spark_default", tmp_path / "cluster")
         completed = cluster_stack.spark_master_status()["completedapps"]
     # The cluster really ran both: the master lists two more finished applications.
     finished = [app for app in completed if app["id"] not in before]
@@ -94,6 +101,30 @@ def test_the_jobs_on_the_standalone_master_match_local(cluster_stack: Stack, run
     assert sum(p["records"] for p in load_cluster["partitions"]) == BURST  # guard: not two empty scans
     assert on_cluster[1] == on_local[1]
     assert on_cluster[1]["requests"] == BURST
+
+
+def test_the_analysis_runs_on_the_stacks_connect_server_as_the_dags_run_it(
+        cluster_stack: Stack, run_id: str, on_local: tuple[dict, dict], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator with the DAGs' `spark_connect_default` runs both jobs of spark/analyses.py in
+    this process, on the server the stack started on its standalone master: no spark-submit, no
+    application of its own on the master."""
+    monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: pytest.fail("spark-submit ran"))
+    load, analysis = tmp_path / "load.json", tmp_path / "analysis.json"
+    operator = AnalysisSubmitOperator(
+        task_id="spark_analysis", application=str(REPO / "spark" / "analyses.py"), conn_id="spark_default",
+        spark_connect_conn_id="spark_connect_default", application_args=[
+            "partition_load", "--topics", f"{run_id}.style", "--run-id", f"{run_id}-connect",
+            "--output-json", str(load), "--",
+            "pipeline_analysis", "--run-id", run_id, "--output-json", str(analysis)])
+    with stand_in_lock(cluster_stack):
+        before = cluster_stack.spark_master_status()
+        operator.execute({})
+        after = cluster_stack.spark_master_status()
+    assert [app["id"] for app in after["completedapps"]] == [app["id"] for app in before["completedapps"]]
+    assert [app["name"] for app in after["activeapps"]] == ["spark-connect"]
+    assert dict(json.loads(load.read_text()), run_id=None) == dict(on_local[0], run_id=None)
+    assert json.loads(analysis.read_text()) == on_local[1]
 
 
 def readme_command() -> str:

@@ -234,7 +234,8 @@ def test_every_stack_port_is_below_the_ephemeral_range() -> None:
         stack = Layout(name)
         assert max(stack.controller_port(3), stack.airflow_port, stack.ai_service_port,
                    stack.ai_gateway_port, stack.postgres_port, stack.spark_master_port,
-                   stack.spark_master_ui_port, stack.spark_worker_ui_port) < 32768, name
+                   stack.spark_master_ui_port, stack.spark_worker_ui_port,
+                   stack.spark_connect_port) < 32768, name
 
 
 def test_no_two_stacks_share_a_port() -> None:
