@@ -204,9 +204,10 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, stack: Stack
     result.update(figures.limit_figures(
         result, p, [(0.0, p.concurrency), *schedule], schedule_at, stack.gateway_budgets(p),
         figures.refused_at_client(stack.database_url, pipeline.run_id, by_gateway) if by_gateway else 0))
+    result["overload_by_endpoint"] = figures.overload_by_endpoint(stack.database_url, pipeline.run_id, p.spec)
     if schedule:
         result["adaptive"] = figures.adaptive_figures(stack.database_url, pipeline.run_id, result, p,
-                                                      schedule, schedule_at)
+                                                      schedule, schedule_at, stack.gateway_budgets(p))
     if not keep_topics:  # the rows stay in PostgreSQL; the next scenario gets an unburdened broker
         remove_pipeline(pipeline.topics, stack.kafka)
     result["brokers"] = stack.brokers

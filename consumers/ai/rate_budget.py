@@ -31,6 +31,7 @@ import math
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +99,7 @@ class Bucket:
     held_until: float = -math.inf
     refusals: int = 0  # budget refusals since the last answer
     generation: int = 0  # a refilled bucket has no windows: every try is of the one
+    turns_seen: int = 0
 
     def refill(self, now: float) -> None:
         if now > self.at:
@@ -165,6 +167,7 @@ class Window:
     next_at: float = -math.inf  # the pace: when the next try may go
     held_until: float = -math.inf
     generation: int = 0
+    turns_seen: int = 0  # turns learned from the answers
     spill: float = 0.0  # tries of an earlier window answered in this one
     last: float = 0.0  # what the last answered try took
 
@@ -229,6 +232,7 @@ class Window:
             else:
                 self.taken, self.spill = self.out, 0.0
             self.ends = now + self.window_s
+            self.turns_seen += 1
             self.margin = min(max(now - since, MARGIN * self.window_s), self.window_s / 4)
             self.answered = limit - remaining
         self.level = min(self.size - self.taken, remaining - self.out + self.spill)
@@ -251,7 +255,8 @@ class RateBudget:
     """The per-minute budgets of one endpoint (thread-safe; with none known, `take` never waits)."""
 
     def __init__(self, requests_per_minute: int | None = None, tokens_per_minute: int | None = None,
-                 minute_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 minute_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 history: int = 10_000) -> None:
         self._clock = clock
         self._minute_s = minute_s
         self._lock = threading.Lock()
@@ -261,6 +266,10 @@ class RateBudget:
             for kind, size in ((REQUESTS, requests_per_minute), (TOKENS, tokens_per_minute)) if size}
         self._output_mean: float | None = None
         self._out = {REQUESTS: 0.0, TOKENS: 0.0}  # taken by tries not back yet
+        # (at, kind, budget per minute, a turn learned) when a budget learned from the answers
+        # changes or its window's turn is learned, until collected; `at` a reading of `clock`
+        self.changes: deque[tuple[float, str, float, bool]] = deque(maxlen=history)
+        self._noted: dict[str, tuple[float, int]] = {}
 
     @property
     def known(self) -> dict[str, float]:
@@ -344,7 +353,13 @@ class RateBudget:
                         Bucket(limit, self._minute_s, limit, now) if reset else
                         Window(limit, WINDOW_S, ends=now + WINDOW_S, level=limit - out, taken=out, out=out,
                                answered=limit - remaining))
-                self._buckets[kind].announced(limit, remaining, reset, now)
+                bucket = self._buckets[kind]
+                bucket.announced(limit, remaining, reset, now)
+                noted = (round(bucket.size * WINDOW_S / bucket.window_s, 1), bucket.turns_seen)
+                if noted != self._noted.get(kind):
+                    turned = kind in self._noted and noted[1] != self._noted[kind][1]
+                    self._noted[kind] = noted
+                    self.changes.append((now, kind, noted[0], turned))
 
     def refused(self, kind: str, retry_after_s: float | None, headers: Mapping[str, str],
                 spent: Spent) -> None:

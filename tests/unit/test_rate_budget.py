@@ -133,6 +133,7 @@ def test_a_fixed_window_is_spent_evenly_and_its_turn_learned_from_the_answers() 
     # The try still out (sent at 1 s) is counted to the new window: 118 left.
     budget.observe(gateway(120, 119))
     assert (window.ends, window.margin, window.level) == (70.0, 9.0, 118.0)
+    assert list(budget.changes) == [(1.0, REQUESTS, 120.0, False), (10.0, REQUESTS, 120.0, True)]
     third = budget.take(0)
     clock.now = 20.0
     budget.ended(third, answered=False)
