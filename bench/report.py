@@ -135,10 +135,12 @@ def _plot_budget(ax: Any, adaptive: dict[str, Any], budgets: list[list[Any]], en
     """The requests budget the fleet learned (per second), the gateway's, the turns of its window
     learned from the answers, and the bottleneck's calls served per second over BUDGET_WINDOW_S."""
     xs, ys = zip(*[(max(0.0, at), per_minute / 60) for at, _, per_minute, _ in budgets], strict=True)
-    ax.step([*xs, end], [*ys, ys[-1]], where="post", label="requests budget learned by the fleet")
+    ax.step([*xs, end], [*ys, ys[-1]], where="post", linewidth=4, alpha=0.5,
+            label="requests budget learned by the fleet")
     gateway = adaptive.get("gateway_budgets", {}).get("requests")
-    if gateway:
-        ax.axhline(gateway / 60, color="grey", linestyle="--", label="the gateway's requests per minute")
+    if gateway:  # (drawn over the budget learned, which it should hide)
+        ax.axhline(gateway / 60, color="black", linestyle="--", linewidth=1,
+                   label="the gateway's requests per minute")
     for at, *_, turned in budgets:
         if turned:
             ax.axvline(at, color="grey", linestyle=":", linewidth=0.8)
