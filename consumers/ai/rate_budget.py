@@ -249,8 +249,6 @@ class Window:
             self.held_until = max(self.held_until, now + retry_after_s)
 
 
-
-
 class RateBudget:
     """The per-minute budgets of one endpoint (thread-safe; with none known, `take` never waits)."""
 
