@@ -25,6 +25,8 @@ Benchmark-only figures:
   requests at the capacity in force (measure.capacity with this run's mean calls and calls per
   request, the concurrency of the scheduled endpoint following its schedule), plus one chain of
   AI calls at the spec's latencies.
+- overload_by_endpoint: per AI endpoint, its tries and those answered 429 (the attempt rows:
+  a gateway's refusals too), and their share.
 - served_on_binding: what the stand-in's own counters say of the binding endpoint: its `served`
   calls per second over the span beside the calls per second the binding limit allows there
   (measure.capacity.served_check), set beside the utilization, which is counted on our calls
@@ -33,7 +35,8 @@ Benchmark-only figures:
 - for a limit that changes during the run (`adaptive`): the limit the fleet discovered (its
   `ai_limits` rows) beside the one the service had in force, utilization_in_force and a
   recovery_s per change (measure.figures), against the capacity with the bottleneck's measured
-  mean call.
+  mean call; the per-minute budgets the fleet learned from the answers (its `ai_budgets` rows)
+  beside a gateway's, and when the bottleneck's successful calls ended.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from consumers.config.events import Topics
 from consumers.config.kafka_connection import KafkaConnection
+from consumers.config.pipeline_spec import PipelineSpec
 from consumers.config.presets import PresetParams
 from consumers.runs.run_figures import cost_figures, limits_of, rows, standard_figures
 from measure import capacity, figures
@@ -243,13 +247,35 @@ def refused_at_client(database_url: str, run_id: str, stages: list[str]) -> int:
                     "AND outcome = 'http_429'", (run_id, stages))[0][0])
 
 
+def overload_entry(refused: int, calls: int) -> dict[str, Any]:
+    """One endpoint's 429s beside its calls, and their share (measure.figures.overload_share)."""
+    share = figures.overload_share(refused, calls)
+    return {"ai_calls": calls, "ai_429": refused, "overload_share": _rounded(share, 5)}
+
+
+def overload_by_endpoint(database_url: str, run_id: str, spec: PipelineSpec) -> dict[str, dict[str, Any]]:
+    """Per endpoint, the tries its stages sent and those answered 429, from the attempt rows: a
+    gateway's refusals too, which the stand-in behind it never counts."""
+    counts: dict[str, tuple[int, int]] = {}
+    for stage, calls, refused in rows(
+            database_url, "SELECT stage, count(*) FILTER (WHERE outcome <> 'not_sent'), "
+            "count(*) FILTER (WHERE outcome = 'http_429') FROM ai_attempts WHERE run_id = %s GROUP BY stage",
+            (run_id,)):
+        endpoint = spec.stages[stage].work.endpoint
+        made, seen = counts.get(endpoint, (0, 0))
+        counts[endpoint] = (made + calls, seen + refused)
+    return {name: overload_entry(refused, calls) for name, (calls, refused) in sorted(counts.items())}
+
+
 def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
 def adaptive_figures(database_url: str, run_id: str, result: dict[str, Any], p: PresetParams,
-                     schedule: list[list[float]], applied_at: float) -> dict[str, Any]:
-    """How the discovered limit followed the service's (see the module docstring)."""
+                     schedule: list[list[float]], applied_at: float,
+                     gateway: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, Any]:
+    """How the discovered limit followed the service's, and the budgets the fleet learned beside
+    the gateway's (see the module docstring)."""
     stage = result["bottleneck_stage"]
     first = result["first_produced_s"]
     service_s = result["service_s"][stage]
@@ -268,7 +294,15 @@ def adaptive_figures(database_url: str, run_id: str, result: dict[str, Any], p: 
         recoveries.append({"at_s": round(at, 3), "limit": limit, "recovery_s": _rounded(took, 3),
                            "recovery_real_s": _rounded(None if took is None else took / p.time_scale, 2)})
     utilization = figures.utilization_in_force(times, calls, slots)
+    budgets = [(round(float(at) - first, 3), kind, per_minute, turned) for at, kind, per_minute, turned in
+               rows(database_url, "SELECT extract(epoch FROM at), kind, per_minute, turned FROM ai_budgets "
+                    "WHERE run_id = %s AND stage = %s ORDER BY at", (run_id, stage))]
+    endpoint = p.spec.stages[stage].work.endpoint
+    gateway_budgets = {kind.removesuffix("_per_minute"): budget / p.time_scale  # a wall-clock minute's
+                       for kind, budget in (gateway or {}).get(endpoint, {}).items()}
     return {"stage": stage, "service_s": round(service_s, 5),
             "utilization_in_force": _rounded(utilization, 4), "recoveries": recoveries,
             "service_limits": [(round(at, 3), limit) for at, limit in in_force],
-            "discovered_limits": [(round(at, 3), limit) for at, limit in discovered]}
+            "discovered_limits": [(round(at, 3), limit) for at, limit in discovered],
+            "discovered_budgets": budgets, "gateway_budgets": gateway_budgets,
+            "calls_ended": sorted(round(ended, 3) for _, ended in calls)}

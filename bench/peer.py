@@ -36,6 +36,7 @@ import requests
 from rich.console import Console
 from rich.progress import Progress
 
+from bench import figures as bench_figures
 from consumers.config import pipeline_spec
 from consumers.config.pipeline_spec import HttpWork, PipelineSpec
 from consumers.loadgen import source
@@ -126,9 +127,8 @@ def peer_figures(result: Mapping[str, Any], stage: str, endpoint: str, model: ai
         skew_cv=None, latency_s={q: figures.percentile(latency, q) for q in figures.QUANTILES}, limits=limits)
     calls = standard["calls_per_request"]
     cap = capacity.capacity(limits, service_s, calls)
-    share = figures.overload_share(totals["refused_429"], totals["calls"])
-    return {**standard, "ai_calls": totals["calls"], "ai_429": totals["refused_429"],
-            "overload_share": None if share is None else round(share, 5),
+    overload = bench_figures.overload_entry(totals["refused_429"], totals["calls"])
+    return {**standard, **overload, "overload_by_endpoint": {endpoint: overload},
             "served_on_binding": capacity.served_check(cap, calls, limits, served.get("served"),
                                                        standard["span_s"]),
             "peer": {"stage": stage, "model": model.name, "rpm": model.rpm, "tpm": model.tpm,

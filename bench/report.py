@@ -90,12 +90,16 @@ def _plot_completions(rows: dict[str, list[int]], capacity: float | None, path: 
 
 
 def _plot_adaptive(name: str, scenario: dict[str, Any], times: list[float], path: Path) -> None:
-    """The limit the fleet discovered beside the one in force, and throughput (completions over the
-    last mean call, per second) beside the capacity in force, against time since the first produce."""
+    """The limit the fleet discovered beside the one in force; with budgets learned from the
+    answers (a gateway's), the requests budget learned beside the gateway's and the calls served
+    on the bottleneck; and throughput (completions over the last mean call, per second) beside the
+    capacity in force, against time since the first produce."""
     adaptive = scenario["adaptive"]
     first, call_s = scenario["first_produced_s"], adaptive["service_s"]
     relative = sorted(t - first for t in times)
-    fig, (limits, rates) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    budgets = [b for b in adaptive.get("discovered_budgets", []) if b[1] == "requests"]
+    fig, axes = plt.subplots(3 if budgets else 2, 1, figsize=(9, 8.5 if budgets else 6), sharex=True)
+    limits, rates = axes[0], axes[-1]
     end = relative[-1] if relative else 1.0
     for label, points, style in (("limit in force at the service", adaptive["service_limits"], "--"),
                                  ("limit discovered by the fleet", adaptive["discovered_limits"], "-")):
@@ -104,19 +108,53 @@ def _plot_adaptive(name: str, scenario: dict[str, Any], times: list[float], path
             limits.step([*xs, end], [*ys, ys[-1]], where="post", linestyle=style, label=label)
     limits.set(ylabel="calls in flight", title=f"{name}: {adaptive['stage']} concurrency limit")
     limits.legend()
+    if budgets:
+        _plot_budget(axes[1], adaptive, budgets, end)
     grid = [i * call_s / 4 for i in range(1, int(end / call_s * 4) + 1)]
-    rate = [(bisect.bisect_right(relative, t) - bisect.bisect_right(relative, t - call_s)) / call_s
-            for t in grid]
+    rate = _rate(relative, grid, call_s)
     rates.plot(grid, rate, label="completions per second (over one call)")
     capacity = [(max(0.0, at), limit / call_s) for at, limit in adaptive["service_limits"]]
     xs, ys = zip(*capacity, strict=True)
     rates.step([*xs, end], [*ys, ys[-1]], where="post", color="grey", linestyle="--",
-               label="capacity in force")
+               label="capacity in force (concurrency)")
+    if budgets and scenario.get("capacity_rps"):  # a budget binds: the concurrency's capacity is far off
+        rates.axhline(scenario["capacity_rps"], color="black", linestyle=":",
+                      label=f"capacity ({scenario.get('binding_limit')})")
+        rates.set_ylim(0, 2 * max([scenario["capacity_rps"], *rate]))
     rates.set(xlabel="seconds since the first request was produced", ylabel="requests/s")
     rates.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+BUDGET_WINDOW_S = 10.0  # the calls served per second are counted over this much
+
+
+def _plot_budget(ax: Any, adaptive: dict[str, Any], budgets: list[list[Any]], end: float) -> None:
+    """The requests budget the fleet learned (per second), the gateway's, the turns of its window
+    learned from the answers, and the bottleneck's calls served per second over BUDGET_WINDOW_S."""
+    xs, ys = zip(*[(max(0.0, at), per_minute / 60) for at, _, per_minute, _ in budgets], strict=True)
+    ax.step([*xs, end], [*ys, ys[-1]], where="post", linewidth=4, alpha=0.5,
+            label="requests budget learned by the fleet")
+    gateway = adaptive.get("gateway_budgets", {}).get("requests")
+    if gateway:  # (drawn over the budget learned, which it should hide)
+        ax.axhline(gateway / 60, color="black", linestyle="--", linewidth=1,
+                   label="the gateway's requests per minute")
+    for at, *_, turned in budgets:
+        if turned:
+            ax.axvline(at, color="grey", linestyle=":", linewidth=0.8)
+    grid = [i * BUDGET_WINDOW_S / 4 for i in range(1, int(end / BUDGET_WINDOW_S * 4) + 1)]
+    ax.plot(grid, _rate(adaptive["calls_ended"], grid, BUDGET_WINDOW_S),
+            label=f"{adaptive['stage']} calls served per second (over {BUDGET_WINDOW_S:g} s)")
+    ax.set(ylabel="calls/s", title=f"{adaptive['stage']} per-minute budget (dotted: window turns learned)")
+    ax.legend()
+
+
+def _rate(ordered: list[float], grid: list[float], window_s: float) -> list[float]:
+    """Events per second of `ordered` (sorted) over the `window_s` before each point of `grid`."""
+    return [(bisect.bisect_right(ordered, t) - bisect.bisect_right(ordered, t - window_s)) / window_s
+            for t in grid]
 
 
 def _plot_partitions(per_partition: dict[str, list[int]], path: Path) -> None:
@@ -155,6 +193,12 @@ def _served(scenario: dict[str, Any]) -> str:
     return f"{check['served_rps']} of {check['limit_calls_rps']} ({check['share_of_limit']})"
 
 
+def _overload(scenario: dict[str, Any]) -> str:
+    """Each endpoint's 429s of its calls, and their share."""
+    return "; ".join(f"{name} {o['ai_429']} / {o['ai_calls']} ({o['overload_share']})"
+                     for name, o in scenario.get("overload_by_endpoint", {}).items()) or "-"
+
+
 def _outcomes(scenario: dict[str, Any]) -> str:
     """How the Router peer's requests ended (bench/peer.py)."""
     peer = scenario.get("peer")
@@ -172,6 +216,7 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
     for column in COLUMNS:
         table.add_row(column, *(str(s.get(column)) for s in scenarios))
     table.add_row("stand-in served/s on the binding endpoint over the span", *(_served(s) for s in scenarios))
+    table.add_row("429s / calls per endpoint (share)", *(_overload(s) for s in scenarios))
     if any("peer" in s for s in scenarios):
         table.add_row("Router's requests: ok / rate-limited / error", *(_outcomes(s) for s in scenarios))
     for key, label in COST_ROWS:

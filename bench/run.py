@@ -204,9 +204,10 @@ def run_scenario(name: str, p: presets.PresetParams, bench_id: str, stack: Stack
     result.update(figures.limit_figures(
         result, p, [(0.0, p.concurrency), *schedule], schedule_at, stack.gateway_budgets(p),
         figures.refused_at_client(stack.database_url, pipeline.run_id, by_gateway) if by_gateway else 0))
+    result["overload_by_endpoint"] = figures.overload_by_endpoint(stack.database_url, pipeline.run_id, p.spec)
     if schedule:
         result["adaptive"] = figures.adaptive_figures(stack.database_url, pipeline.run_id, result, p,
-                                                      schedule, schedule_at)
+                                                      schedule, schedule_at, stack.gateway_budgets(p))
     if not keep_topics:  # the rows stay in PostgreSQL; the next scenario gets an unburdened broker
         remove_pipeline(pipeline.topics, stack.kafka)
     result["brokers"] = stack.brokers
@@ -260,6 +261,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pipeline", default=pipeline_spec.REFERENCE, help="the pipeline spec to benchmark")
     p.add_argument("--scenarios", default=",".join(SCENARIOS),
                    help=f"comma list of {', '.join(SCENARIOS)}, and {PEER} (a pipeline with a chat stage)")
+    p.add_argument("--peer-requests", type=int, default=0,
+                   help=f"requests {PEER} sends (default the burst): enough to outlast a minute of its "
+                        "model's budget, which may not bind the pipeline")
     p.add_argument("--stand-in", type=json.loads, default={}, metavar="JSON",
                    help='stand-in settings per endpoint over the spec\'s, e.g. a budget that binds: '
                         '\'{"summarize": {"requests_per_minute": 1800, "retry_after_on_budget": false}}\'')
@@ -334,8 +338,9 @@ def main(argv: list[str] | None = None) -> Path:
         if name == PEER:  # no Kafka: the requests go straight to the stand-in
             console.rule(f"[bold]{name}")
             configure_ai(main_stack.ai_url, params.stand_in_settings())
-            results[name] = run_router_peer(params.spec, main_stack.ai_url, params.burst, params.concurrency,
-                                            f"{bench_id}-{name}")
+            count = args.peer_requests or params.burst
+            results[name] = run_router_peer(params.spec, main_stack.ai_url, count,
+                                            params.concurrency, f"{bench_id}-{name}")
             continue
         with scenario_stack(name, main_stack, args.durable_stack) as where:
             p = replace(params, replication_factor=min(3, where.brokers))

@@ -269,10 +269,10 @@ class AIClient:
         sent (epoch s, for the record) and how long it took (on the steady clock: the wall
         clock jumps, and a step mid-call would make a latency of an hour, or a negative one)."""
         budget = self.rate_budget
-        estimate = None
+        estimate = spent = None
         if budget is not None:
             estimate = budget.estimate(payload)
-            budget.take(estimate.total)
+            spent = budget.take(estimate.total)
         # (renewed as the try goes out: its thread may have waited to run since it was granted)
         limiter = self.limiter
         permit = limiter.renew(limiter.acquire()) if limiter is not None else None
@@ -287,12 +287,14 @@ class AIClient:
             if limiter is not None and permit is not None:
                 counts = reply.outcome != "http_429" or reply.refusal == CONCURRENCY
                 limiter.release(permit, reply.outcome if counts else NOT_SENT, reply.retry_after_s)
-        if budget is not None and estimate is not None:
+            if budget is not None and spent is not None:
+                budget.ended(spent, answered=reply.outcome == "ok")
+        if budget is not None and spent is not None and estimate is not None:
             if reply.outcome == "ok":
                 budget.observe(reply.headers)
-                budget.settle(estimate, reply.body)
+                budget.settle(spent, estimate, reply.body)
             elif reply.refusal in (REQUESTS, TOKENS):
-                budget.refused(reply.refusal, reply.retry_after_s, reply.headers)
+                budget.refused(reply.refusal, reply.retry_after_s, reply.headers, spent)
         return reply, started, took
 
     def _post(self, payload: dict[str, Any]) -> Reply:

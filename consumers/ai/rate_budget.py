@@ -1,19 +1,28 @@
 """Requests and tokens per minute for one AI endpoint, spent before each try is sent.
 
-Providers meter a minute's requests and tokens as continuously refilled buckets and refuse
-with 429 once one is spent, whatever the calls in flight: a refusal of that kind says "later",
-not "fewer at once", so it never reaches the concurrency limit (`consumers.ai.concurrency_limit`),
-which would halve on it and starve. Here each bucket mirrors the provider's: a try takes one
-request and its estimated tokens (the prompt's length in characters / 4, plus `max_tokens` or
-the answers' mean), waiting while either bucket is short, and the estimate is corrected from
-the answer's `usage` (or its length) when it comes back.
+Providers meter a minute's requests and tokens and refuse with 429 once one is spent, whatever
+the calls in flight: a refusal of that kind says "later", not "fewer at once", so it never
+reaches the concurrency limit (`consumers.ai.concurrency_limit`), which would halve on it and
+starve. Here each budget mirrors the meter: a try takes one request and its estimated tokens
+(the prompt's length in characters / 4, plus `max_tokens` or the answers' mean), waiting while
+either budget is short, and the estimate is corrected from the answer's `usage` (or its length)
+when it comes back. One budget serves every member of a fleet.
 
-A bucket's size and refill come from what the endpoint declares (per real-scale minute, so a
-time scale shortens the minute), or from what it announces: OpenAI's
-`x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, with the refill read off as
-(limit - remaining) / reset, which holds at any time scale (a gateway that sends no reset is
-taken to count real minutes). A budget refusal empties its bucket until its `Retry-After`, or
-until the refill covers the try when there is none. One budget serves every member of a fleet.
+Meters come in two kinds, told apart by what the answers announce:
+
+- A continuously refilled bucket (OpenAI's, Anthropic's): `x-ratelimit-{limit,remaining,reset}-*`,
+  the refill read off as (limit - remaining) / reset, which holds at any time scale. A declared
+  budget (per real-scale minute, so a time scale shortens the minute) is taken for one too.
+- A fixed window (a gateway's clock minute, LiteLLM's proxy): a limit and what remains, no reset.
+  The meter counts each try as it arrives, refused ones too, and starts again when its minute
+  turns, while what it announces counts answers. What remains, less this window's tries not
+  answered yet, is spent evenly over what is left of the window; then the budget holds until the
+  window turns. When it turns is learned from the answers: what remains going back up between
+  two answers marks a turn, and a minute's limit repeats every 60 s of the real clock whatever
+  the time scale.
+
+A budget refusal empties its budget until its `Retry-After`, without one until a refilled
+bucket covers the try or a window turns.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import math
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +40,9 @@ REQUESTS, TOKENS = "requests", "tokens"
 OUTPUT_WEIGHT = 0.1  # each answer's weight in the running mean of answer tokens
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+WINDOW_S = 60.0  # a meter that announces no reset counts minutes of the real clock
+RISE = 1 / 32  # of a window's size: more remaining than our answers leave by this is a turn
+MARGIN = 0.01  # of a window: the least of its end kept free of tries (their way to the meter)
 
 
 def tokens_of(text: str) -> int:
@@ -67,9 +80,17 @@ class Estimate:
     total: int
 
 
+@dataclass(frozen=True)
+class Spent:
+    """What one try took of each budget, and the window of each it was taken in."""
+
+    needs: Mapping[str, float]
+    generations: Mapping[str, int]
+
+
 @dataclass
 class Bucket:
-    """One budget: `size` per `window_s`, refilled continuously; `level` what is left now."""
+    """A continuously refilled budget: `size` per `window_s`; `level` what is left now."""
 
     size: float
     window_s: float
@@ -77,6 +98,8 @@ class Bucket:
     at: float  # when `level` was counted: it refills from then on
     held_until: float = -math.inf
     refusals: int = 0  # budget refusals since the last answer
+    generation: int = 0  # a refilled bucket has no windows: every try is of the one
+    turns_seen: int = 0
 
     def refill(self, now: float) -> None:
         if now > self.at:
@@ -90,20 +113,161 @@ class Bucket:
         short = short if short > 1e-9 else 0.0  # (a refill timed to the need lands a rounding short)
         return max(self.held_until - now, short * self.window_s / self.size)
 
+    def spend(self, need: float, now: float) -> None:
+        self.level -= need
+
+    def ended(self, generation: int, need: float, answered: bool) -> None:
+        if answered:
+            self.refusals = 0
+
+    def credit(self, amount: float, generation: int) -> None:
+        self.level = min(self.size, self.level + amount)
+
+    def announced(self, limit: float, remaining: float, reset_s: float | None, now: float) -> None:
+        """What is left there, less what our tries sent since spent of it, never more than our
+        own count (an answer overtaken by others is older than it); the refill from the reset."""
+        self.refill(now)
+        self.size = limit
+        if reset_s and remaining < limit:
+            self.window_s = reset_s * limit / (limit - remaining)
+        self.level = min(self.level, remaining)
+
+    def refused(self, retry_after_s: float | None, now: float, generation: int) -> None:
+        """Empty until the `Retry-After`. Without one, it holds the time a try's refill takes (a
+        request's, or a hundredth of the tokens), twice as long after each refusal in a row up
+        to a quarter of the window, and refills only a try meanwhile: a few 429s instead of one
+        per refill should the meter not refill as announced."""
+        self.refill(now)
+        self.level = min(self.level, 0.0)
+        self.refusals += 1
+        if retry_after_s is not None:
+            self.held_until = max(self.held_until, now + retry_after_s)
+            return
+        a_try = max(self.window_s / self.size, self.window_s / 100)
+        self.held_until = max(self.held_until,
+                              now + min(self.window_s / 4, a_try * 2 ** (self.refusals - 1)))
+        self.at = max(self.at, self.held_until - a_try)
+
+
+@dataclass
+class Window:
+    """A budget metered per fixed window (see the module docstring): `size` a window; the
+    current one ends by `ends`, maybe up to `margin` earlier, and nothing is sent in between
+    (it might count in the next window); `level` what is left of it to us."""
+
+    size: float
+    window_s: float
+    ends: float
+    level: float
+    taken: float  # this window's tries
+    out: float  # ... of them not answered yet
+    answered: float = 0.0  # answers since the window began, as the meter's announcements count them
+    margin: float = 0.0
+    answered_at: float = -math.inf
+    next_at: float = -math.inf  # the pace: when the next try may go
+    held_until: float = -math.inf
+    generation: int = 0
+    turns_seen: int = 0  # turns learned from the answers
+    spill: float = 0.0  # tries of an earlier window answered in this one
+    last: float = 0.0  # what the last answered try took
+
+    def turn(self, now: float) -> None:
+        """The window has turned by `now`: a fresh one."""
+        if now >= self.ends:
+            self.ends += (math.floor((now - self.ends) / self.window_s) + 1) * self.window_s
+            self.begin()
+
+    def begin(self) -> None:
+        """A fresh window; this one's tries still out are the last one's."""
+        self.generation += 1
+        self.level, self.taken, self.out, self.spill, self.answered = self.size, 0.0, 0.0, 0.0, 0.0
+
+    def wait_for(self, need: float, now: float) -> float:
+        """Seconds until `need` can be taken: at the pace that spends the level evenly by the
+        window's end, or once it turns when the level is short or its end is near."""
+        self.turn(now)
+        if self.level < min(need, self.size) - 1e-9 or now >= self.ends - self.margin:
+            return max(self.held_until, self.ends) - now
+        return max(self.held_until - now, self.next_at - now, 0.0)
+
+    def spend(self, need: float, now: float) -> None:
+        share = min(1.0, need / self.level) if self.level > 0 else 1.0
+        self.next_at = max(self.next_at, now) + (self.ends - self.margin - now) * share
+        self.level -= need
+        self.taken += need
+        self.out += need
+
+    def ended(self, generation: int, need: float, answered: bool) -> None:
+        """A try is back: no longer out; answered in a later window than it was counted in, the
+        answers announced here count it, the meter does not."""
+        if generation == self.generation:
+            self.out = max(0.0, self.out - need)
+        elif answered:
+            self.spill += need
+        if answered:
+            self.answered += need
+            self.last = need
+
+    def credit(self, amount: float, generation: int) -> None:
+        self.answered -= amount
+        if generation == self.generation:
+            self.level = min(self.size - self.taken + amount, self.level + amount)
+            self.taken -= amount
+
+    def announced(self, limit: float, remaining: float, reset_s: float | None, now: float) -> None:
+        """What remains there, less this window's tries still out. More remaining than our
+        answers since the window began leave (others' answers only leave less), beyond what
+        answers overtaking each other explain, is a turn since the last answer: the next ends a
+        window after now, maybe as much earlier as the turn may have come before now. A turn
+        where nothing was sent (the window's last `margin`) leaves our tries out to the last
+        window; an earlier one, unknown which of them went before it, to this one."""
+        self.turn(now)
+        self.size = limit
+        if remaining > limit - self.answered + RISE * limit:
+            since = self.answered_at
+            if now >= self.ends - self.margin:
+                since = max(since, self.ends - self.margin)
+                self.begin()
+                self.spill = self.last  # this answer's try, sent before the turn
+            else:
+                self.taken, self.spill = self.out, 0.0
+            self.ends = now + self.window_s
+            self.turns_seen += 1
+            self.margin = min(max(now - since, MARGIN * self.window_s), self.window_s / 4)
+            self.answered = limit - remaining
+        self.level = min(self.size - self.taken, remaining - self.out + self.spill)
+        self.answered_at = now
+
+    def refused(self, retry_after_s: float | None, now: float, generation: int) -> None:
+        """The meter's window is spent: nothing more until it turns (or the `Retry-After`). A
+        refusal from a window already over says nothing of this one."""
+        self.turn(now)
+        if generation != self.generation:
+            return
+        self.taken, self.level = self.size, 0.0
+        if retry_after_s is not None:
+            self.held_until = max(self.held_until, now + retry_after_s)
+
 
 class RateBudget:
     """The per-minute budgets of one endpoint (thread-safe; with none known, `take` never waits)."""
 
     def __init__(self, requests_per_minute: int | None = None, tokens_per_minute: int | None = None,
-                 minute_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 minute_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
+                 history: int = 10_000) -> None:
         self._clock = clock
         self._minute_s = minute_s
         self._lock = threading.Lock()
         now = clock()
-        self._buckets: dict[str, Bucket] = {
+        self._buckets: dict[str, Bucket | Window] = {
             kind: Bucket(size, minute_s, size, now)
             for kind, size in ((REQUESTS, requests_per_minute), (TOKENS, tokens_per_minute)) if size}
         self._output_mean: float | None = None
+        self._out = {REQUESTS: 0.0, TOKENS: 0.0}  # taken by tries not back yet
+        # (at, kind, budget per minute, a turn learned) when a budget learned from the answers
+        # changes or its window's turn is learned, until collected; `at` a reading of `clock`
+        self.changes: deque[tuple[float, str, float, bool]] = deque(maxlen=history)
+        self._noted: dict[str, tuple[float, int]] = {}
 
     @property
     def known(self) -> dict[str, float]:
@@ -120,25 +284,40 @@ class RateBudget:
                 answer = round(self._output_mean or 0.0)
         return Estimate(prompt, prompt + answer)
 
-    def take(self, tokens: int) -> None:
+    def take(self, tokens: int) -> Spent:
         """Spend one request and `tokens` for a try about to be sent, waiting while either
-        budget is short."""
-        while (wait := self.try_take(tokens)) > 0:
+        budget is short; what it took goes back with `ended`."""
+        while True:
+            wait, spent = self.try_take(tokens)
+            if spent is not None:
+                return spent
             time.sleep(wait)
 
-    def try_take(self, tokens: int) -> float:
-        """Spend one request and `tokens` if both budgets have them (0), else the seconds until
+    def try_take(self, tokens: int) -> tuple[float, Spent | None]:
+        """Spend one request and `tokens` if both budgets have them, else the seconds until
         they will."""
         with self._lock:
             now = self._clock()
             needs = {REQUESTS: 1.0, TOKENS: float(tokens)}
             wait = max((b.wait_for(needs[kind], now) for kind, b in self._buckets.items()), default=0.0)
-            if wait <= 0:
-                for kind, bucket in self._buckets.items():
-                    bucket.level -= needs[kind]
-            return wait
+            if wait > 0:
+                return wait, None
+            for kind, bucket in self._buckets.items():
+                bucket.spend(needs[kind], now)
+            for kind, need in needs.items():
+                self._out[kind] += need
+            return 0.0, Spent(needs, {kind: b.generation for kind, b in self._buckets.items()})
 
-    def settle(self, estimate: Estimate, answer: Mapping[str, Any]) -> None:
+    def ended(self, spent: Spent, answered: bool) -> None:
+        """A try is back (`answered`: with a 2xx, which a meter's announcements count)."""
+        with self._lock:
+            for kind, need in spent.needs.items():
+                self._out[kind] -= need
+                bucket = self._buckets.get(kind)
+                if bucket is not None:
+                    bucket.ended(spent.generations.get(kind, 0), need, answered)
+
+    def settle(self, spent: Spent, estimate: Estimate, answer: Mapping[str, Any]) -> None:
         """The answer is in: its tokens (`usage`, or its text's length) replace the estimate."""
         usage = answer.get("usage")
         if not isinstance(usage, Mapping):
@@ -153,11 +332,11 @@ class RateBudget:
                 self._output_mean + OUTPUT_WEIGHT * (output - self._output_mean)
             bucket = self._buckets.get(TOKENS)
             if bucket is not None:
-                bucket.level = min(bucket.size, bucket.level + estimate.total - actual)
+                bucket.credit(estimate.total - actual, spent.generations.get(TOKENS, 0))
 
     def observe(self, headers: Mapping[str, str]) -> None:
-        """What the endpoint announced with an answer: a budget's size, what is left and when
-        it is full again."""
+        """What the endpoint announced with an answer: a budget's size, what is left, and when
+        it is full again (a refilled bucket) or nothing of that (a fixed window)."""
         with self._lock:
             now = self._clock()
             for kind in (REQUESTS, TOKENS):
@@ -165,41 +344,31 @@ class RateBudget:
                 remaining = _number(headers.get(f"x-ratelimit-remaining-{kind}"))
                 if not limit or remaining is None:
                     continue
-                bucket = self._buckets.setdefault(kind, Bucket(limit, self._minute_s, limit, now))
-                bucket.refill(now)
-                bucket.size, bucket.refusals = limit, 0
                 reset = duration_s(headers.get(f"x-ratelimit-reset-{kind}"))
-                if reset and remaining < limit:
-                    bucket.window_s = reset * limit / (limit - remaining)
-                # What is left there, less what our tries sent since spent of it, never more
-                # than our own count (an answer overtaken by others is older than it).
-                bucket.level = min(bucket.level, remaining)
+                if kind not in self._buckets:  # (a window seen now ends by a window from now)
+                    out = self._out[kind]
+                    self._buckets[kind] = (
+                        Bucket(limit, self._minute_s, limit, now) if reset else
+                        Window(limit, WINDOW_S, ends=now + WINDOW_S, level=limit - out, taken=out, out=out,
+                               answered=limit - remaining))
+                bucket = self._buckets[kind]
+                bucket.announced(limit, remaining, reset, now)
+                noted = (round(bucket.size * WINDOW_S / bucket.window_s, 1), bucket.turns_seen)
+                if noted != self._noted.get(kind):
+                    turned = kind in self._noted and noted[1] != self._noted[kind][1]
+                    self._noted[kind] = noted
+                    self.changes.append((now, kind, noted[0], turned))
 
-    def refused(self, kind: str, retry_after_s: float | None, headers: Mapping[str, str]) -> None:
-        """A budget refusal: its bucket is empty until the `Retry-After`. Without one, it holds
-        the time a try's refill takes (a request's, or a hundredth of the tokens), twice as long
-        after each refusal in a row up to a quarter of the minute, and refills only a try
-        meanwhile: a meter that counts clock minutes (LiteLLM's proxy) refuses until its minute
-        ends, whatever the refill, and counts each refusal against the next try; halving the
-        pace each time costs a handful of 429s there instead of one per refill, and a quarter
-        minute at most of the next minute's budget."""
-        refusals = self._buckets[kind].refusals if kind in self._buckets else 0
+    def refused(self, kind: str, retry_after_s: float | None, headers: Mapping[str, str],
+                spent: Spent) -> None:
+        """A budget refusal of a try that took `spent`: that budget is empty until the
+        `Retry-After`, or its refill or turn (see the budgets' `refused`)."""
         self.observe(headers)
         with self._lock:
-            now = self._clock()
             bucket = self._buckets.get(kind)
             if bucket is None:
                 return  # a budget never announced: the client's backoff spaces the tries
-            bucket.refill(now)
-            bucket.level = min(bucket.level, 0.0)
-            bucket.refusals = refusals + 1
-            if retry_after_s is not None:
-                bucket.held_until = max(bucket.held_until, now + retry_after_s)
-                return
-            a_try = max(bucket.window_s / bucket.size, bucket.window_s / 100)
-            bucket.held_until = max(bucket.held_until,
-                                    now + min(bucket.window_s / 4, a_try * 2 ** (bucket.refusals - 1)))
-            bucket.at = max(bucket.at, bucket.held_until - a_try)
+            bucket.refused(retry_after_s, self._clock(), spent.generations.get(kind, 0))
 
 
 def _number(value: str | None) -> float | None:

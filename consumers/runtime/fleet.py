@@ -129,8 +129,8 @@ class Fleet:
         return self
 
     def _record_changes(self, ai: AIClient) -> None:
-        """Write the circuit's changes (and an adaptive limit's) every second until the fleet
-        stops, then the last ones; show the circuit's state as a metric."""
+        """Write the circuit's changes (and an adaptive limit's and rate budget's) every second
+        until the fleet stops, then the last ones; show the circuit's state as a metric."""
         s = self.settings
         stage, endpoint = s.member.stage, s.ai_endpoint
         circuit = ai.circuit
@@ -141,6 +141,9 @@ class Fleet:
         if s.adaptive and ai.limiter is not None:
             writes.append((ai.limiter.changes, lambda changes: self.storage.record_limits(
                 s.member.run_id, stage, [(epoch_of(at), limit, n) for at, limit, n in changes])))
+        if s.adaptive and ai.rate_budget is not None:
+            writes.append((ai.rate_budget.changes, lambda changes: self.storage.record_budgets(
+                s.member.run_id, stage, [(epoch_of(at), *change) for at, *change in changes])))
         stopping = False
         while not stopping:
             stopping = self._stop.wait(CHANGES_RECORD_INTERVAL_S)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from consumers.ai.concurrency_limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
-from consumers.ai.rate_budget import REQUESTS, RateBudget
+from consumers.ai.rate_budget import REQUESTS, RateBudget, Spent
 
 
 class Clock:
@@ -312,6 +312,7 @@ def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: f
                 "x-ratelimit-remaining-requests": str(int(bucket["level"])),
                 "x-ratelimit-reset-requests": f"{(per_minute - bucket['level']) * 60 / per_minute:.3f}s"}
     events: list[tuple[float, int, str, Permit, bool]] = []
+    taken: dict[int, Spent] = {}  # each call's share of the budget, until it is back
     state: dict = {"serving": 0, "calls": 0, "refused": 0, "spent": 0, "done": [], "refused_at": [],
                    "busy": [], "wake": -math.inf}
 
@@ -344,14 +345,15 @@ def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: f
 
     def send(t: float) -> None:
         while limit.spare():
-            wait = budget.try_take(0)
-            if wait > 0:
+            wait, spent = budget.try_take(0)
+            if spent is None:
                 if state["wake"] <= t:  # one wake-up pending at a time
                     state["wake"] = t + wait
                     heapq.heappush(events, (t + wait, 0, "wake", None, None))
                 return
             permit = limit.acquire()
             state["calls"] += 1
+            taken[state["calls"]] = spent
             heapq.heappush(events, (t + trip(), state["calls"], "arrive", permit, False))
 
     send(0.0)
@@ -371,12 +373,16 @@ def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: f
         elif what == "answer":
             state["done"].append(t)
             limit.release(permit, OK)
+            budget.ended(taken.pop(call), answered=True)
             budget.observe(announced(t))
         elif what == "spent":
             limit.release(permit, NOT_SENT)  # a spent budget is no concurrency refusal
-            budget.refused(REQUESTS, *ok)
+            budget.ended(taken[call], answered=False)
+            retry_after_s, headers = ok
+            budget.refused(REQUESTS, retry_after_s, headers, taken.pop(call))
         elif what == "refused":
             limit.release(permit, OVERLOAD, retry_after)
+            budget.ended(taken.pop(call), answered=False)
         send(t)
     return {**state, "limit": limit}
 

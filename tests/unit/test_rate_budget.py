@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
+from collections import Counter
+
 import pytest
 
 from consumers.ai.client import CONCURRENCY, refusal_kind
-from consumers.ai.rate_budget import REQUESTS, TOKENS, Estimate, RateBudget, duration_s
+from consumers.ai.rate_budget import REQUESTS, TOKENS, Bucket, Estimate, RateBudget, Spent, Window, duration_s
 
 
 class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
 
     def __call__(self) -> float:
         return self.now
@@ -41,8 +46,8 @@ def test_tokens_wait_for_the_estimate_and_the_answer_corrects_it(monkeypatch: py
     payload = {"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 100}
     # "user" and 400 characters: 404 / 4 = 101 tokens of prompt, and max_tokens 100
     assert budget.estimate(payload) == Estimate(101, 201)
-    budget.take(500)  # 100 left
-    budget.settle(Estimate(101, 500), {"usage": {"completion_tokens": 20, "total_tokens": 121}})
+    spent = budget.take(500)  # 100 left
+    budget.settle(spent, Estimate(101, 500), {"usage": {"completion_tokens": 20, "total_tokens": 121}})
     # 500 estimated, 121 used: 379 back, 479 left; a try of 500 waits for 21 tokens: 2.1 s.
     budget.take(500)
     assert clock.now == pytest.approx(2.1)
@@ -64,7 +69,7 @@ def test_announced_budgets_are_learned_with_their_refill_from_the_reset() -> Non
 def test_a_budget_refusal_empties_the_bucket_until_its_retry_after() -> None:
     clock = Clock()
     budget = RateBudget(requests_per_minute=60, clock=clock)
-    budget.refused(REQUESTS, 2.0, {})
+    budget.refused(REQUESTS, 2.0, {}, budget.take(0))
     bucket = budget._buckets[REQUESTS]
     assert bucket.wait_for(1, clock.now) == pytest.approx(2.0)  # held, though 1 s would refill one
     clock.now = 2.0
@@ -94,31 +99,137 @@ def test_reset_durations_read_as_openai_writes_them() -> None:
         [0.012, 1.5, 360.0, 3723.5, 2.0, None]
 
 
-def test_a_meter_of_clock_minutes_costs_a_handful_of_429s_not_one_per_refill() -> None:
-    """A gateway that counts each clock minute's requests, refused ones included, and says
-    neither when it resets nor Retry-After (LiteLLM's proxy): 120 a minute."""
+def gateway(limit: int, remaining: int) -> dict[str, str]:
+    """What LiteLLM's proxy announces with an answer: a limit and what remains, no reset."""
+    return {"x-ratelimit-limit-requests": str(limit), "x-ratelimit-remaining-requests": str(remaining)}
+
+
+def test_a_budget_announced_with_a_reset_is_a_refilled_bucket_and_without_one_a_fixed_window() -> None:
+    budget = RateBudget(clock=Clock())
+    budget.observe({**gateway(120, 100), "x-ratelimit-limit-tokens": "60000",
+                    "x-ratelimit-remaining-tokens": "50000", "x-ratelimit-reset-tokens": "10s"})
+    assert isinstance(budget._buckets[REQUESTS], Window)
+    assert isinstance(budget._buckets[TOKENS], Bucket)
+
+
+def test_a_fixed_window_is_spent_evenly_and_its_turn_learned_from_the_answers() -> None:
     clock = Clock()
     budget = RateBudget(clock=clock)
-    minute, counted, served, refused = 0, 0, 0, []
-    while clock.now < 180:
-        wait = budget.try_take(0)
-        if wait > 0:
-            clock.now += wait
-            continue
-        if clock.now // 60 != minute:
-            minute, counted = int(clock.now // 60), 0
-        counted += 1
-        if counted <= 120:
-            served += 1
-            budget.observe({"x-ratelimit-limit-requests": "120",
-                            "x-ratelimit-remaining-requests": str(120 - counted)})
-        else:
-            refused.append(clock.now)
-            budget.refused(REQUESTS, None, {})
-        clock.now += 0.001  # a try's round trip
-    # The first minute's 120 go at once (the bucket learned full) and the refill's next try
-    # overflows it at 0.62 s; then holds of 0.6, 1.2, 2.4, 4.8, 9.6, 15 and 15 s (a quarter
-    # minute at most) bring the eighth refusal at 49.2 s and the first try of the next minute at
-    # 64.2 s; from then on 2 a second fill each minute without a refusal: 120 + 112 + 120.
-    assert [round(t, 1) for t in refused] == [0.6, 1.2, 2.4, 4.8, 9.6, 19.2, 34.2, 49.2]
-    assert served == 352
+    first = budget.take(0)  # nothing known yet: it goes at once
+    clock.now = 1.0
+    budget.ended(first, answered=True)
+    budget.observe(gateway(120, 60))
+    window = budget._buckets[REQUESTS]
+    assert isinstance(window, Window)
+    # 60 left of a window seen at 1 s, which ends by 61 s at the latest: one try a second.
+    assert budget.try_take(0)[0] == 0
+    assert budget.try_take(0)[0] == pytest.approx(1.0)
+    clock.now = 2.0
+    second = budget.take(0)
+    clock.now = 10.0
+    budget.ended(second, answered=True)
+    # 119 remaining where our two answers since would leave 58: the window turned after the
+    # answer at 1 s, by 10 s. The next ends by 70 s, maybe 9 s earlier: no try goes after 61 s.
+    # The try still out (sent at 1 s) is counted to the new window: 118 left.
+    budget.observe(gateway(120, 119))
+    assert (window.ends, window.margin, window.level) == (70.0, 9.0, 118.0)
+    assert list(budget.changes) == [(1.0, REQUESTS, 120.0, False), (10.0, REQUESTS, 120.0, True)]
+    third = budget.take(0)
+    clock.now = 20.0
+    budget.ended(third, answered=False)
+    budget.refused(REQUESTS, None, {}, third)  # spent after all (others' calls): held until it turns
+    assert budget.try_take(0)[0] == pytest.approx(50.0)
+    clock.now = 70.0
+    assert budget.try_take(0)[0] == 0 and window.level == 119
+
+
+def test_a_refusal_from_a_window_already_over_says_nothing_of_the_current_one() -> None:
+    clock = Clock()
+    budget = RateBudget(clock=clock)
+    budget.observe(gateway(120, 119))  # a window that ends by 60 s
+    late = budget.take(0)
+    clock.now = 60.5
+    budget.ended(late, answered=False)
+    budget.refused(REQUESTS, None, {}, late)
+    assert budget.try_take(0)[0] == 0
+
+
+def clock_minute_meter(limit: int, start: float, until: float, members: int, calls: int,
+                       latencies: tuple[float, ...]) -> tuple[Counter[int], list[float]]:
+    """LiteLLM's proxy in front of a service: each clock minute it counts the tries that reach
+    it, refused ones too, and refuses those past `limit`; with each answer it announces the
+    limit and what remains, counted on the answers of the clock minute the answer leaves in
+    (so a try counted in one minute may be announced in the next), and says neither when it
+    resets nor Retry-After. `members` of a fleet share one budget, each with `calls` at once
+    and unlimited work, from `start` (seconds into a clock minute) until `until`; the tries
+    take `latencies` in turn, 10 ms each way on top, and a refused member backs off 0.5 s.
+    Returns the tries served per clock minute (by when the meter counted them) and when each
+    refusal came back."""
+    clock = Clock(start)
+    budget = RateBudget(clock=clock)
+    counted: Counter[int] = Counter()
+    served: Counter[int] = Counter()
+    announced: Counter[int] = Counter()
+    refusals: list[float] = []
+    events: list[tuple[float, int, str, int, Spent | None]] = []
+    order = itertools.count()
+    free = dict.fromkeys(range(members), calls)
+    wake = -math.inf
+    while clock.now < until:
+        for member in free:
+            while free[member]:
+                wait, spent = budget.try_take(0)
+                if spent is None:
+                    if not clock.now < wake <= clock.now + wait:
+                        wake = clock.now + wait
+                        heapq.heappush(events, (wake, next(order), "wake", member, None))
+                    break
+                free[member] -= 1
+                n, arrives = next(order), clock.now + 0.01
+                minute = math.floor(arrives / 60)
+                counted[minute] += 1
+                if counted[minute] > limit:
+                    heapq.heappush(events, (arrives + 0.01, n, "refused", member, spent))
+                else:
+                    served[minute] += 1
+                    answers = arrives + latencies[n % len(latencies)]
+                    heapq.heappush(events, (answers, n, "answer", member, spent))
+        clock.now, n, what, member, spent = heapq.heappop(events)
+        if what == "answer" and spent is not None:
+            minute = math.floor((clock.now - 0.01) / 60)
+            announced[minute] += 1
+            budget.ended(spent, answered=True)
+            budget.observe(gateway(limit, limit - announced[minute]))
+            free[member] += 1
+        elif what == "refused" and spent is not None:
+            refusals.append(clock.now)
+            budget.ended(spent, answered=False)
+            budget.refused(REQUESTS, None, {}, spent)
+            heapq.heappush(events, (clock.now + 0.5, n, "backed off", member, None))
+        elif what == "backed off":
+            free[member] += 1
+    return served, refusals
+
+
+LATENCIES = (1.0, 2.2, 1.4, 3.1, 1.7, 1.2, 2.6)  # s, in turn: answers overtake each other
+
+
+@pytest.mark.parametrize("start", [0.5, 20.0, 37.0, 59.99])
+def test_a_meter_of_clock_minutes_is_used_whole_from_its_first_turn_without_a_refusal(start: float) -> None:
+    """120 a minute, 4 members of 16 calls each, starting anywhere in a clock minute."""
+    served, refusals = clock_minute_meter(120, start, start + 300, members=4, calls=16, latencies=LATENCIES)
+    # The first turn seen in the answers counts the tries out then to the new minute (at most
+    # the 2 a second of the last 3.1 s sent at the minute's pace: 7), and so may the second,
+    # should the first come before any answer; from then on each minute serves its whole 120.
+    assert refusals == []
+    assert served[1] >= 120 - 7 and served[2] >= 120 - 7
+    assert [served[3], served[4]] == [120, 120]
+
+
+def test_a_first_burst_past_the_limit_is_refused_only_until_the_first_answer() -> None:
+    """64 calls at once against 60 a minute: the 4 past it, and their tries again every 0.5 s
+    until the first answer (at 1.02 s) announces the budget, are the only refusals."""
+    served, refusals = clock_minute_meter(60, 0.5, 300.5, members=4, calls=16, latencies=LATENCIES)
+    assert len(refusals) == 8 and max(refusals) < 0.5 + 1.02
+    assert served[0] == 60 and min(served[1], served[2]) >= 60 - 7  # as above
+    assert [served[3], served[4]] == [60, 60]

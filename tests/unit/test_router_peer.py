@@ -59,6 +59,8 @@ def test_the_peers_figures_are_the_standard_ones_held_to_the_gateways_limits() -
     assert (got["p50_ms"], got["p95_ms"], got["p99_ms"]) == (26000.0, 45800.0, 47560.0)
     # 2 + 4 refusals of 19 calls; the stand-in served 12 in 50 s, of 0.5/s allowed.
     assert (got["ai_calls"], got["ai_429"], got["overload_share"]) == (19, 6, round(6 / 19, 5))
+    assert got["overload_by_endpoint"] == {"small_model": {"ai_calls": 19, "ai_429": 6,
+                                                           "overload_share": round(6 / 19, 5)}}
     assert got["served_on_binding"] == {"endpoint": "small_model", "served": 12, "window_s": 50.0,
                                         "served_rps": 0.24, "limit_calls_rps": 0.5, "share_of_limit": 0.48}
     assert got["peer"]["outcomes"] == {"ok": 12, "rate_limited": 1, "error": 1}

@@ -256,6 +256,15 @@ class Storage:
                             [(run_id, stage, ts(at), int(limit), in_flight)
                              for at, limit, in_flight in changes])
 
+    def record_budgets(self, run_id: str, stage: str,
+                       changes: Sequence[tuple[float, str, float, bool]]) -> None:
+        """A rate budget's changes: (epoch seconds, kind, budget per minute, a turn learned)."""
+        with self._tx() as cur:
+            cur.executemany("INSERT INTO ai_budgets (run_id, stage, at, kind, per_minute, turned) "
+                            "VALUES (%s, %s, %s, %s, %s, %s)",
+                            [(run_id, stage, ts(at), kind, per_minute, turned)
+                             for at, kind, per_minute, turned in changes])
+
     def record_stats(self, run_id: str, member: str, stats: dict[str, Any]) -> None:
         with self._tx() as cur:
             cur.execute("INSERT INTO client_stats (run_id, member, stats) VALUES (%s, %s, %s)",
