@@ -79,12 +79,14 @@ def log_config(layout: Layout) -> Path:
     return spark_cluster.conf_dir(layout) / "connect-log4j2.properties"
 
 
+APP_NAME = "spark-connect"  # the server's application on the master
+
 def command(layout: Layout, master: str) -> list[str]:
     conf = {**server_conf(), "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(layout.spark_connect_port),
             **(RELEASING_CORES if master.startswith("spark://") else {})}
     return [str(Path(sys.executable).parent / "spark-submit"), "--class", SERVER_CLASS,
-            "--name", "spark-connect", "--master", master,
+            "--name", APP_NAME, "--master", master,
             "--driver-java-options", f"{QUICK_JIT} -Dlog4j2.configurationFile={log_config(layout)}",
             *(arg for name, value in conf.items() for arg in ("--conf", f"{name}={value}"))]
 
