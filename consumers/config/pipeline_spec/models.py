@@ -329,6 +329,42 @@ class PipelineSpec(_Model):
 
         return max(longest(stage, frozenset({stage})) for stage in self.entry_stages)
 
+    def chain_around(self, endpoint: str) -> tuple[float, float]:
+        """(before, after): the AI calls a request makes before its call on `endpoint` and after
+        it, in mean seconds (real scale), read along the routes as `ai_path_s` reads them (the
+        slowest branch where they fork); calls on `endpoint` itself are not counted. Where several
+        stages call it, the shortest chain before any of them and after any of them: the
+        endpoint's first call may come from any, and so may its last. (0, 0) for an endpoint no
+        stage calls.
+
+        text_moderation, moderate -> {summarize, classify} -> join: around summarize,
+        (moderate's mean, 0); around moderate, (0, summarize's mean, the slower branch)."""
+        if endpoint not in self.endpoints:
+            raise KeyError(f"{self.name} has no endpoint {endpoint!r}")
+
+        def own(stage: str) -> float:
+            work = self.stages[stage].work
+            return (self.endpoints[work.endpoint].latency.mean_s
+                    if isinstance(work, HttpWork) and work.endpoint != endpoint else 0.0)
+
+        def feeds(upstream: str, downstream: str) -> bool:
+            return any(route.to == self.stages[downstream].source for route in self.stages[upstream].routes)
+
+        def before(stage: str, seen: frozenset[str]) -> float:
+            return max((before(n, seen | {n}) + own(n) for n in self.stages
+                        if n not in seen and feeds(n, stage)), default=0.0)
+
+        def after(stage: str, seen: frozenset[str]) -> float:
+            return max((own(n) + after(n, seen | {n}) for n in self.stages
+                        if n not in seen and feeds(stage, n)), default=0.0)
+
+        calling = [n for n, stage in self.stages.items()
+                   if isinstance(stage.work, HttpWork) and stage.work.endpoint == endpoint]
+        if not calling:
+            return 0.0, 0.0
+        return (min(before(n, frozenset({n})) for n in calling),
+                min(after(n, frozenset({n})) for n in calling))
+
     def producing_topics(self) -> list[str]:
         """Topics the load source writes: the entry stages' sources."""
         return sorted({self.stages[s].source for s in self.entry_stages})
