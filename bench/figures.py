@@ -21,10 +21,12 @@ Benchmark-only figures:
 - cost (measure.cost, from the attempt rows): tokens and cost per completed request, cost per
   1,000 completed requests, and what the failed and the paid-twice calls cost; "unknown" where
   no gateway reported a cost and the spec declares no prices.
-- physical_minimum_s, span_over_minimum, overload_share (measure.figures): the completed
-  requests at the capacity in force (measure.capacity with this run's mean calls and calls per
-  request, the concurrency of the scheduled endpoint following its schedule), plus one chain of
-  AI calls at the spec's latencies.
+- physical_minimum_s (and minimum_limit, the limit giving it), span_over_minimum,
+  overload_share (measure.figures): the completed requests through each limit (measure.capacity
+  with this run's mean calls and calls per request, the concurrency of the scheduled endpoint
+  following its schedule, a budget's bucket starting full), with the AI calls around that
+  limit's endpoint on a request's path at the spec's mean latencies (PipelineSpec.chain_around),
+  the longest over the limits.
 - overload_by_endpoint: per AI endpoint, its tries and those answered 429 (the attempt rows:
   a gateway's refusals too), and their share.
 - served_on_binding: what the stand-in's own counters say of the binding endpoint: its `served`
@@ -154,6 +156,8 @@ def bench_limits(p: PresetParams, service: Mapping[str, Mapping[str, Any]] | Non
         config = {**p.endpoint_settings.get(name, {}), **counted.get("config", {}),
                   **(gateway or {}).get(name, {})}
         budgets = replace(endpoints[name], **{k: config[k] for k in BUDGET_SETTINGS if k in config})
+        if (gateway or {}).get(name):  # the gateway's fixed windows, not the stand-in's buckets
+            budgets = replace(budgets, allowance_minutes=capacity.windows(p.time_scale))
         endpoints[name] = budgets
         if budgets.tokens_per_minute and "tokens_input" in counted and "tokens_output" in counted:
             per_call = capacity.tokens_per_call(budgets.tokens, counted.get("served", 0),
@@ -222,18 +226,21 @@ def limit_figures(result: dict[str, Any], p: PresetParams, schedule: list[list[f
     limits = bench_limits(p, result["ai_service"], gateway)
     service_s, calls = result["service_s"], result["calls_per_request"]
     first = result["first_produced_s"] or applied_at
-    concurrency = [(max(0.0, at), limit) for at, limit in _relative(schedule, p, applied_at, first)]
-    in_force = (capacity.capacity_schedule(limits, service_s, calls, p.bottleneck, concurrency)
-                if calls else None)
-    minimum = None if in_force is None else figures.physical_minimum_s(
-        result["completed"], in_force, p.spec.ai_path_s * p.time_scale)
+    concurrency = [(max(0.0, at), int(limit)) for at, limit in _relative(schedule, p, applied_at, first)]
+    chains = {}
+    for name in p.spec.endpoints:
+        before, after = p.spec.chain_around(name)
+        chains[name] = (before * p.time_scale, after * p.time_scale)
+    found = figures.physical_minimum(result["completed"], limits, service_s, calls, chains,
+                                     p.bottleneck, concurrency) if calls else None
+    minimum, minimum_limit = found if found else (None, None)
     service = result["ai_service"].values()
     refused = gateway_refused + sum(e["rejected_429"] + e["rate_limited"] for e in service)
     calls_made = refused + sum(e["served"] + e["errors_5xx"] + e["hangs"] for e in service)
     share = figures.overload_share(refused, calls_made)
     binding = capacity.capacity(limits, service_s, calls)
     served = result["ai_service"].get(binding.binding.endpoint, {}).get("served") if binding.binding else None
-    return {"physical_minimum_s": _rounded(minimum, 3),
+    return {"physical_minimum_s": _rounded(minimum, 3), "minimum_limit": minimum_limit,
             "span_over_minimum": None if minimum is None else _rounded(
                 figures.span_over_minimum(result["span_s"], minimum), 4),
             "ai_calls": calls_made, "ai_429": refused, "overload_share": _rounded(share, 5),

@@ -15,8 +15,9 @@ The figures are measure.figures' standard ones over the requests the peer answer
 stage of one endpoint: a request Router gave up on (rate-limited after its retries, or an error)
 counts as dead-lettered (failed for good, and recorded), its refused tries as 429s. Router's limits
 count per clock minute, so the capacity's minute is 60 wall-clock seconds whatever the run's
-time scale; a call's time is its last try's, without the waits before it. Latency is from the
-start of the run (the whole burst is handed over at once, as the platform's is produced).
+time scale, and their fixed windows may pass two minutes' budget at once (measure.capacity); a
+call's time is its last try's, without the waits before it. Latency is from the start of the
+run (the whole burst is handed over at once, as the platform's is produced).
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def peer_figures(result: Mapping[str, Any], stage: str, endpoint: str, model: ai
     ok = [r for r in records if r["outcome"] == "ok"]
     tokens = capacity.tokens_per_call("total", len(ok), sum(r["tokens_input"] for r in ok),
                                       sum(r["tokens_output"] for r in ok))
-    limits = capacity.Limits({endpoint: capacity.Endpoint(result["workers"], model.rpm, model.tpm)},
+    limits = capacity.Limits({endpoint: capacity.Endpoint(result["workers"], model.rpm, model.tpm,
+                                                          allowance_minutes=capacity.windows(1.0))},
                              {stage: endpoint}, tokens_per_call={endpoint: tokens} if tokens else {})
     service_s = {stage: statistics.fmean(r["call_s"] for r in ok)} if ok else {}
     times = [r["ended"] for r in ok]

@@ -24,6 +24,14 @@ calls_e below 1.
 A budget whose tokens per call were not measured is left out and named in `unmeasured`: the
 capacity is then an upper bound, which makes a utilization read low, never past 1.
 
+A budget also lets an allowance through at once, beside its rate (a candidate's `allowance`, in
+requests): a continuously refilled bucket (the stand-in's, OpenAI's, Anthropic's) starts full
+with a minute's budget, so N calls through a bucket of depth D refilled at r a second take at
+least (N - D) / r seconds, not N / r: 3000 calls at 600 a minute at time scale 0.25 (40/s) take
+60 s, not 75. Fixed windows of a clock minute (LiteLLM's proxy and Router) may pass the end of
+one window and the start of the next at once: two clock minutes' budget (`windows`). The
+physical minimum (measure.figures) and served_check count it; the capacity, a rate, does not.
+
 utilization: the share of the binding limit the run used on the plateau (the steady band of
 measure.figures): the binding endpoint's call-seconds inside the band / (concurrency x band)
 for a concurrency, its calls ended inside the band / (budget x band) for a requests budget, and
@@ -31,7 +39,13 @@ those calls' tokens for a tokens budget. In expectation it is steady_throughput_
 capacity_rps; it counts calls rather than completions because completions of a fan-out join
 catch up inside the band (a post summarised early waits for its labels) and heavy-tailed calls
 make a completion slope noisy: text_moderation read 1.046 and 1.087 of a capacity its calls
-never exceeded. Counted on calls, a limit the service enforces keeps it at most 1.
+never exceeded. Counted on calls, a concurrency the service enforces keeps it at most 1; a
+budget's count does not know what of its initial allowance was left when the band began, so a
+band that begins before the bucket is spent may read its rate exceeded by that remainder.
+
+served_check: what the service served on the binding endpoint over a window that began with its
+budgets full, against the calls the binding limit allows over it: its rate x the window, plus a
+budget's allowance in calls; `share_of_limit` cannot pass 1 where the service enforces the limit.
 
 Plain Python, like measure.sizing: the benchmark's SQL side, the Spark analysis and the gate
 share it, and every result carries its reasoning.
@@ -40,10 +54,19 @@ share it, and every result carries its reasoning.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 DIMENSIONS = ("concurrency", "requests_per_minute", "tokens_per_minute")
+BUCKET = 1.0  # a continuously refilled bucket, full at the start: one minute's budget at once
+
+
+def windows(time_scale: float) -> float:
+    """The allowance of fixed windows of a clock minute (LiteLLM's meters), in the run's minutes:
+    the end of one window and the start of the next, each a clock minute's budget, which is 1 /
+    time_scale of the run's minutes' (a run's minute lasts 60 x time_scale wall seconds)."""
+    return 2.0 / time_scale
+
 TOKEN_KINDS = ("input", "output", "total")
 
 
@@ -55,6 +78,9 @@ class Endpoint:
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     tokens: str = "total"  # which tokens tokens_per_minute counts: input, output or total
+    # The budgets' worth, in minutes, the meter may let through at once (see the module
+    # docstring): 1 for a continuously refilled bucket that starts full.
+    allowance_minutes: float = BUCKET
 
 
 @dataclass(frozen=True)
@@ -76,9 +102,7 @@ class Limits:
 
     def with_concurrency(self, endpoint: str, concurrency: int) -> Limits:
         """The same limits with one endpoint's concurrency replaced (a limit schedule's piece)."""
-        changed = {**self.endpoints, endpoint: Endpoint(
-            concurrency, self.endpoints[endpoint].requests_per_minute,
-            self.endpoints[endpoint].tokens_per_minute, self.endpoints[endpoint].tokens)}
+        changed = {**self.endpoints, endpoint: replace(self.endpoints[endpoint], concurrency=concurrency)}
         return Limits(changed, self.stage_endpoint, self.time_scale, self.tokens_per_call)
 
 
@@ -88,6 +112,9 @@ class Candidate:
     dimension: str
     rps: float | None  # None: not measured (no calls, or no tokens per call)
     reasoning: str
+    # Requests a budget lets through at once before its rate: its bucket's depth (a whole
+    # minute's allowance, full at the start) in requests; 0 for a concurrency.
+    allowance: float = 0.0
 
     @property
     def name(self) -> str:
@@ -158,7 +185,8 @@ def candidates(limits: Limits, service_s: Mapping[str, float],
             rps = e.requests_per_minute / minute / n
             found.append(Candidate(name, "requests_per_minute", rps,
                                    f"{name}.requests_per_minute: {e.requests_per_minute} / {minute:g} s / "
-                                   f"{n:.4g} calls = {rps:.4g} rps"))
+                                   f"{n:.4g} calls = {rps:.4g} rps",
+                                   e.requests_per_minute * e.allowance_minutes / n))
         if e.tokens_per_minute:
             tokens = limits.tokens_per_call.get(name)
             token_rps = e.tokens_per_minute / minute / (tokens * n) if tokens else None
@@ -166,7 +194,9 @@ def candidates(limits: Limits, service_s: Mapping[str, float],
                                    f"{name}.tokens_per_minute: {e.tokens_per_minute} / {minute:g} s / "
                                    f"({tokens:.5g} {e.tokens} tokens x {n:.4g} calls) = {token_rps:.4g} rps"
                                    if token_rps is not None else
-                                   f"{name}.tokens_per_minute: {e.tokens} tokens per call not measured"))
+                                   f"{name}.tokens_per_minute: {e.tokens} tokens per call not measured",
+                                   e.tokens_per_minute * e.allowance_minutes / (tokens * n)
+                                   if tokens else 0.0))
     return found
 
 
@@ -189,6 +219,31 @@ def capacity_schedule(limits: Limits, service_s: Mapping[str, float], calls: Map
             raise ValueError(f"no capacity with {endpoint} at {limit}: nothing measured")
         pieces.append((at, rps))
     return pieces
+
+
+def mean_call_s(limits: Limits, service_s: Mapping[str, float], calls: Mapping[str, float],
+                endpoint: str) -> float:
+    """The mean seconds of one successful call on `endpoint`, over the stages that call it."""
+    n = _per_endpoint(limits, calls).get(endpoint, 0.0)
+    busy = _per_endpoint(limits, {s: service_s.get(s, 0.0) * c for s, c in calls.items()})
+    return busy.get(endpoint, 0.0) / n if n > 0 else 0.0
+
+
+def limit_schedules(limits: Limits, service_s: Mapping[str, float], calls: Mapping[str, float],
+                    endpoint: str | None = None, concurrency: Sequence[tuple[float, int]] = ()
+                    ) -> list[tuple[Candidate, list[tuple[float, float]]]]:
+    """Every measured limit with the requests/s it allows as (from_s, rps) pieces: one piece, but
+    for `endpoint`'s concurrency when `concurrency` gives its schedule, (from_s, slots)."""
+    found = []
+    for c in candidates(limits, service_s, calls):
+        if c.rps is None:
+            continue
+        if c.endpoint == endpoint and c.dimension == "concurrency" and concurrency:
+            slots = limits.endpoints[c.endpoint].concurrency
+            found.append((c, [(at, c.rps * limit / slots) for at, limit in concurrency]))
+        else:
+            found.append((c, [(0.0, c.rps)]))
+    return found
 
 
 def band_work(calls: Iterable[tuple[str, float, float]], band: tuple[float, float] | None
@@ -229,13 +284,18 @@ def utilization(cap: Capacity, limits: Limits, work: Mapping[str, tuple[float, i
 
 def served_check(cap: Capacity, calls: Mapping[str, float], limits: Limits, served: int | None,
                  window_s: float | None) -> dict[str, Any] | None:
-    """What the service counted on the binding endpoint over a window (its `served` counter)
-    against the calls/s the binding limit allows there (capacity x calls per request on it)."""
+    """What the service counted on the binding endpoint over a window that began with its
+    budgets full (its `served` counter since the burst began) against the calls the binding limit
+    allows there: the rate (capacity x calls per request on it) over the window, plus for a
+    budget its bucket's depth (`allowance` x calls per request), which the window's first
+    instants may spend at once. `limit_calls_rps` is that total over the window."""
     binding = cap.binding
     if binding is None or binding.rps is None or served is None or not window_s or window_s <= 0:
         return None
-    allowed = binding.rps * _per_endpoint(limits, calls).get(binding.endpoint, 0.0)
+    per_request = _per_endpoint(limits, calls).get(binding.endpoint, 0.0)
+    allowed = binding.rps * per_request * window_s + binding.allowance * per_request
     rate = served / window_s
     return {"endpoint": binding.endpoint, "served": served, "window_s": round(window_s, 3),
-            "served_rps": round(rate, 3), "limit_calls_rps": round(allowed, 3),
-            "share_of_limit": round(rate / allowed, 4) if allowed > 0 else None}
+            "served_rps": round(rate, 3), "limit_calls_rps": round(allowed / window_s, 3),
+            "initial_allowance_calls": round(binding.allowance * per_request, 3),
+            "share_of_limit": round(served / allowed, 4) if allowed > 0 else None}

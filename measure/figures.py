@@ -46,8 +46,18 @@ turns them into figures, so a figure cannot mean two things.
 
 Against the physical limits, where the AI service's capacity may change during a run (a
 schedule: (from_s, capacity_rps) pieces, seconds since the first produce):
-- physical_minimum_s: the shortest span the AI services allow: `requests` served at the capacity
-  in force, plus one request's chain of AI calls (the last one still has to go through them).
+- physical_minimum_s: the shortest span the AI services allow: the longest, over every limit of
+  measure.capacity, of the AI calls before that limit's endpoint on a request's path (its first
+  call waits for them), then `requests` through the limit, then the AI calls after it (the last
+  request still goes through them); the chains at the spec's mean latencies
+  (PipelineSpec.chain_around). Through a concurrency, requests / the capacity in force already
+  holds every call of the endpoint (slots x seconds is what they occupy), so its own call is not
+  added again: 1280 requests through generate's 64 slots of 3 s are 60 s, after check's 0.5 s,
+  60.5 s in all (not 60 + the whole path's 3.5 s). A budget admits its allowance at once and the
+  rest at its rate (measure.capacity), and its last call still takes its mean time after its
+  admission. The longest over the limits rather than the binding one's: each is a bound no run
+  can beat, and a schedule may move which limit binds. Under heavy tails the first and last
+  requests may beat the mean chains, by less than a chain.
 - span_over_minimum: span_s / physical_minimum_s.
 - utilization_in_force: the share of the concurrency in force that the bottleneck's successful
   calls kept busy on the plateau (from the first to the last completion of the STEADY_BAND, as
@@ -294,14 +304,40 @@ def servable(schedule: Schedule, start: float, end: float) -> float:
     return sum(capacity_at(schedule, a) * (b - a) for a, b in itertools.pairwise(bounds))
 
 
-def physical_minimum_s(requests: int, schedule: Schedule, ai_path_s: float) -> float:
-    """See the module docstring; the schedule's last capacity holds until the end."""
-    served, at = 0.0, 0.0
-    for (start, rps), (end, _) in itertools.pairwise([*schedule, (math.inf, 0.0)]):
-        if served + rps * (end - start) >= requests:
-            return start + (requests - served) / rps + ai_path_s
+def physical_minimum_s(requests: float, schedule: Schedule, before_s: float = 0.0, after_s: float = 0.0,
+                       allowance: float = 0.0) -> float:
+    """The shortest span one limit allows (see the module docstring): from `before_s`,
+    `allowance` requests at once, the rest at the schedule in force (requests/s), then
+    `after_s`; the schedule's last piece holds until the end."""
+    left = max(0.0, requests - allowance)
+    served, at = 0.0, before_s
+    pieces = [(max(start, before_s), rps) for start, rps in schedule]
+    for (start, rps), (end, _) in itertools.pairwise([*pieces, (math.inf, 0.0)]):
+        if served >= left:
+            break
+        if end <= start or rps <= 0:
+            at = max(at, end)  # a piece over before the limit's first call, or serving nothing
+            continue
+        if served + rps * (end - start) >= left:
+            return start + (left - served) / rps + after_s
         served, at = served + rps * (end - start), end
-    return at + ai_path_s
+    return at + after_s
+
+
+def physical_minimum(requests: int, limits: capacity_of.Limits, service_s: Mapping[str, float],
+                     calls: Mapping[str, float], chains: Mapping[str, tuple[float, float]],
+                     endpoint: str | None = None, concurrency: Sequence[tuple[float, int]] = ()
+                     ) -> tuple[float, str] | None:
+    """(physical_minimum_s, the limit giving it) over every measured limit (see the module
+    docstring); `chains`: per endpoint, the seconds of AI calls before and after its call on a
+    request's path; `endpoint`'s concurrency follows `concurrency`, (from_s, slots), when given."""
+    found = []
+    for c, schedule in capacity_of.limit_schedules(limits, service_s, calls, endpoint, concurrency):
+        before, after = chains.get(c.endpoint, (0.0, 0.0))
+        if c.dimension != "concurrency":  # a budget admits the last call; it still takes its time
+            after += capacity_of.mean_call_s(limits, service_s, calls, c.endpoint)
+        found.append((physical_minimum_s(requests, schedule, before, after, c.allowance), c.name))
+    return max(found) if found else None
 
 
 def span_over_minimum(span: float | None, minimum_s: float) -> float | None:

@@ -143,5 +143,34 @@ def test_served_check_sets_the_services_count_beside_the_binding_limit() -> None
     # served 700 moderate calls in 100 s: 7 a second, 0.875 of it
     got = capacity.served_check(cap, calls, FAN_OUT, 700, 100.0)
     assert got == {"endpoint": "moderate", "served": 700, "window_s": 100.0, "served_rps": 7.0,
-                   "limit_calls_rps": 8.0, "share_of_limit": 0.875}
+                   "limit_calls_rps": 8.0, "initial_allowance_calls": 0.0, "share_of_limit": 0.875}
     assert capacity.served_check(cap, calls, FAN_OUT, None, 100.0) is None
+
+
+def test_served_check_counts_a_budgets_initial_allowance() -> None:
+    # draft's 600 requests a minute at time scale 0.25 (a 15 s minute): 40 calls/s, and a bucket
+    # of 600 full when the window begins. 2 calls a request: 20 requests/s, 300 requests at once.
+    limits = Limits({"draft": Endpoint(64, requests_per_minute=600)}, DRAFT, time_scale=0.25)
+    cap = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
+    assert (cap.binding_limit, cap.binding.allowance if cap.binding else None) == (
+        "draft.requests_per_minute", pytest.approx(300.0))
+    # The service served 2500 calls in 50 s: 50/s, 1.25 of the rate alone; the window allows
+    # 40 x 50 + 600 = 2600 calls (52/s), of which 2500 are 0.9615.
+    got = capacity.served_check(cap, DRAFT_CALLS, limits, 2500, 50.0)
+    assert got == {"endpoint": "draft", "served": 2500, "window_s": 50.0, "served_rps": 50.0,
+                   "limit_calls_rps": 52.0, "initial_allowance_calls": 600.0, "share_of_limit": 0.9615}
+
+
+def test_a_tokens_budget_lower_than_every_other_limit_is_named_binding() -> None:
+    # Only a tokens budget beside the slots: 8 / (0.5 s x 2) = 8 rps against 30,000 tokens a minute
+    # at 200 total tokens a call: 30000 / 60 / (200 x 2) = 1.25 rps; its bucket holds 30000 / 400 =
+    # 75 requests' tokens.
+    limits = Limits({"draft": Endpoint(8, tokens_per_minute=30_000)}, DRAFT, tokens_per_call={"draft": 200.0})
+    got = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
+    assert (got.rps, got.binding_limit) == (pytest.approx(1.25), "draft.tokens_per_minute")
+    assert got.binding is not None and got.binding.allowance == pytest.approx(75.0)
+    assert got.unmeasured == []
+    # With a requests budget too, above it (600 a minute: 5 rps), the tokens still bind.
+    both = Limits({"draft": Endpoint(8, requests_per_minute=600, tokens_per_minute=30_000)}, DRAFT,
+                  tokens_per_call={"draft": 200.0})
+    assert capacity.capacity(both, DRAFT_SERVICE, DRAFT_CALLS).binding_limit == "draft.tokens_per_minute"

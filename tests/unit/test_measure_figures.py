@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from measure import figures
+from measure import capacity, figures
 
 
 def waves(slots: int, period_s: float, count: int, spread_s: float = 0.05) -> list[float]:
@@ -173,12 +173,73 @@ def test_servable_adds_the_capacity_in_force_piece_by_piece() -> None:
     assert figures.servable([(0.0, 4.0)], 1.0, 3.0) == 8
 
 
-def test_physical_minimum_is_the_requests_at_the_capacity_in_force_plus_one_chain_of_calls() -> None:
-    assert figures.physical_minimum_s(1280, [(0.0, 64 / 3)], 3.5) == pytest.approx(60 + 3.5)
-    # 200 in the first 20 s, 100 in the next 20, the last 50 at 10 rps: 45 s, + 1 s of calls.
-    assert figures.physical_minimum_s(350, HALVED, 1.0) == pytest.approx(46.0)
-    assert figures.physical_minimum_s(150, HALVED, 0.0) == pytest.approx(15.0)
+def test_physical_minimum_is_the_requests_at_the_capacity_in_force_plus_the_calls_around() -> None:
+    # The reference burst: 1280 requests through generate's 64 slots of 3 s calls are 20 waves,
+    # 60 s, in which every generate call is already counted; only check's 0.5 s before the first
+    # of them adds to it, and nothing comes after generate's call: 60.5 s, not 60 + 3.5.
+    assert figures.physical_minimum_s(1280, [(0.0, 64 / 3)], 0.5, 0.0) == pytest.approx(60.5)
+    # 200 in the first 20 s, 100 in the next 20, the last 50 at 10 rps: 45 s, + 1 s of calls after.
+    assert figures.physical_minimum_s(350, HALVED, 0.0, 1.0) == pytest.approx(46.0)
+    assert figures.physical_minimum_s(150, HALVED) == pytest.approx(15.0)
+    # The limit's first call comes 5 s in: 5 -> 20 s serves 150, 20 -> 40 s 100, the last 100 at
+    # 10 rps take 10 s more: 50 s, + 1 s after.
+    assert figures.physical_minimum_s(350, HALVED, 5.0, 1.0) == pytest.approx(51.0)
     assert figures.span_over_minimum(47.5, 46.0) == pytest.approx(1.0326, abs=1e-4)
+
+
+def test_a_budgets_initial_allowance_passes_at_once() -> None:
+    # 1000 calls through a bucket of 600 refilled at 40 a second (600 a minute at time scale
+    # 0.25: a minute of 15 s): 600 at once, the other 400 take 10 s; 0.4 s after the last admission
+    # (its own call) and 0.1 s before the first: 10.5 s. Without the allowance: 25 s.
+    assert figures.physical_minimum_s(1000, [(0.0, 40.0)], 0.1, 0.4, allowance=600) == pytest.approx(10.5)
+    # fewer calls than the bucket holds: only the calls around
+    assert figures.physical_minimum_s(500, [(0.0, 40.0)], 0.1, 0.4, allowance=600) == pytest.approx(0.5)
+
+
+# genai_image's reference burst at real scale: check (0.5 s) then generate (3 s), 64 slots each.
+REFERENCE = capacity.Limits({"check": capacity.Endpoint(64), "generate": capacity.Endpoint(64)},
+                            {"check": "check", "generate": "generate"})
+REFERENCE_CHAINS = {"check": (0.0, 3.0), "generate": (0.5, 0.0)}  # AI seconds before and after each call
+
+
+def test_the_physical_minimum_is_the_longest_over_the_limits() -> None:
+    got = figures.physical_minimum(1280, REFERENCE, {"check": 0.5, "generate": 3.0},
+                                   {"check": 1.0, "generate": 1.0}, REFERENCE_CHAINS)
+    # check: 64 / 0.5 s = 128 rps, 1280 in 10 s, + 3 s of generate after: 13 s;
+    # generate: 0.5 s of check before, + 1280 at 64 / 3 s = 21.33 rps, 60 s: 60.5 s.
+    assert got == (pytest.approx(60.5), "generate.concurrency")
+    # generate's 64 slots cut to 32 from 30 s: 640 requests by 30.5 s, the other 640 at
+    # 32 / 3 s = 10.67 rps take 60 s: 90.5 s.
+    got = figures.physical_minimum(1280, REFERENCE, {"check": 0.5, "generate": 3.0},
+                                   {"check": 1.0, "generate": 1.0}, REFERENCE_CHAINS,
+                                   "generate", [(0.0, 64), (30.5, 32)])
+    assert got == (pytest.approx(90.5), "generate.concurrency")
+
+
+def test_a_budget_that_binds_gives_the_minimum_with_its_allowance_and_its_own_call() -> None:
+    # One stage `draft` on an endpoint of 64 slots, 0.4 s calls, 600 requests a minute at time scale
+    # 0.25 (a 15 s minute: 40 calls/s, a bucket of 600 full at the start); 0.1 s of AI calls before.
+    limits = capacity.Limits({"draft": capacity.Endpoint(64, requests_per_minute=600)}, {"draft": "draft"},
+                             time_scale=0.25)
+    got = figures.physical_minimum(3000, limits, {"draft": 0.4}, {"draft": 1.0}, {"draft": (0.1, 0.0)})
+    # concurrency: 3000 / (64 / 0.4 s = 160 rps) = 18.75 s, + 0.1 s: 18.85 s;
+    # budget: 0.1 s, 600 at once, 2400 at 40/s = 60 s, then the last call's 0.4 s: 60.5 s.
+    assert got == (pytest.approx(60.5), "draft.requests_per_minute")
+    # tokens: 60,000 a minute at time scale 1 with 250 tokens a call: 1000 tokens/s = 4 calls/s,
+    # a bucket of 240 calls; 1000 calls: 760 / 4 = 190 s, + 0.1 before and 0.4 s of the last call
+    tokens = capacity.Limits({"draft": capacity.Endpoint(64, tokens_per_minute=60_000)}, {"draft": "draft"},
+                             tokens_per_call={"draft": 250.0})
+    got = figures.physical_minimum(1000, tokens, {"draft": 0.4}, {"draft": 1.0}, {"draft": (0.1, 0.0)})
+    assert got == (pytest.approx(190.5), "draft.tokens_per_minute")
+    # fixed windows of a clock minute (a gateway's) at time scale 0.25: 600 a clock minute is
+    # 150 a run's minute (15 s): 10 calls/s; two windows' 1200 may pass at once. 3000 calls:
+    # 1800 / 10 = 180 s, + 0.5 s.
+    windows = capacity.Limits({"draft": capacity.Endpoint(64, requests_per_minute=150,
+                                                          allowance_minutes=capacity.windows(0.25))},
+                              {"draft": "draft"}, time_scale=0.25)
+    got = figures.physical_minimum(3000, windows, {"draft": 0.4}, {"draft": 1.0}, {"draft": (0.1, 0.0)})
+    assert got == (pytest.approx(180.5), "draft.requests_per_minute")
+    assert figures.physical_minimum(3000, limits, {}, {}, {}) is None  # nothing measured
 
 
 def test_utilization_in_force_is_the_share_of_the_slots_in_force_that_calls_kept_busy() -> None:

@@ -57,12 +57,15 @@ def test_the_peers_figures_are_the_standard_ones_held_to_the_gateways_limits() -
     # Latency from the start: 4, 8, ..., 48 s; the median between the 6th and 7th (26 s), p95 at
     # rank 10.45 (44 + 0.45 x 4 = 45.8 s), p99 at rank 10.89 (47.56 s).
     assert (got["p50_ms"], got["p95_ms"], got["p99_ms"]) == (26000.0, 45800.0, 47560.0)
-    # 2 + 4 refusals of 19 calls; the stand-in served 12 in 50 s, of 0.5/s allowed.
+    # 2 + 4 refusals of 19 calls; the stand-in served 12 in 50 s. Router's budget is a fixed window
+    # of a clock minute: over 50 s the end of one window and the start of the next may pass 30
+    # each at once, beside the 0.5/s: 0.5 x 50 + 60 = 85 calls (1.7/s), 12 of them 0.1412.
     assert (got["ai_calls"], got["ai_429"], got["overload_share"]) == (19, 6, round(6 / 19, 5))
     assert got["overload_by_endpoint"] == {"small_model": {"ai_calls": 19, "ai_429": 6,
                                                            "overload_share": round(6 / 19, 5)}}
     assert got["served_on_binding"] == {"endpoint": "small_model", "served": 12, "window_s": 50.0,
-                                        "served_rps": 0.24, "limit_calls_rps": 0.5, "share_of_limit": 0.48}
+                                        "served_rps": 0.24, "limit_calls_rps": 1.7,
+                                        "initial_allowance_calls": 60.0, "share_of_limit": 0.1412}
     assert got["peer"]["outcomes"] == {"ok": 12, "rate_limited": 1, "error": 1}
     assert got["completion_times"] == [1000.0 + 4 * i for i in range(1, 13)]
 
