@@ -208,19 +208,6 @@ def capacity(limits: Limits, service_s: Mapping[str, float], calls: Mapping[str,
     return Capacity(binding.rps if binding else None, binding, tuple(found))
 
 
-def capacity_schedule(limits: Limits, service_s: Mapping[str, float], calls: Mapping[str, float],
-                      endpoint: str, concurrency: Sequence[tuple[float, int]]) -> list[tuple[float, float]]:
-    """(from_s, capacity rps) for a concurrency schedule of one endpoint, (from_s, limit):
-    measure.figures' capacity schedule, every other limit held."""
-    pieces = []
-    for at, limit in concurrency:
-        rps = capacity(limits.with_concurrency(endpoint, limit), service_s, calls).rps
-        if rps is None:
-            raise ValueError(f"no capacity with {endpoint} at {limit}: nothing measured")
-        pieces.append((at, rps))
-    return pieces
-
-
 def mean_call_s(limits: Limits, service_s: Mapping[str, float], calls: Mapping[str, float],
                 endpoint: str) -> float:
     """The mean seconds of one successful call on `endpoint`, over the stages that call it."""

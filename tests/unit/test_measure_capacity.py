@@ -103,10 +103,12 @@ def test_tokens_per_call_counts_the_kind_the_budget_meters() -> None:
 
 def test_a_concurrency_schedule_moves_only_its_endpoint() -> None:
     calls = capacity.calls_per_request(FAN_OUT_CALLS, 80)
-    # moderate at 4, then 8, then 12 slots: 6.4, 12.8, then 19.2 where summarize's 10 binds
-    got = capacity.capacity_schedule(FAN_OUT, FAN_OUT_SERVICE, calls, "moderate",
-                                     [(0.0, 4), (10.0, 8), (20.0, 12)])
-    assert got == [(0.0, pytest.approx(6.4)), (10.0, pytest.approx(10.0)), (20.0, pytest.approx(10.0))]
+    # moderate at 4, then 8, then 12 slots: 6.4, 12.8, then 19.2; summarize's 10 stays as it is
+    got = dict((c.name, schedule) for c, schedule in capacity.limit_schedules(
+        FAN_OUT, FAN_OUT_SERVICE, calls, "moderate", [(0.0, 4), (10.0, 8), (20.0, 12)]))
+    assert got["moderate.concurrency"] == [(0.0, pytest.approx(6.4)), (10.0, pytest.approx(12.8)),
+                                           (20.0, pytest.approx(19.2))]
+    assert got["summarize.concurrency"] == [(0.0, pytest.approx(10.0))]
 
 
 def test_band_work_counts_call_seconds_inside_and_calls_ended_inside() -> None:

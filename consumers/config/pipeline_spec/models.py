@@ -315,24 +315,10 @@ class PipelineSpec(_Model):
             outputs.append(self.failure_notice.to)
         return sorted(set(outputs))
 
-    @cached_property
-    def ai_path_s(self) -> float:
-        """The longest chain of AI calls one request makes, in mean seconds (real scale): the
-        endpoints' latencies summed along the routes, the slowest branch where they fork."""
-        def longest(stage: str, seen: frozenset[str]) -> float:
-            spec = self.stages[stage]
-            work = spec.work
-            own = self.endpoints[work.endpoint].latency.mean_s if isinstance(work, HttpWork) else 0.0
-            after = [longest(n, seen | {n}) for route in spec.routes for n, s in self.stages.items()
-                     if s.source == route.to and n not in seen]
-            return own + max(after, default=0.0)
-
-        return max(longest(stage, frozenset({stage})) for stage in self.entry_stages)
-
     def chain_around(self, endpoint: str) -> tuple[float, float]:
         """(before, after): the AI calls a request makes before its call on `endpoint` and after
-        it, in mean seconds (real scale), read along the routes as `ai_path_s` reads them (the
-        slowest branch where they fork); calls on `endpoint` itself are not counted. Where several
+        it, in mean seconds (real scale), read along the routes (the slowest branch where they
+        fork); calls on `endpoint` itself are not counted. Where several
         stages call it, the shortest chain before any of them and after any of them: the
         endpoint's first call may come from any, and so may its last. (0, 0) for an endpoint no
         stage calls.
