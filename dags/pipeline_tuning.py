@@ -19,7 +19,7 @@ RUN = "{{ ti.xcom_pull(task_ids='resolve')['run_id'] }}"
 
 @dag(
     dag_id="pipeline_tuning",
-    schedule="0 2 * * *",
+    schedule=s.tuning_schedule(),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,

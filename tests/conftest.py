@@ -33,9 +33,10 @@ def cluster(stack: Stack) -> Stack:
 # `make test` runs the suite on two workers (pytest-xdist, `--dist loadscope`, TEST_WORKERS=1 for
 # one process), with the units of work below: every module is one unit, kept whole on one worker
 # in its own order, except that the modules driving the stack's Airflow form one unit. They
-# share its metadata database, its port (a standalone Airflow of their own each) and the
-# promotion history that their checks read, and an Airflow scheduler would also take up the
-# tasks of an `airflow dags test` run of a DAG it finds unpaused.
+# share its metadata database, its port and the promotion history that their checks read, and
+# an Airflow scheduler would also take up the tasks of an `airflow dags test` run of a DAG it
+# finds unpaused: the modules that run DAG tests come first, then the two that share one
+# standalone Airflow (`standalone_airflow`, tests/integration/conftest.py), started once.
 #
 # The Airflow unit is the longest: one worker runs it whole while the other takes every other
 # unit in the order below. Both hold the stack's AI stand-in and Spark master
@@ -50,7 +51,7 @@ def cluster(stack: Stack) -> Stack:
 # benchmark checks that its Spark measurement ran on the stack's. The short modules come at the
 # end, for whichever worker is free.
 AIRFLOW_MODULES = tuple(f"tests/integration/{name}.py" for name in
-                        ("test_dags", "test_triage", "test_redrive", "test_airflow_ui"))
+                        ("test_dags", "test_redrive", "test_triage", "test_airflow_ui"))
 FIRST = tuple(f"tests/integration/{name}.py" for name in (
     "test_secured", "test_router_peer", "test_pipeline", "test_gateway",
     "test_bench_smoke", "test_spark_cluster", "test_supervised_fleet",

@@ -3,6 +3,7 @@ that starts each DAG running a pipeline, Spark wiring."""
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +20,15 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ARGS: dict[str, Any] = {"owner": "platform", "retries": 1, "retry_delay": timedelta(seconds=30)}
 TAGS_PIPELINE = ["pipeline", "kafka", "genai"]
 CHECK_TASK = "check_pipeline"
+NIGHTLY = "0 2 * * *"
+
+
+def tuning_schedule() -> str | None:
+    """When the active version is re-measured: `PIPELINE_TUNING_SCHEDULE`, a cron expression, or
+    `none` for triggered runs only (an Airflow that serves a UI and must start nothing of its
+    own); nightly at 02:00 UTC when unset."""
+    value = os.environ.get("PIPELINE_TUNING_SCHEDULE") or NIGHTLY
+    return None if value.strip().lower() == "none" else value
 
 
 def spec_value(key: str) -> str:

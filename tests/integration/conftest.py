@@ -1,5 +1,6 @@
 """What integration tests running side by side (`pytest -n 2`, as `make test TEST_WORKERS=2` runs
-them) must not do at the same time.
+them) must not do at the same time, and the one Airflow of the modules that drive its UI and
+scheduler.
 
 The test stack's AI stand-in and Spark master are shared state: a `pipeline_tuning` or
 `pipeline_capacity` run reconfigures the stand-in (time scale, limits) and submits its analysis
@@ -14,11 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import re
 from collections.abc import Iterator
 
 import pytest
 
-from tests.stack import Stack
+from consumers.config.pipeline_spec import DEAD_LETTER
+from infra import airflow_ui
+from pipeline_ops import dead_letter_watch
+from tests.stack import Stack, unique
+
+TRIAGE_PREFIX = unique("triage")  # test_triage's runs: <TRIAGE_PREFIX>-<n>.dlq
 
 _holds = [0]  # this process's holds of the lock, one inside the other (tests run one at a time)
 
@@ -59,3 +66,17 @@ def stand_in_for_module(stack: Stack) -> Iterator[None]:
     request it from an autouse module fixture, which pytest sets up before the others)."""
     with stand_in_lock(stack):
         yield
+
+
+@pytest.fixture(scope="session")
+def standalone_airflow(stack: Stack) -> Iterator[str]:
+    """One Airflow (UI and API, scheduler, DAG processor, triggerer) on the stack for test_triage
+    and test_airflow_ui, which one worker runs one after the other (tests/conftest.py): a start
+    takes a minute and more of the two cores. Its dead-letter watcher follows test_triage's
+    topics only, so other tests' dead letters wake nothing; the nightly tuning schedule is off,
+    as unpausing the DAG would start a run of its own (catchup=False still runs the latest
+    missed interval). Yields the UI's base URL."""
+    env = {dead_letter_watch.TOPICS_ENV: rf"^{re.escape(TRIAGE_PREFIX)}-.*\.{DEAD_LETTER}$",
+           "PIPELINE_TUNING_SCHEDULE": "none"}
+    with airflow_ui.running(stack.layout, extra_env=env) as base_url:
+        yield base_url

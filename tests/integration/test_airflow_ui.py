@@ -29,7 +29,6 @@ import requests
 
 from consumers.config import events, pipeline_spec
 from consumers.config.pipeline_spec import REFERENCE
-from infra import airflow_ui
 from measure import cost
 from pipeline_ops.registry import ConfigRegistry
 from tests.integration.conftest import stand_in_lock
@@ -62,9 +61,6 @@ FORM = {"burst": BURST, **PASSABLE, "time_scale": OTHER_PIPELINE_SCALE}
 # model, 0.4 s and a token or two at 5 ms), so the drafts' concurrency bounds the capacity.
 BINDING_LIMIT = "draft.concurrency"
 RUN_TIMEOUT_S = 600
-# The nightly schedule would add a run of its own as soon as the DAG is unpaused (catchup=False
-# still runs the latest missed interval); this Airflow only runs what is triggered.
-AIRFLOW_ENV = {"AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False"}
 
 
 class Api:
@@ -90,9 +86,9 @@ class Api:
 
 
 @pytest.fixture(scope="module")
-def airflow(stack: Stack) -> Iterator[str]:
-    with airflow_ui.running(stack.layout, extra_env=AIRFLOW_ENV) as base_url:
-        yield base_url
+def airflow(standalone_airflow: str) -> str:
+    """The Airflow this module shares with test_triage (tests/integration/conftest.py)."""
+    return standalone_airflow
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -28,9 +27,8 @@ from confluent_kafka import Producer
 from consumers.config.pipeline_spec import DEAD_LETTER
 from consumers.runtime import dead_letter
 from consumers.runtime.storage import Origin, Storage
-from infra import airflow_ui
-from pipeline_ops import dead_letter_watch as watch
 from pipeline_ops.triage import Triage
+from tests.integration.conftest import TRIAGE_PREFIX
 from tests.integration.kafka_helpers import create_topic
 from tests.integration.pipeline_fixtures import query
 from tests.integration.test_airflow_ui import Api, password  # noqa: F401 (password: a fixture)
@@ -40,16 +38,14 @@ from tests.stack import Stack, unique
 DAG_ID = "dead_letter_triage"
 REDRIVE_DAG_ID = "pipeline_redrive"
 ASSET_URI = "kafka://pipeline/dead-letters"
-PREFIX = unique("triage")  # this module's runs: <PREFIX>-<n>.dlq
+PREFIX = TRIAGE_PREFIX  # the runs the shared Airflow's watcher follows: <PREFIX>-<n>.dlq
 BURST = {("intake", "malformed_json"): 70, ("generate", "work_failed"): 50}  # 120 > the default 100
 RUN_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
-def airflow(stack: Stack) -> Iterator[str]:
-    env = {watch.TOPICS_ENV: rf"^{re.escape(PREFIX)}-.*\.{DEAD_LETTER}$"}
-    with airflow_ui.running(stack.layout, extra_env=env) as base_url:
-        yield base_url
+def airflow(standalone_airflow: str) -> str:
+    return standalone_airflow
 
 
 @pytest.fixture

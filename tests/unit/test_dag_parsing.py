@@ -1,7 +1,8 @@
 """Parsing the DAG folder stays light: a fresh interpreter that loads every DAG has imported
 neither PySpark nor matplotlib (they load where a job runs or a plot is drawn), and no DAG fails
 to import within Airflow's default import timeout. Every DAG that runs a pipeline offers the specs
-found as a dropdown and checks the chosen one in its first task."""
+found as a dropdown and checks the chosen one in its first task. The nightly tuning's schedule
+comes from the environment."""
 
 from __future__ import annotations
 
@@ -63,3 +64,20 @@ def test_a_dag_running_a_pipeline_offers_the_specs_and_checks_the_chosen_one_fir
     assert param["enum"] == pipeline_spec.available() and "text_moderation" in param["enum"]
     assert param["default"] == pipeline_spec.REFERENCE
     assert parsed["roots"][dag_id] == ["check_pipeline"]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, "0 2 * * *"),          # unset: nightly at 02:00
+    ("", "0 2 * * *"),            # empty, as an env file may leave it
+    ("30 5 * * 1-5", "30 5 * * 1-5"),
+    (" None ", None),             # triggered runs only
+])
+def test_the_tuning_schedule_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str | None,
+                                                        expected: str | None) -> None:
+    from pipeline_ops import dag_support
+
+    if value is None:
+        monkeypatch.delenv("PIPELINE_TUNING_SCHEDULE", raising=False)
+    else:
+        monkeypatch.setenv("PIPELINE_TUNING_SCHEDULE", value)
+    assert dag_support.tuning_schedule() == expected
