@@ -126,20 +126,19 @@ test-unit: venv
 test-fast: venv
 	$(LINT) && .venv/bin/pytest tests/unit -q $(XDIST)
 
-# The whole suite against a three-broker test stack (ports +10000, Spark on a standalone master)
-# and a secured three-broker stack beside it (SASL_SSL, ports +22000; the secured tests read
-# .local/secure/stack.env), both stopped afterwards whatever the outcome. With TEST_WORKERS=2
-# the tests run on two workers (tests/conftest.py says which modules share one), then the
-# `serial` ones alone (they stop a service of the stack, or count what a busy machine changes).
-# The gateway's test starts LiteLLM's proxy of its own, from the gateway's environment. The lint
-# comes first: a stack is started only for a tree that passes it.
+# The whole suite against a three-broker test stack (ports +10000, Spark on a standalone master),
+# stopped afterwards whatever the outcome; the secured tests start a secured three-broker stack
+# for their module (SASL_SSL, ports +22000) and stop it after it. With TEST_WORKERS=2 the tests
+# run on two workers (tests/conftest.py says which modules share one), then the `serial` ones
+# alone (they stop a service of the stack, or count what a busy machine changes). The gateway's
+# test starts LiteLLM's proxy of its own, from the gateway's environment. The lint and the docs'
+# build run while the stack starts; a tree that fails them runs no test.
 test: deps gateway-venv
-	$(LINT)
-	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet
-	@STACK=test SECURITY=plaintext SPARK=cluster $(PY) -m infra.stack up --brokers 3 && \
-	  STACK=secure SECURITY=sasl_ssl SPARK=local $(PY) -m infra.stack up --brokers 3; rc=$$?; \
+	@( $(LINT) && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet ) & checks=$$!; \
+	STACK=test SECURITY=plaintext SPARK=cluster $(PY) -m infra.stack up --brokers 3; rc=$$?; \
+	wait $$checks || rc=1; \
 	if [ $$rc -eq 0 ]; then $(TEST_ENV) && $(TEST_RUN); rc=$$?; fi; \
-	STACK=secure $(PY) -m infra.stack down; STACK=test $(PY) -m infra.stack down; exit $$rc
+	STACK=secure $(PY) -m infra.stack down >/dev/null; STACK=test $(PY) -m infra.stack down; exit $$rc
 
 # The documentation site (mkdocs.yml, pages in docs/) into .local/site; --strict fails on a broken
 # link or anchor. Nothing is fetched while it builds.

@@ -302,16 +302,11 @@ def durable(layout: Layout) -> Iterator[Stack]:
     of three ConsumerPerformance runs read 1.19 and 1.43 M records/s in two rounds with the idle
     stack up, 1.60 and 1.64 M in two with it down; partition_load's best warm job took 11.5 and
     14.1 s up, 10.7-12.6 s in four sessions down."""
-    was_running = local_stack.running(local_stack.load_state(layout))
-    local_stack.up(layout, DURABLE_BROKERS, PLAINTEXT, LOCAL, ai_gateway.NONE)
-    try:
+    with local_stack.started(layout, DURABLE_BROKERS, PLAINTEXT, LOCAL, ai_gateway.NONE):
         stack = Stack.from_environment(layout.saved_env())
         if stack is None:
             raise SystemExit(f"the {layout.name} stack started but wrote no addresses to {layout.env_file}")
         yield stack
-    finally:
-        if not was_running:
-            local_stack.down(layout)
 
 
 def main(argv: list[str] | None = None) -> Path:

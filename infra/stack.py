@@ -27,13 +27,14 @@ the passwords they were created with.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
 import shlex
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -402,6 +403,20 @@ def down(layout: Layout) -> None:
     if left:
         raise SystemExit("still listening after stop: " + ", ".join(left))
     print(f"stack {layout.name} stopped")
+
+
+@contextlib.contextmanager
+def started(layout: Layout, brokers: int, security: str, spark: str, gateway: str) -> Iterator[None]:
+    """The stack up for the block: started here and stopped after it, unless it was running
+    already (then it is left as it was). For a stack that only some work needs, so that its
+    idle brokers and JVMs do not share the cores with everything else."""
+    was_running = running(load_state(layout))
+    up(layout, brokers, security, spark, gateway)
+    try:
+        yield
+    finally:
+        if not was_running:
+            down(layout)
 
 
 def status(layout: Layout) -> int:
