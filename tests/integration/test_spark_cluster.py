@@ -1,7 +1,8 @@
 """The analysis jobs on the test stack's Spark standalone master, submitted as the DAGs submit
-them without a Connect server (`SparkSubmitOperator` on `spark_default`) and run as they run with
-one (in the task, on the stack's Spark Connect server), give exactly what `local[*]` gives; and
-the documentation's `spark-submit` command (docs/analysis.md) runs as written."""
+them without a Connect server (both in one application, spark/analyses.py, through
+`SparkSubmitOperator` on `spark_default`) and run as they run with one (in the task, on the
+stack's Spark Connect server), give exactly what `local[*]` gives; and the documentation's
+`spark-submit` command (docs/analysis.md) runs as written."""
 
 from __future__ import annotations
 
@@ -52,13 +53,30 @@ def run_id(cluster_stack: Stack) -> str:
     return pipeline.run_id
 
 
-def submit(job: str, conn_id: str, args: list[str], output: Path) -> dict:
-    """One job through the operator the DAGs use, outside a DAG run (no templates to render)."""
+def analyses_args(run_id: str, key: str, out: Path) -> list[str]:
+    """Both jobs of spark/analyses.py, as the DAGs' `spark_analysis` task gives them, each writing
+    its document into `out` (load.json, analysis.json)."""
+    return ["partition_load", "--topics", f"{run_id}.style", "--run-id", key,
+            "--output-json", str(out / "load.json"), "--",
+            "pipeline_analysis", "--run-id", run_id, "--output-json", str(out / "analysis.json")]
+
+
+def documents(out: Path) -> tuple[dict, dict]:
+    """(partition_load's document without its run id, pipeline_analysis's document)."""
+    return (dict(json.loads((out / "load.json").read_text()), run_id=None),
+            json.loads((out / "analysis.json").read_text()))
+
+
+def submit_both(run_id: str, conn_id: str, out: Path) -> tuple[dict, dict]:
+    """Both jobs in one spark-submit through the operator the DAGs use, outside a DAG run (no
+    templates to render), as the DAGs submit them without a Connect server."""
+    out.mkdir()
     operator = AnalysisSubmitOperator(
-        task_id=f"{job}-{conn_id}", application=str(REPO / "spark" / f"{job}.py"), name=job,
-        conn_id=conn_id, application_args=[*args, "--output-json", str(output)], env_vars=spark_env())
+        task_id=f"spark_analysis-{conn_id}", application=str(REPO / "spark" / "analyses.py"), name="analyses",
+        conn_id=conn_id, env_vars=spark_env(),
+        application_args=analyses_args(run_id, f"{run_id}-{conn_id}", out))
     operator.execute({})
-    return json.loads(output.read_text())
+    return documents(out)
 
 
 @pytest.fixture(scope="module")
@@ -74,31 +92,23 @@ def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
         yield patch
 
 
-def both_jobs(run_id: str, conn_id: str, out: Path) -> tuple[dict, dict]:
-    out.mkdir()
-    return (submit("partition_load", conn_id,
-                   ["--topics", f"{run_id}.style", "--run-id", f"{run_id}-{conn_id}"], out / "load.json"),
-            submit("pipeline_analysis", conn_id, ["--run-id", run_id], out / "analysis.json"))
-
-
 @pytest.fixture(scope="module")
 def on_local(run_id: str, local_spark: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
-    """Both jobs' documents from spark-submits on local[2]: what every other way must give."""
-    return both_jobs(run_id, local_spark, tmp_path_factory.mktemp("local") / "out")
+    """Both jobs' documents from a spark-submit on local[2]: what every other way must give."""
+    return submit_both(run_id, local_spark, tmp_path_factory.mktemp("local") / "out")
 
 
 def test_the_jobs_on_the_standalone_master_match_local(cluster_stack: Stack, run_id: str,
                                                        on_local: tuple[dict, dict], tmp_path: Path) -> None:
     with stand_in_lock(cluster_stack):
         before = {app["id"] for app in cluster_stack.spark_master_status()["completedapps"]}
-        on_cluster = both_jobs(run_id, "spark_default", tmp_path / "cluster")
+        on_cluster = submit_both(run_id, "spark_default", tmp_path / "cluster")
         completed = cluster_stack.spark_master_status()["completedapps"]
-    # The cluster really ran both: the master lists two more finished applications.
+    # The cluster really ran them: the master lists one more finished application.
     finished = [app for app in completed if app["id"] not in before]
-    assert sorted(app["state"] for app in finished) == ["FINISHED", "FINISHED"], finished
-    load_cluster, load_local = (dict(doc, run_id=None) for doc, _ in (on_cluster, on_local))
-    assert load_cluster == load_local
-    assert sum(p["records"] for p in load_cluster["partitions"]) == BURST  # guard: not two empty scans
+    assert [app["state"] for app in finished] == ["FINISHED"], finished
+    assert on_cluster[0] == on_local[0]
+    assert sum(p["records"] for p in on_cluster[0]["partitions"]) == BURST  # guard: not two empty scans
     assert on_cluster[1] == on_local[1]
     assert on_cluster[1]["requests"] == BURST
 
@@ -110,21 +120,17 @@ def test_the_analysis_runs_on_the_stacks_connect_server_as_the_dags_run_it(
     this process, on the server the stack started on its standalone master: no spark-submit, no
     application of its own on the master."""
     monkeypatch.setattr(SparkSubmitOperator, "execute", lambda self, context: pytest.fail("spark-submit ran"))
-    load, analysis = tmp_path / "load.json", tmp_path / "analysis.json"
     operator = AnalysisSubmitOperator(
         task_id="spark_analysis", application=str(REPO / "spark" / "analyses.py"), conn_id="spark_default",
-        spark_connect_conn_id="spark_connect_default", application_args=[
-            "partition_load", "--topics", f"{run_id}.style", "--run-id", f"{run_id}-connect",
-            "--output-json", str(load), "--",
-            "pipeline_analysis", "--run-id", run_id, "--output-json", str(analysis)])
+        spark_connect_conn_id="spark_connect_default",
+        application_args=analyses_args(run_id, f"{run_id}-connect", tmp_path))
     with stand_in_lock(cluster_stack):
         before = cluster_stack.spark_master_status()
         operator.execute({})
         after = cluster_stack.spark_master_status()
     assert [app["id"] for app in after["completedapps"]] == [app["id"] for app in before["completedapps"]]
     assert [app["name"] for app in after["activeapps"]] == ["spark-connect"]
-    assert dict(json.loads(load.read_text()), run_id=None) == dict(on_local[0], run_id=None)
-    assert json.loads(analysis.read_text()) == on_local[1]
+    assert documents(tmp_path) == on_local
 
 
 def readme_command() -> str:
