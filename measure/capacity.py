@@ -34,14 +34,20 @@ physical minimum (measure.figures) and served_check count it; the capacity, a ra
 
 utilization: the share of the binding limit the run used on the plateau (the steady band of
 measure.figures): the binding endpoint's call-seconds inside the band / (concurrency x band)
-for a concurrency, its calls ended inside the band / (budget x band) for a requests budget, and
-those calls' tokens for a tokens budget. In expectation it is steady_throughput_rps /
+for a concurrency; for a budget, the calls started inside the band (a meter counts a call when
+it arrives), or their tokens, over what the budget allows there: its rate x the band, plus what
+its allowance can still hold when the band begins (`allowance_left`: the allowance, less what
+the calls started before the band took beyond the refill since the first one). A band that
+begins while the first minute's allowance is being spent would otherwise read its rate exceeded
+(1.006 of a requests budget at time scale 0.25). Fixed windows of a clock minute are held to
+their rate alone: what a window let through before the band is not counted, and two windows'
+budget as their allowance would make a band of a few minutes read far below a window meter kept
+full, so a band whose ends fall mid-window may read past 1 by a share of one window's budget
+(1.003 through LiteLLM's proxy). In expectation it is steady_throughput_rps /
 capacity_rps; it counts calls rather than completions because completions of a fan-out join
 catch up inside the band (a post summarised early waits for its labels) and heavy-tailed calls
 make a completion slope noisy: text_moderation read 1.046 and 1.087 of a capacity its calls
-never exceeded. Counted on calls, a concurrency the service enforces keeps it at most 1; a
-budget's count does not know what of its initial allowance was left when the band began, so a
-band that begins before the bucket is spent may read its rate exceeded by that remainder.
+never exceeded. Counted on calls, a limit the service enforces keeps it at most 1.
 
 served_check: what the service served on the binding endpoint over a window that began with its
 budgets full, against the calls the binding limit allows over it: its rate x the window, plus a
@@ -233,39 +239,68 @@ def limit_schedules(limits: Limits, service_s: Mapping[str, float], calls: Mappi
     return found
 
 
+@dataclass(frozen=True)
+class BandWork:
+    """One AI stage's successful calls against the steady band: the seconds they spent inside it
+    (what a concurrency's slots gave them), the calls started inside it (what a budget admitted
+    there, as a meter counts a call when it arrives), and for what a budget's allowance still
+    held when the band began, the calls started before it and when the first one started (the
+    band's clock; None: none started)."""
+
+    busy_s: float = 0.0
+    started: int = 0
+    before: int = 0
+    first_s: float | None = None
+
+
 def band_work(calls: Iterable[tuple[str, float, float]], band: tuple[float, float] | None
-              ) -> dict[str, tuple[float, int]]:
-    """Per stage, (call-seconds inside the band, calls ended inside it) of successful calls given
-    as (stage, started, ended) in the band's clock."""
-    work: dict[str, tuple[float, int]] = {}
+              ) -> dict[str, BandWork]:
+    """Per stage, the BandWork of successful calls given as (stage, started, ended) in the band's
+    clock."""
+    work: dict[str, BandWork] = {}
     if band is None:
         return work
     start, end = band
     for stage, started, ended in calls:
-        busy, count = work.get(stage, (0.0, 0))
-        work[stage] = (busy + max(0.0, min(ended, end) - max(started, start)),
-                       count + (start <= ended <= end))
+        w = work.get(stage, BandWork())
+        work[stage] = BandWork(w.busy_s + max(0.0, min(ended, end) - max(started, start)),
+                               w.started + (start <= started <= end), w.before + (started < start),
+                               started if w.first_s is None else min(w.first_s, started))
     return work
 
 
-def utilization(cap: Capacity, limits: Limits, work: Mapping[str, tuple[float, int]],
-                band_s: float | None) -> float | None:
+def allowance_left(depth: float, rate: float, before: float, since_first_s: float) -> float:
+    """What a bucket of `depth`, full when the first call came and refilled at `rate` per second,
+    can hold at most `since_first_s` later, after `before` was taken from it: its depth, less
+    what was taken beyond the refill."""
+    return min(depth, max(0.0, depth + rate * since_first_s - before))
+
+
+def utilization(cap: Capacity, limits: Limits, work: Mapping[str, BandWork],
+                band: tuple[float, float] | None) -> float | None:
     """The share of the binding limit used inside the steady band (see the module docstring)."""
     binding = cap.binding
-    if binding is None or not band_s or band_s <= 0:
+    if binding is None or band is None or band[1] <= band[0]:
         return None
-    stages = [s for s, e in limits.stage_endpoint.items() if e == binding.endpoint]
-    busy = sum(work.get(s, (0.0, 0))[0] for s in stages)
-    ended = sum(work.get(s, (0.0, 0))[1] for s in stages)
+    band_s = band[1] - band[0]
+    mine = [work[s] for s, e in limits.stage_endpoint.items() if e == binding.endpoint and s in work]
     e = limits.endpoints[binding.endpoint]
-    minute = 60 * limits.time_scale
     if binding.dimension == "concurrency":
-        return busy / (e.concurrency * band_s)
+        return sum(w.busy_s for w in mine) / (e.concurrency * band_s)
+    started, before = sum(w.started for w in mine), sum(w.before for w in mine)
+    firsts = [w.first_s for w in mine if w.first_s is not None]
+    since_first = band[0] - min(firsts) if firsts else 0.0
+    minute = 60 * limits.time_scale
+    bucket = e.allowance_minutes == BUCKET  # fixed windows: the rate alone (module docstring)
     if binding.dimension == "requests_per_minute" and e.requests_per_minute:
-        return ended / (e.requests_per_minute / minute * band_s)
+        rate = e.requests_per_minute / minute
+        left = allowance_left(e.requests_per_minute, rate, before, since_first) if bucket else 0.0
+        return started / (rate * band_s + left)
     tokens = limits.tokens_per_call.get(binding.endpoint)
     if e.tokens_per_minute and tokens:
-        return ended * tokens / (e.tokens_per_minute / minute * band_s)
+        rate = e.tokens_per_minute / minute
+        left = allowance_left(e.tokens_per_minute, rate, before * tokens, since_first) if bucket else 0.0
+        return started * tokens / (rate * band_s + left)
     return None
 
 

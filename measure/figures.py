@@ -229,7 +229,7 @@ def _round(value: float | None, digits: int) -> float | None:
 
 def run_figures(*, produced: int, status: Mapping[str, int], span: float | None,
                 steady_throughput_rps: float, service_s: Mapping[str, float], ai_limit: int,
-                ok_calls: Mapping[str, int], band_work: Mapping[str, tuple[float, int]],
+                ok_calls: Mapping[str, int], band_work: Mapping[str, capacity_of.BandWork],
                 band: tuple[float, float] | None, duplicate_ai_calls: int,
                 skew_max_over_mean: float | None, skew_cv: float | None,
                 latency_s: Mapping[float, float | None], skew_records: int = 0,
@@ -244,7 +244,7 @@ def run_figures(*, produced: int, status: Mapping[str, int], span: float | None,
     calls = capacity_of.calls_per_request(ok_calls, completed)
     cap = capacity_of.capacity(limits, service_s, calls)
     binding = cap.binding.endpoint if cap.binding else None
-    used = capacity_of.utilization(cap, limits, band_work, band[1] - band[0] if band else None)
+    used = capacity_of.utilization(cap, limits, band_work, band)
     return {
         "produced": produced,
         "completed": completed,
@@ -283,7 +283,7 @@ def from_analysis(document: Mapping[str, Any], *, produced: int, ai_limit: int,
         produced=produced, status=document["status"], span=document["span_s"],
         steady_throughput_rps=document["steady_throughput_rps"], service_s=document["service_s"],
         ai_limit=ai_limit, ok_calls=document["ok_calls"],
-        band_work={stage: (w["busy_s"], w["calls"]) for stage, w in document["band_work"].items()},
+        band_work={stage: capacity_of.BandWork(**w) for stage, w in document["band_work"].items()},
         band=tuple(band) if band else None, duplicate_ai_calls=document["duplicates"]["total"],
         skew_max_over_mean=skew_max_over_mean, skew_cv=skew_cv, skew_records=skew_records,
         skew_partitions=skew_partitions, latency_s={q: latency.get(f"p{round(q * 100)}") for q in QUANTILES},

@@ -16,9 +16,9 @@ figures with that module, as `consumers/runs/run_figures.py` does from SQL. Per 
   the 'ok' attempts (`ended_at - started_at`), with their mean: the stage's service time, and
   their count (`ok_calls`);
 - the steady band (`measure.figures.steady_band`, from the final stage's completion times) and
-  per AI stage the work of its 'ok' calls inside it (`band_work`: call-seconds inside the band
-  and calls ended inside it, as `measure.capacity.band_work` counts them): what the capacity's
-  utilization is counted on;
+  per AI stage the work of its 'ok' calls against it (`band_work`: call-seconds inside the band,
+  calls started inside it and before it, the first one's start, as `measure.capacity.band_work`
+  counts them): what the capacity's utilization is counted on;
 - member load: AI call attempts per group member (all outcomes, and 'ok' ones);
 - duplicate AI calls per stage (outcomes in `measure.figures.CALL_OUTCOMES`);
 - rebalance windows: each 'revoke' or 'lost' event opens a window in its consumer group that
@@ -173,15 +173,18 @@ def repeated_calls(attempts: DataFrame) -> DataFrame:
 
 
 def band_work(attempts: DataFrame, bands: Mapping[str, tuple[float, float]]) -> DataFrame:
-    """Per run with a band (epoch s) and stage, the 'ok' calls' seconds inside the band and the
-    calls ended inside it (measure.capacity.band_work)."""
+    """Per run with a band (epoch s) and stage, the 'ok' calls' seconds inside the band, the
+    calls started inside it and before it, and the first one's start (epoch s):
+    measure.capacity.BandWork."""
     start = _per_run({run: round(band[0] * 1_000_000) for run, band in bands.items()})
     end = _per_run({run: round(band[1] * 1_000_000) for run, band in bands.items()})
     started, ended = _micros("started_at"), _micros("ended_at")
     inside = F.greatest(F.lit(0), F.least(ended, end) - F.greatest(started, start)) / F.lit(1_000_000.0)
     return (attempts.where((F.col("outcome") == "ok") & start.isNotNull()).groupBy(RUN, "stage")
             .agg(F.sum(inside).alias("busy_s"),
-                 F.count(F.when((ended >= start) & (ended <= end), 1)).alias("calls")))
+                 F.count(F.when((started >= start) & (started <= end), 1)).alias("started"),
+                 F.count(F.when(started < start, 1)).alias("before"),
+                 (F.min(started) / F.lit(1_000_000.0)).alias("first_s")))
 
 
 def request_states(frames: RunFrames) -> DataFrame:
@@ -323,7 +326,8 @@ def document(run_id: str, bucket_seconds: int, final_stage: str, times: list[flo
         "service_s": {stage: q["mean"] for stage, q in stages.items()},
         "ok_calls": {stage: q["count"] for stage, q in stages.items()},
         "steady_band": list(band) if band else None,
-        "band_work": {r["stage"]: {"busy_s": r["busy_s"], "calls": r["calls"]} for r in work},
+        "band_work": {r["stage"]: {key: r[key] for key in ("busy_s", "started", "before", "first_s")}
+                      for r in work},
         "completions": {stage: [{"bucket_start": job_io.utc_iso(b["bucket_start"]),
                                  "completions": b["completions"]}
                                 for b in per_bucket if b["stage"] == stage]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from measure import capacity
-from measure.capacity import Endpoint, Limits
+from measure.capacity import BandWork, Endpoint, Limits
 
 # A text_moderation-like run: 100 posts settled, 20 blocked at moderate (rejected), 80 completed
 # after summarize and classify answered in parallel. Each endpoint's own concurrency.
@@ -111,31 +111,51 @@ def test_a_concurrency_schedule_moves_only_its_endpoint() -> None:
     assert got["summarize.concurrency"] == [(0.0, pytest.approx(10.0))]
 
 
-def test_band_work_counts_call_seconds_inside_and_calls_ended_inside() -> None:
-    calls = [("a", 5.0, 12.0),   # 2 s inside (10 -> 12), ended inside
-             ("a", 12.0, 15.0),  # 3 s, ended inside
-             ("a", 18.0, 25.0),  # 2 s (18 -> 20), ended after
-             ("a", 1.0, 4.0),    # before the band
-             ("b", 9.0, 21.0)]   # 10 s, the whole band
-    assert capacity.band_work(calls, (10.0, 20.0)) == {"a": (7.0, 2), "b": (10.0, 0)}
+def test_band_work_counts_call_seconds_inside_and_calls_started_inside_and_before() -> None:
+    calls = [("a", 5.0, 12.0),   # 2 s inside (10 -> 12), started before
+             ("a", 12.0, 15.0),  # 3 s, started inside
+             ("a", 18.0, 25.0),  # 2 s (18 -> 20), started inside
+             ("a", 1.0, 4.0),    # before the band, the first
+             ("b", 9.0, 21.0)]   # 10 s, the whole band, started before
+    assert capacity.band_work(calls, (10.0, 20.0)) == {
+        "a": BandWork(busy_s=7.0, started=2, before=2, first_s=1.0),
+        "b": BandWork(busy_s=10.0, started=0, before=1, first_s=9.0)}
     assert capacity.band_work(calls, None) == {}
 
 
 @pytest.mark.parametrize(("endpoint", "tokens", "expected"), [
     # concurrency 10 over a 10 s band: 100 slot-seconds, 90 of them in calls
     (Endpoint(10), {}, 0.9),
-    # 300 requests a minute = 5 a second: 50 in the band, 40 calls ended in it
+    # 300 requests a minute = 5 a second: 50 in the band, 40 calls started in it (the first
+    # minute's 300 and the 50 refilled until the band were spent before it: nothing left)
     (Endpoint(10, requests_per_minute=300), {}, 0.8),
     # 60,000 tokens a minute (binding: 60000 / 60 / (125 x 2) = 4 rps against the concurrency's
-    # 10) = 1000 a second: 10,000 in the band; 40 calls x 125 tokens = 5000
+    # 10) = 1000 a second: 10,000 in the band; 40 calls x 125 tokens = 5000 (560 calls x 125 =
+    # 70,000 tokens before it: the bucket's 60,000 and the 10,000 refilled, nothing left)
     (Endpoint(10, tokens_per_minute=60_000), {"draft": 125.0}, 0.5),
 ])
 def test_utilization_is_the_binding_limits_share_used_in_the_band(
         endpoint: Endpoint, tokens: dict[str, float], expected: float) -> None:
     limits = Limits({"draft": endpoint}, DRAFT, tokens_per_call=tokens)
     cap = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
-    assert capacity.utilization(cap, limits, {"draft": (90.0, 40)}, 10.0) == pytest.approx(expected)
-    assert capacity.utilization(cap, limits, {"draft": (90.0, 40)}, None) is None
+    work = {"draft": BandWork(busy_s=90.0, started=40, before=560, first_s=0.0)}
+    assert capacity.utilization(cap, limits, work, (10.0, 20.0)) == pytest.approx(expected)
+    assert capacity.utilization(cap, limits, work, None) is None
+
+
+def test_a_budgets_utilization_counts_what_its_allowance_held_when_the_band_began() -> None:
+    # 300 requests a minute: 5 a second, a bucket of 300 full when the first call came at 0 s.
+    # 200 calls started before the band (10 -> 20 s): the bucket held at most 300 + 5 x 10 - 200
+    # = 150 at 10 s, and the band allows 5 x 10 + 150 = 200 calls; 80 started in it: 0.4 (80 /
+    # 50 = 1.6 of the rate alone).
+    limits = Limits({"draft": Endpoint(64, requests_per_minute=300)}, DRAFT)
+    cap = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
+    assert cap.binding_limit == "draft.requests_per_minute"
+    work = {"draft": BandWork(busy_s=30.0, started=80, before=200, first_s=0.0)}
+    assert capacity.utilization(cap, limits, work, (10.0, 20.0)) == pytest.approx(0.4)
+    # Never more than the bucket's depth: none started before, the first at 5 s: 300 left.
+    early = {"draft": BandWork(busy_s=30.0, started=80, before=0, first_s=5.0)}
+    assert capacity.utilization(cap, limits, early, (10.0, 20.0)) == pytest.approx(80 / 350)
 
 
 def test_served_check_sets_the_services_count_beside_the_binding_limit() -> None:

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from measure import capacity, figures
+from measure.capacity import BandWork
 
 
 def waves(slots: int, period_s: float, count: int, spread_s: float = 0.05) -> list[float]:
@@ -133,7 +134,7 @@ def test_run_figures_assembles_every_figure() -> None:
         produced=15, status={"completed": 12, "rejected": 1, "checking": 1}, span=2.0,
         steady_throughput_rps=10.0, service_s={"generate": 0.2, "check": 0.02}, ai_limit=4,
         ok_calls={"check": 15, "generate": 12}, band=(1.0, 3.0),
-        band_work={"generate": (6.0, 30), "check": (1.0, 40)},
+        band_work={"generate": BandWork(busy_s=6.0, started=30), "check": BandWork(busy_s=1.0, started=40)},
         duplicate_ai_calls=1, skew_max_over_mean=1.25, skew_cv=0.2,
         latency_s={0.5: 0.5, 0.95: 0.95, 0.99: None}, skew_records=4, skew_partitions=2)
     assert got == {

@@ -232,7 +232,8 @@ def analysis(steady: float) -> dict:
     return {"status": {"completed": 320}, "span_s": 4.0, "steady_throughput_rps": steady,
             "service_s": {"check": 0.03, "generate": 0.16}, "duplicates": {"total": 0, "by_stage": {}},
             "ok_calls": {"check": 320, "generate": 320}, "steady_band": [1.0, 3.0],
-            "band_work": {"generate": {"busy_s": steady * 0.32, "calls": round(2 * steady)}},
+            "band_work": {"generate": {"busy_s": steady * 0.32, "started": round(2 * steady), "before": 0,
+                                       "first_s": 0.0}},
             "latency_s": {"end_to_end": {"notified": notified}, "stages": {}}}
 
 

@@ -262,13 +262,16 @@ def test_stage_latency_counts_successful_attempts_only(spark: SparkSession) -> N
     assert rows["generate"]["mean"] == pytest.approx(1.5)
 
 
-def test_band_work_counts_ok_call_seconds_inside_the_band_and_calls_ended_in_it(spark: SparkSession) -> None:
-    # band 1.5 -> 3.5 s: check's ok calls 0-1 (0 s), 1-3 (1.5 s, ended), 3-6 (0.5 s), 0-4 (2 s);
-    # generate's 0-2 (0.5 s, ended), 2-3 (1 s, ended); the timeout does not count
+def test_band_work_counts_ok_call_seconds_inside_the_band_and_calls_started_in_it_and_before(
+        spark: SparkSession) -> None:
+    # band 1.5 -> 3.5 s: check's ok calls 0-1 (0 s, before), 1-3 (1.5 s, before), 3-6 (0.5 s,
+    # started inside), 0-4 (2 s, before); generate's 0-2 (0.5 s, before), 2-3 (1 s, started
+    # inside); the timeout does not count
     band = (at(1.5).timestamp(), at(3.5).timestamp())
     rows = by(collect(pipeline_analysis.band_work(run_frames(spark).attempts, {RUN: band})), "stage")
-    assert (rows["check"]["busy_s"], rows["check"]["calls"]) == (pytest.approx(4.0), 1)
-    assert (rows["generate"]["busy_s"], rows["generate"]["calls"]) == (pytest.approx(1.5), 2)
+    got = {stage: (r["busy_s"], r["started"], r["before"], r["first_s"]) for stage, r in rows.items()}
+    assert got == {"check": (pytest.approx(4.0), 1, 3, pytest.approx(at(0).timestamp())),
+                   "generate": (pytest.approx(1.5), 1, 1, pytest.approx(at(0).timestamp()))}
 
 
 def test_member_load_and_duplicate_calls(spark: SparkSession) -> None:
