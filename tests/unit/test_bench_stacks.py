@@ -1,5 +1,5 @@
 """Which stack a benchmark scenario runs on: `durable`'s own three-broker stack is up for that
-scenario only, and one that was already running is left running."""
+scenario only, and one that was already running is left running (infra.stack.started)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 
 from bench import run as bench_run
+from infra import stack as local_stack
 from infra.layout import Layout
 
 
 class RecordedStacks:
-    """Stands in for infra.stack: records what the benchmark starts and stops."""
+    """Stands in for infra.stack's start, stop and state: records what the benchmark starts and
+    stops."""
 
     def __init__(self, running: bool) -> None:
         self.was_running = running
@@ -45,7 +47,8 @@ def durable_three() -> bench_run.Stack:
 def stacks(monkeypatch: pytest.MonkeyPatch, durable_three: bench_run.Stack, request: pytest.FixtureRequest
            ) -> RecordedStacks:
     recorded = RecordedStacks(running=getattr(request, "param", False))
-    monkeypatch.setattr(bench_run, "local_stack", recorded)
+    for name in ("load_state", "running", "up", "down"):
+        monkeypatch.setattr(local_stack, name, getattr(recorded, name))
     monkeypatch.setattr(bench_run.Stack, "from_environment", classmethod(lambda cls, env: durable_three))
     return recorded
 
