@@ -29,7 +29,7 @@ requests): a continuously refilled bucket (the stand-in's, OpenAI's, Anthropic's
 with a minute's budget, so N calls through a bucket of depth D refilled at r a second take at
 least (N - D) / r seconds, not N / r: 3000 calls at 600 a minute at time scale 0.25 (40/s) take
 60 s, not 75. Fixed windows of a clock minute (LiteLLM's proxy and Router) may pass the end of
-one window and the start of the next at once: two clock minutes' budget (`windows`). The
+one window and the start of the next at once: two clock minutes' budget (`fixed_windows`). The
 physical minimum (measure.figures) and served_check count it; the capacity, a rate, does not.
 
 utilization: the share of the binding limit the run used on the plateau (the steady band of
@@ -67,12 +67,6 @@ DIMENSIONS = ("concurrency", "requests_per_minute", "tokens_per_minute")
 BUCKET = 1.0  # a continuously refilled bucket, full at the start: one minute's budget at once
 
 
-def windows(time_scale: float) -> float:
-    """The allowance of fixed windows of a clock minute (LiteLLM's meters), in the run's minutes:
-    the end of one window and the start of the next, each a clock minute's budget, which is 1 /
-    time_scale of the run's minutes' (a run's minute lasts 60 x time_scale wall seconds)."""
-    return 2.0 / time_scale
-
 TOKEN_KINDS = ("input", "output", "total")
 
 
@@ -87,6 +81,15 @@ class Endpoint:
     # The budgets' worth, in minutes, the meter may let through at once (see the module
     # docstring): 1 for a continuously refilled bucket that starts full.
     allowance_minutes: float = BUCKET
+    fixed_window: bool = False  # a meter of clock minutes (`fixed_windows`), not a refilled bucket
+
+
+def fixed_windows(endpoint: Endpoint, time_scale: float) -> Endpoint:
+    """`endpoint` metered in fixed windows of a clock minute (LiteLLM's proxy and Router): the end
+    of one window and the start of the next may pass at once, each a clock minute's budget,
+    which is 1 / time_scale of the run's minutes' (a run's minute lasts 60 x time_scale wall
+    seconds): an allowance of 2 / time_scale run minutes."""
+    return replace(endpoint, allowance_minutes=2.0 / time_scale, fixed_window=True)
 
 
 @dataclass(frozen=True)
@@ -291,15 +294,15 @@ def utilization(cap: Capacity, limits: Limits, work: Mapping[str, BandWork],
     firsts = [w.first_s for w in mine if w.first_s is not None]
     since_first = band[0] - min(firsts) if firsts else 0.0
     minute = 60 * limits.time_scale
-    bucket = e.allowance_minutes == BUCKET  # fixed windows: the rate alone (module docstring)
     if binding.dimension == "requests_per_minute" and e.requests_per_minute:
         rate = e.requests_per_minute / minute
-        left = allowance_left(e.requests_per_minute, rate, before, since_first) if bucket else 0.0
+        left = 0.0 if e.fixed_window else allowance_left(e.requests_per_minute, rate, before, since_first)
         return started / (rate * band_s + left)
     tokens = limits.tokens_per_call.get(binding.endpoint)
     if e.tokens_per_minute and tokens:
         rate = e.tokens_per_minute / minute
-        left = allowance_left(e.tokens_per_minute, rate, before * tokens, since_first) if bucket else 0.0
+        left = 0.0 if e.fixed_window else allowance_left(e.tokens_per_minute, rate, before * tokens,
+                                                                 since_first)
         return started * tokens / (rate * band_s + left)
     return None
 

@@ -196,3 +196,13 @@ def test_a_tokens_budget_lower_than_every_other_limit_is_named_binding() -> None
     both = Limits({"draft": Endpoint(8, requests_per_minute=600, tokens_per_minute=30_000)}, DRAFT,
                   tokens_per_call={"draft": 200.0})
     assert capacity.capacity(both, DRAFT_SERVICE, DRAFT_CALLS).binding_limit == "draft.tokens_per_minute"
+
+
+def test_a_fixed_windows_utilization_is_held_to_its_rate_alone() -> None:
+    # 300 requests a clock minute at time scale 1: 5 a second, 50 over the 10 s band; 40 calls
+    # started in it: 0.8, whatever the windows let through before it (nothing started before).
+    limits = Limits({"draft": capacity.fixed_windows(Endpoint(64, requests_per_minute=300), 1.0)}, DRAFT)
+    cap = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
+    assert cap.binding_limit == "draft.requests_per_minute"
+    work = {"draft": BandWork(busy_s=30.0, started=40, before=0, first_s=5.0)}
+    assert capacity.utilization(cap, limits, work, (10.0, 20.0)) == pytest.approx(0.8)

@@ -235,8 +235,8 @@ def test_a_budget_that_binds_gives_the_minimum_with_its_allowance_and_its_own_ca
     # fixed windows of a clock minute (a gateway's) at time scale 0.25: 600 a clock minute is
     # 150 a run's minute (15 s): 10 calls/s; two windows' 1200 may pass at once. 3000 calls:
     # 1800 / 10 = 180 s, + 0.5 s.
-    windows = capacity.Limits({"draft": capacity.Endpoint(64, requests_per_minute=150,
-                                                          allowance_minutes=capacity.windows(0.25))},
+    windows = capacity.Limits({"draft": capacity.fixed_windows(capacity.Endpoint(64, requests_per_minute=150),
+                                                               0.25)},
                               {"draft": "draft"}, time_scale=0.25)
     got = figures.physical_minimum(3000, windows, {"draft": 0.4}, {"draft": 1.0}, {"draft": (0.1, 0.0)})
     assert got == (pytest.approx(180.5), "draft.requests_per_minute")
