@@ -24,9 +24,9 @@ XDIST := -n 2 --dist loadscope --no-loadscope-reorder
 # ruff, the import contracts (pyproject.toml; plugins/ on the path, as Airflow puts it) and the
 # type check: no services; half a minute for mypy on a fresh clone, seconds once its cache is warm.
 LINT := .venv/bin/ruff check . && PYTHONPATH=plugins .venv/bin/lint-imports --no-logo && .venv/bin/mypy
-TEST_RUN := $(if $(filter 1,$(TEST_WORKERS)),.venv/bin/pytest -q -rs --durations=25,\
-  ( .venv/bin/pytest -q -rs --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
-    -m "not serial"; r=$$?; .venv/bin/pytest -q -rs --durations=5 -m serial || r=1; exit $$r ))
+TEST_RUN := $(if $(filter 1,$(TEST_WORKERS)),.venv/bin/pytest -q -rfEs --durations=25,\
+  ( .venv/bin/pytest -q -rfEs --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
+    -m "not serial"; r=$$?; .venv/bin/pytest -q -rfEs --durations=5 -m serial || r=1; exit $$r ))
 
 .PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats faults test test-unit test-fast lint airflow
 
