@@ -273,13 +273,16 @@ class AIClient:
         if budget is not None:
             estimate = budget.estimate(payload)
             spent = budget.take(estimate.total)
-        # (renewed as the try goes out: its thread may have waited to run since it was granted)
+        # Held from here (renewed: its thread may have waited to run since it was granted), and
+        # counted as a call at the endpoint from `sent`, once the try is on record.
         limiter = self.limiter
         permit = limiter.renew(limiter.acquire()) if limiter is not None else None
         reply = Reply(None, {}, NOT_SENT)
         try:
             if observer is not None:
                 observer.started(attempt, time.time())
+            if limiter is not None and permit is not None:
+                permit = limiter.sent(permit)
             started, sent = time.time(), time.monotonic()
             reply = self._post(payload)
             took = time.monotonic() - sent

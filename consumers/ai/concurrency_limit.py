@@ -8,6 +8,13 @@ fleet through its shared AI client, so the members find one limit per endpoint i
 guessing. Budget refusals (a minute's requests or tokens spent) never reach it: they say "later",
 not "fewer" (`consumers.ai.rate_budget`). How it probes, shrinks and backs off, and how it is
 checked: docs/adaptive.md.
+
+A permit is held from `acquire` (the limit counts it) but a call is counted at the endpoint only
+from `sent`: what the caller does in between (its try put on record, a database write that waits
+for a connection under load) is no call the endpoint holds. Levels, latencies and the cut after
+a refusal are learned from the calls sent; had they counted the held permits, a limit learned
+while those writes were slow would let that many more calls reach the endpoint once they were
+quick again, each refused.
 """
 
 from __future__ import annotations
@@ -31,21 +38,24 @@ ADMIT_SHARE = 0.05  # ... until a 429 has measured the round trip: this share of
 TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
 RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
 SHRINK_REFUSALS = 2  # refusals after an episode's first, far under what was answered: it shrank
-TRANSIT_SPREAD = 2.0  # the calls on their way back, at the most, against their mean
 STALL_ENDS = 8  # calls' share of the latency without one ending: stalled, no probe admitted
 WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
 BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
 GROWTH_TOLERANCE = 1.5
+TRANSIT_SPREAD = 2.0
 
 
 @dataclass(frozen=True)
 class Permit:
-    """One try's place in flight: the cut generation it was sent under, when, and how many
-    calls were in flight with it (itself included)."""
+    """One try's place in flight: the cut generation it was taken under, when it was taken or,
+    once sent, sent; how many permits were held with it when taken (`held`) and, once sent, how
+    many calls were sent and not back with it (`level`; both count itself)."""
 
     generation: int
     at: float
+    held: int = 0
     level: int = 0
+    sent: bool = False
 
 
 class _Latencies:
@@ -102,6 +112,10 @@ class _RoundTrips:
     def longest(self) -> float:
         return max(self._recent)
 
+    def typical(self) -> float:
+        """The median of the recent ones (0 before any): a stall's few long ones move it little."""
+        return statistics.median(self._recent) if self._recent else 0.0
+
 
 @dataclass
 class _Probing:
@@ -145,7 +159,8 @@ class AdaptiveLimit:
         self._limit = float(initial)
         self._noted = -1  # the limit last written to `changes`
         self._generation = 0  # cuts so far: a try sent before the latest is told apart
-        self._in_flight = 0
+        self._in_flight = 0  # permits held
+        self._sent = 0  # calls sent and not back: what the endpoint may hold of ours
         self._waiting = 0
         self._ended_at = -math.inf  # when a call last ended
         self._plateau = 0  # the highest level a served call was sent at
@@ -192,11 +207,7 @@ class AdaptiveLimit:
             finally:
                 self._waiting -= 1
             self._in_flight += 1
-            permit = Permit(self._generation, self._clock(), self._in_flight)
-            probing = self._probing
-            if probing.taken_from is not None and probing.first is None and permit.level > probing.taken_from:
-                probing.first = permit
-            return permit
+            return Permit(self._generation, self._clock(), held=self._in_flight)
 
     def renew(self, permit: Permit) -> Permit:
         """The permit to send the try with, just before it is sent: `permit`, unless a cut came
@@ -208,12 +219,24 @@ class AdaptiveLimit:
         self.release(permit, NOT_SENT)
         return self.acquire()
 
+    def sent(self, permit: Permit) -> Permit:
+        """`permit`'s try goes out now: counted at the endpoint from here, at the level of the
+        calls sent with it. The first taken past the step out is its probe."""
+        with self._cond:
+            self._sent += 1
+            sent = Permit(permit.generation, self._clock(), permit.held, self._sent, sent=True)
+            probing = self._probing
+            if probing.taken_from is not None and probing.first is None and permit.held > probing.taken_from:
+                probing.first = sent
+            return sent
+
     def release(self, permit: Permit, outcome: str, retry_after_s: float | None = None) -> None:
         """The try of `permit` ended with `outcome` (an `ai_client.Try` outcome; OVERLOAD only
         for a concurrency refusal)."""
         with self._cond:
             now = self._clock()
             self._in_flight -= 1
+            self._sent -= permit.sent
             self._ended_at = now
             if outcome == OVERLOAD:
                 self._refused(permit, now, retry_after_s)
@@ -229,7 +252,7 @@ class AdaptiveLimit:
         """A served call: its latency, its level (with the calls still in flight: one sent first
         in a burst has a level of 1), a probe admitted, a queue seen in the window medians."""
         window_closed = self._latencies.add(now - permit.at)
-        self._answered.append((permit.at, max(permit.level, self._in_flight + 1)))
+        self._answered.append((permit.at, max(permit.level, self._sent + 1)))
         self._plateau = max(self._plateau, permit.level)
         if permit is self._probing.first:
             self._admitted(now)
@@ -241,7 +264,7 @@ class AdaptiveLimit:
         self._trips.add(now - permit.at)
         if permit.generation != self._generation:
             return  # sent before the latest cut, which answered it already
-        if permit.level > self._probing.floor:
+        if permit.held > self._probing.floor:
             self._probe_refused(now, retry_after_s)
         else:
             self._settled_level_refused(permit, now, retry_after_s)
@@ -259,14 +282,14 @@ class AdaptiveLimit:
     def _settled_level_refused(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
         """Not a probe: the service no longer holds the level settled on, or fewer of our calls
         were on their way back than when it settled. When it shrank, the limit is halved (as AIMD
-        does) and probing finds the rest; otherwise it comes down to the calls still in flight,
-        what the service holds of ours (the refused call's own level says less when calls went
-        out together: the first of eight was refused at 1)."""
+        does) and probing finds the rest; otherwise it comes down to the calls sent and not
+        back, what the service holds of ours (the refused call's own level says less when calls
+        went out together: the first of eight was refused at 1)."""
         if self._shrank(permit, now):
             self._cut(BACKOFF * self._episode.level, now)
             self._episode.began, self._probing.next_at, self._probing.refused_wait = -math.inf, now, 0.0
             return
-        self._cut(self._in_flight, now)
+        self._cut(self._sent, now)
         wait = self._wait(max(self._probing.refused_wait, FIRST_PROBE_WAIT))
         self._probing.next_at = now + max(retry_after_s or 0.0, wait)
 
@@ -345,8 +368,8 @@ class AdaptiveLimit:
 
     def _in_transit(self) -> int:
         """Calls a level may count that the service does not hold: those answered and on their
-        way back (the limit's calls end limit / latency a second, each a 429 round trip on its
-        way; twice that, as round trips spread), and one."""
+        way back (the limit's calls end limit / latency a second, each a typical 429 round trip
+        on its way), and one."""
         latency = self._latency()
         if not latency:
             return 1

@@ -25,8 +25,9 @@ class Clock:
 
 
 def take(limit: AdaptiveLimit, n: int) -> list[Permit]:
+    """`n` permits, each sent as soon as taken."""
     assert limit.spare() >= n, (limit.spare(), n)  # acquire would wait for ever on this thread
-    return [limit.acquire() for _ in range(n)]
+    return [limit.sent(limit.acquire()) for _ in range(n)]
 
 
 def test_acquire_waits_while_the_limit_is_reached() -> None:
@@ -89,7 +90,7 @@ def saturated(clock: Clock, calls: int, latency: float) -> tuple[AdaptiveLimit, 
     permits = take(limit, calls)
     clock.now = latency
     limit.release(permits.pop(), OK)
-    permits.append(limit.acquire())
+    permits += take(limit, 1)
     return limit, permits
 
 
@@ -187,7 +188,7 @@ def test_refusals_further_under_the_settled_limit_than_the_calls_in_transit_halv
     for end in (1.1, 1.2, 1.3, 1.4):
         clock.now = end
         limit.release(permits.pop(0), OK)
-        permits.append(limit.acquire())  # at the limit: not a probe
+        permits += take(limit, 1)  # at the limit: not a probe
         refused.append(permits[-1].level)
         clock.now = end + 0.003
         limit.release(permits.pop(), OVERLOAD)
@@ -199,6 +200,23 @@ def test_refusals_further_under_the_settled_limit_than_the_calls_in_transit_halv
     assert refused == [16, 15, 14, 13]
     assert limit.limit == 8
     assert (limit.in_flight, limit.spare()) == (12, 0)  # nothing sent until under 8
+
+
+def test_permits_held_but_not_sent_count_at_the_limit_but_not_at_the_endpoint() -> None:
+    clock = Clock()
+    limit, permits = saturated(clock, 16, latency=1.0)
+    for _ in range(4):  # four tries end; their successors are held, their records being written
+        limit.release(permits.pop(), OK)
+    held = [limit.acquire() for _ in range(4)]
+    assert limit.in_flight == 16  # the limit counts every permit held
+    clock.now = 1.01
+    limit.release(permits.pop(), OVERLOAD)  # the service is full with the 11 sent calls left
+    assert limit.limit == 11  # not the 15 held: the 4 held were never at the service
+    late = limit.sent(held.pop())  # a try held since before the cut goes out after it
+    assert late.level == 12
+    clock.now = 1.02
+    limit.release(late, OVERLOAD)  # taken before the cut, which answered it already
+    assert limit.limit == 11
 
 
 def test_a_permit_taken_before_a_cut_is_given_back_unsent_and_waits_for_the_new_limit() -> None:
@@ -241,7 +259,7 @@ def test_two_window_medians_over_twice_their_baseline_halve_the_limit() -> None:
 
     def window_at(latency: float) -> None:
         for _ in range(64):
-            permit = limit.acquire()
+            permit = limit.sent(limit.acquire())
             clock.now += latency
             limit.release(permit, OK)
 
@@ -351,7 +369,7 @@ def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: f
                     state["wake"] = t + wait
                     heapq.heappush(events, (t + wait, 0, "wake", None, None))
                 return
-            permit = limit.acquire()
+            permit = limit.sent(limit.acquire())
             state["calls"] += 1
             taken[state["calls"]] = spent
             heapq.heappush(events, (t + trip(), state["calls"], "arrive", permit, False))
