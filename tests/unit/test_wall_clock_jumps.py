@@ -104,12 +104,12 @@ real, offset = time.time, [0.0]
 time.time = lambda: real() + offset[0]
 from consumers.ai.concurrency_limit import OK, AdaptiveLimit
 limit = AdaptiveLimit(initial=4)
-permits = [limit.acquire() for _ in range(4)]
+permits = [limit.sent(limit.acquire()) for _ in range(4)]
 time.sleep(0.2)
 limit.release(permits.pop(), OK)
-permits.append(limit.acquire())
+permits.append(limit.sent(limit.acquire()))
 assert (limit.spare(), limit.limit) == (1, 5)
-permits.append(limit.acquire())
+permits.append(limit.sent(limit.acquire()))
 offset[0] = -3600.0
 time.sleep(0.05)
 print(limit.spare(), limit.limit)
