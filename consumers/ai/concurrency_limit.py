@@ -38,11 +38,11 @@ ADMIT_SHARE = 0.05  # ... until a 429 has measured the round trip: this share of
 TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
 RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
 SHRINK_REFUSALS = 2  # refusals after an episode's first, far under what was answered: it shrank
+TRANSIT_SPREAD = 2.0  # the calls on their way back, at the most, against their mean
 STALL_ENDS = 8  # calls' share of the latency without one ending: stalled, no probe admitted
 WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
 BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
 GROWTH_TOLERANCE = 1.5
-TRANSIT_SPREAD = 2.0
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,6 @@ class _RoundTrips:
 
     def longest(self) -> float:
         return max(self._recent)
-
-    def typical(self) -> float:
-        """The median of the recent ones (0 before any): a stall's few long ones move it little."""
-        return statistics.median(self._recent) if self._recent else 0.0
 
 
 @dataclass
@@ -210,9 +206,9 @@ class AdaptiveLimit:
             return Permit(self._generation, self._clock(), held=self._in_flight)
 
     def renew(self, permit: Permit) -> Permit:
-        """The permit to send the try with, just before it is sent: `permit`, unless a cut came
-        since it was taken (its thread may have waited to run meanwhile); then it is given back
-        unsent and a new one waited for, so no try goes into a service that just refused one."""
+        """The permit to hold for the try once its thread runs: `permit`, unless a cut came since
+        it was taken (its thread may have waited to run meanwhile); then it is given back unsent
+        and a new one waited for, so no try goes into a service that just refused one."""
         with self._cond:
             if permit.generation == self._generation:
                 return permit
@@ -368,8 +364,8 @@ class AdaptiveLimit:
 
     def _in_transit(self) -> int:
         """Calls a level may count that the service does not hold: those answered and on their
-        way back (the limit's calls end limit / latency a second, each a typical 429 round trip
-        on its way), and one."""
+        way back (the limit's calls end limit / latency a second, each a 429 round trip on its
+        way; twice that, as round trips spread), and one."""
         latency = self._latency()
         if not latency:
             return 1
