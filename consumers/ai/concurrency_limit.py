@@ -117,12 +117,14 @@ class _RoundTrips:
 class _Probing:
     """Where probing stands: the level last settled on (a call above it is a probe), the size of
     the next step, the step out (the limit it was taken from, and its first call once sent), when
-    the next step may be taken, and the latencies to wait after a refused probe."""
+    the last step's first call was sent, when the next step may be taken, and the latencies to
+    wait after a refused probe."""
 
     floor: int
     step: float = 1.0
     taken_from: int | None = None
     first: Permit | None = None
+    probed_at: float = -math.inf
     next_at: float = -math.inf
     refused_wait: float = 0.0  # doubles with each refused probe, until the service shrinks
 
@@ -223,7 +225,7 @@ class AdaptiveLimit:
             sent = Permit(permit.generation, self._clock(), permit.held, self._sent, sent=True)
             probing = self._probing
             if probing.taken_from is not None and probing.first is None and permit.held > probing.taken_from:
-                probing.first = sent
+                probing.first, probing.probed_at = sent, sent.at
             return sent
 
     def release(self, permit: Permit, outcome: str, retry_after_s: float | None = None) -> None:
@@ -259,8 +261,13 @@ class AdaptiveLimit:
     def _refused(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
         self._trips.add(now - permit.at)
         if permit.generation != self._generation:
-            return  # sent before the latest cut, which answered it already
-        if permit.held > self._probing.floor:
+            # Sent before the latest cut, which answered it already; but a refused call freed
+            # no place at the service, so its permit goes to no other call.
+            self._set(min(self._limit, float(self._sent)), now)
+            self._probing.floor = min(self._probing.floor, int(self._limit))
+            return
+        if permit.held > self._probing.floor or self._after_probe(permit):
+            self._probing.probed_at = -math.inf  # one refusal pays for a probe
             self._probe_refused(now, retry_after_s)
         else:
             self._settled_level_refused(permit, now, retry_after_s)
@@ -274,6 +281,12 @@ class AdaptiveLimit:
         probing = self._probing
         probing.refused_wait = min(PROBE_EVERY, 2 * probing.refused_wait or FIRST_PROBE_WAIT)
         probing.next_at = now + max(retry_after_s or 0.0, self._wait(probing.refused_wait))
+
+    def _after_probe(self, permit: Permit) -> bool:
+        """`permit`'s call went out after the last probe, within a latency: at a full service the
+        probe may have taken the place a call of ours had just freed (its answer still on its
+        way), and the call after it pays for the probe."""
+        return 0 <= permit.at - self._probing.probed_at <= self._latency()
 
     def _settled_level_refused(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
         """Not a probe: the service no longer holds the level settled on, or fewer of our calls
@@ -333,7 +346,7 @@ class AdaptiveLimit:
         before (a late refusal there would take the limit past anything it has shown)."""
         probe = self._probing.first
         return (probe is not None and now - probe.at >= self._admit_wait() and not self._stalled(now)
-                and (self._trips.mean is None or probe.level <= self._plateau + self._in_transit()))
+                and (self._trips.mean is None or probe.level <= self._plateau))
 
     def _may_step(self, now: float) -> bool:
         """A step may be taken: none out, its time come, an answer seen (before one a step
