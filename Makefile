@@ -24,9 +24,12 @@ XDIST := -n 2 --dist loadscope --no-loadscope-reorder
 # ruff, the import contracts (pyproject.toml; plugins/ on the path, as Airflow puts it) and the
 # type check: no services; half a minute for mypy on a fresh clone, seconds once its cache is warm.
 LINT := .venv/bin/ruff check . && PYTHONPATH=plugins .venv/bin/lint-imports --no-logo && .venv/bin/mypy
+# The modules with serial tests: collecting only them spares the serial phase collecting the
+# whole suite again (about ten seconds).
+SERIAL_MODULES = $(shell grep -rlE "mark\.serial" tests --include='test_*.py')
 TEST_RUN := $(if $(filter 1,$(TEST_WORKERS)),.venv/bin/pytest -q -rfEs --durations=25,\
   ( .venv/bin/pytest -q -rfEs --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
-    -m "not serial"; r=$$?; .venv/bin/pytest -q -rfEs --durations=5 -m serial || r=1; exit $$r ))
+    -m "not serial"; r=$$?; .venv/bin/pytest -q -rfEs --durations=5 -m serial $(SERIAL_MODULES) || r=1; exit $$r ))
 
 .PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats faults test test-unit test-fast lint airflow
 
@@ -36,7 +39,8 @@ venv: .venv/.installed
 .venv/.installed: requirements.lock
 	@test -x $(PY) || python3.11 -m venv .venv
 	$(PY) -m pip install -q $(UV)
-	.venv/bin/uv pip install -q --python $(PY) -r requirements.lock
+	.venv/bin/uv pip install -q --offline --python $(PY) -r requirements.lock 2>/dev/null || \
+	  .venv/bin/uv pip install -q --python $(PY) -r requirements.lock
 	$(PY) -m pip check
 	@touch $@
 

@@ -25,9 +25,12 @@ from pipeline_ops.fleets.backend import FleetEnvironment
 from pipeline_ops.fleets.program import fleet_program
 from pipeline_ops.fleets.records import SUPERVISORD, Deployment, Records, wait_ready
 
-# supervisord's states as deployment health (RUNNING is healthy once /metrics answers).
-HEALTH = {"STARTING": "starting", "BACKOFF": "restarting", "EXITED": "restarting",
-          "STOPPING": "stopping"}
+# supervisord's states as deployment health. A fleet whose process is up (STARTING or RUNNING)
+# is healthy once /metrics answers, as a pod is ready once its probe passes: supervisord calls a
+# start successful only `startsecs` after it (fleet_program), which is for its restart
+# accounting, while the fleet serves and takes partitions about two seconds in.
+UP = ("STARTING", "RUNNING")
+HEALTH = {"BACKOFF": "restarting", "EXITED": "restarting", "STOPPING": "stopping"}
 # A fleet's /metrics port comes from here (`free_port`): below Linux's ephemeral range (32768 up)
 # like every local stack's ports (infra/layout.py says why), and above them all (the secure
 # stack's highest, its third controller, is 31194).
@@ -70,7 +73,7 @@ def health_of(info: supervisor.ProcessInfo | None, metrics_port: int) -> str:
     """healthy | starting | restarting | stopping | dead (FATAL, STOPPED or not loaded)."""
     if info is None:
         return "dead"
-    if info.state == "RUNNING":
+    if info.state in UP:
         return "healthy" if _serves_metrics(metrics_port) else "starting"
     return HEALTH.get(info.state, "dead")
 
