@@ -84,6 +84,21 @@ class Api:
         resp.raise_for_status()
         return resp.json()
 
+    def fail_unfinished(self, dag_id: str, timeout_s: float = 60) -> None:
+        """Every queued or running run of the DAG marked failed, as the UI's "mark as failed" does.
+        Marking one while the scheduler updates its tasks can answer 500 (the two transactions
+        collide): asked again until no run is left unfinished."""
+        deadline = time.monotonic() + timeout_s
+        while runs := self.get(f"/api/v2/dags/{dag_id}/dagRuns?state=queued&state=running")["dag_runs"]:
+            if time.monotonic() > deadline:
+                pytest.fail(f"runs of {dag_id} still unfinished after {timeout_s}s: {runs}")
+            for run in runs:
+                resp = self.session.patch(f"{self.base_url}/api/v2/dags/{dag_id}/dagRuns/{run['dag_run_id']}",
+                                          json={"state": "failed"}, timeout=30)
+                if resp.status_code < 500:
+                    resp.raise_for_status()
+            time.sleep(0.5)
+
 
 @pytest.fixture(scope="module")
 def airflow(standalone_airflow: str) -> str:
@@ -443,8 +458,7 @@ def form_run(stack: Stack, airflow: str, password: str) -> FormRun:
     api = Api(airflow, "admin", password)
     # A run an earlier session left unfinished is failed first: the DAG runs one at a time, and
     # unpaused, that one would go first.
-    for run in api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?state=queued&state=running")["dag_runs"]:
-        api.patch(f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
+    api.fail_unfinished(DAG_ID)
     with stand_in_lock(stack), paused_again(api, DAG_ID), browser_page() as page:
         elsewhere = decision_of_another_pipeline(stack)  # before the run's: the page's plots are the latest's
         reference_before = reference_active(stack)

@@ -22,7 +22,7 @@ from typing import Any
 
 import psycopg2
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from consumers.config.pipeline_spec import DEAD_LETTER
 from consumers.runtime import dead_letter
@@ -59,8 +59,7 @@ def triage_on(api: Api) -> Iterator[None]:
     later on this stack must not watch every dead-letter topic of the cluster. What an earlier
     session left in the metadata database (a run not finished, an event queued) is failed or
     dropped first: such a run would start on unpausing and count this test's letters first."""
-    for run in api.get(f"/api/v2/dags/{DAG_ID}/dagRuns?state=queued&state=running")["dag_runs"]:
-        api.patch(f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}", {"state": "failed"})
+    api.fail_unfinished(DAG_ID)
     dropped = api.session.delete(f"{api.base_url}/api/v2/dags/{DAG_ID}/assets/queuedEvents", timeout=30)
     assert dropped.status_code in (204, 404), dropped.text  # 404: none queued
     api.patch(f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
@@ -74,12 +73,17 @@ def watcher_group(stack: Stack) -> str:
 
 
 def wait_assigned(stack: Stack, group: str, topic: str, timeout_s: float) -> None:
-    """Until a member of `group` has every partition of `topic`: the watcher is consuming it."""
+    """Until a member of `group` has every partition of `topic`: the watcher is consuming it. A
+    group its coordinator cannot describe yet (loading, or just moved on a new cluster) has none."""
     admin = stack.connection.admin()
     deadline = time.monotonic() + timeout_s
     assigned: set[int] = set()
     while time.monotonic() < deadline:
-        description = admin.describe_consumer_groups([group])[group].result(10)
+        try:
+            description = admin.describe_consumer_groups([group])[group].result(10)
+        except KafkaException:
+            time.sleep(1)
+            continue
         assigned = {tp.partition for m in description.members for tp in m.assignment.topic_partitions
                     if tp.topic == topic}
         if assigned == set(range(PARTITIONS)):
