@@ -20,12 +20,13 @@ quick again, each refused.
 from __future__ import annotations
 
 import math
-import statistics
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from consumers.ai.call_timings import WINDOW, Latencies, RoundTrips
 
 OK, OVERLOAD, NOT_SENT = "ok", "http_429", "not_sent"
 PROBE_EVERY = 3.0  # latencies between probes past a limit the service keeps refusing, ...
@@ -35,14 +36,9 @@ STEP_SHARE = 1 / 16  # the largest step of a probe, as a share of the limit: wha
 BACKOFF = 0.5  # the cut when the service shrank or queues
 ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
 ADMIT_SHARE = 0.05  # ... until a 429 has measured the round trip: this share of the latency
-TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
-RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
 SHRINK_REFUSALS = 2  # refusals after an episode's first, far under what was answered: it shrank
 TRANSIT_SPREAD = 2.0  # the calls on their way back, at the most, against their mean
 STALL_ENDS = 8  # calls' share of the latency without one ending: stalled, no probe admitted
-WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
-BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
-GROWTH_TOLERANCE = 1.5
 
 
 @dataclass(frozen=True)
@@ -56,61 +52,6 @@ class Permit:
     held: int = 0
     level: int = 0
     sent: bool = False
-
-
-class _Latencies:
-    """The latencies of served calls: the median of the last WINDOW (the time unit of every
-    wait; a mean would follow the tail), and the medians of whole windows, whose lowest of the
-    last BASELINE_WINDOWS is the baseline a queueing service is measured against."""
-
-    def __init__(self) -> None:
-        self.recent: deque[float] = deque(maxlen=WINDOW)
-        self.medians: deque[float] = deque(maxlen=BASELINE_WINDOWS)
-        self._fresh = 0  # latencies since the last window median
-        self._windows = 0
-
-    def add(self, latency: float) -> bool:
-        """Note a latency; True when it closes a window that counts. Calls end shortest first:
-        the first window after a burst starts takes the fast ones of many and the slow ones of
-        few, so it is no baseline."""
-        self.recent.append(latency)
-        self._fresh += 1
-        if self._fresh < WINDOW:
-            return False
-        self._fresh, self._windows = 0, self._windows + 1
-        if self._windows == 1:
-            return False
-        self.medians.append(self.median())
-        return True
-
-    def median(self) -> float:
-        return statistics.median(self.recent) if self.recent else 0.0
-
-    def queued(self, tolerance: float) -> bool:
-        """The last two window medians both over `tolerance` times the baseline (one alone is
-        no queue)."""
-        if len(self.medians) <= 2:
-            return False
-        return min(self.medians[-1], self.medians[-2]) > tolerance * min(self.medians)
-
-    def slowed(self) -> bool:
-        """The last window median over GROWTH_TOLERANCE of the baseline: no growth meanwhile."""
-        return bool(self.medians) and self.medians[-1] > GROWTH_TOLERANCE * min(self.medians)
-
-
-class _RoundTrips:
-    """How long a 429 takes to come back: a running mean, and the recent ones."""
-
-    def __init__(self) -> None:
-        self.mean: float | None = None
-        self._recent: deque[float] = deque(maxlen=RECENT_TRIPS)
-
-    def add(self, trip: float) -> None:
-        self.mean = trip if self.mean is None else self.mean + TRIP_WEIGHT * (trip - self.mean)
-        self._recent.append(trip)
-
-    def longest(self) -> float:
-        return max(self._recent)
 
 
 @dataclass
@@ -163,8 +104,8 @@ class AdaptiveLimit:
         self._ended_at = -math.inf  # when a call last ended
         self._plateau = 0  # the highest level a served call was sent at
         self._answered: deque[tuple[float, int]] = deque(maxlen=WINDOW)  # (sent, level) of served calls
-        self._latencies = _Latencies()
-        self._trips = _RoundTrips()
+        self._latencies = Latencies()
+        self._trips = RoundTrips()
         self._probing = _Probing(floor=initial)
         self._episode = _Episode()
         # (at, limit, in flight) of each change until collected (the fleet writes them down);

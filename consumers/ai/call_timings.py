@@ -1,0 +1,70 @@
+"""What an adaptive limit learns time from: the latencies of served calls and the round trips of
+refused ones. Latencies are heavy-tailed, so only medians over whole windows speak of the service
+(a mean follows the tail); a refusal's round trip is how long a probe's refusal may take to come
+back, so the limiter waits that long before it takes silence for admission."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
+BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
+GROWTH_TOLERANCE = 1.5  # a window median this far over the baseline: the service slowed
+TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
+RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
+
+
+class Latencies:
+    """The latencies of served calls: the median of the last WINDOW (the time unit of every
+    wait; a mean would follow the tail), and the medians of whole windows, whose lowest of the
+    last BASELINE_WINDOWS is the baseline a queueing service is measured against."""
+
+    def __init__(self) -> None:
+        self.recent: deque[float] = deque(maxlen=WINDOW)
+        self.medians: deque[float] = deque(maxlen=BASELINE_WINDOWS)
+        self._fresh = 0  # latencies since the last window median
+        self._windows = 0
+
+    def add(self, latency: float) -> bool:
+        """Note a latency; True when it closes a window that counts. Calls end shortest first:
+        the first window after a burst starts takes the fast ones of many and the slow ones of
+        few, so it is no baseline."""
+        self.recent.append(latency)
+        self._fresh += 1
+        if self._fresh < WINDOW:
+            return False
+        self._fresh, self._windows = 0, self._windows + 1
+        if self._windows == 1:
+            return False
+        self.medians.append(self.median())
+        return True
+
+    def median(self) -> float:
+        return statistics.median(self.recent) if self.recent else 0.0
+
+    def queued(self, tolerance: float) -> bool:
+        """The last two window medians both over `tolerance` times the baseline (one alone is
+        no queue)."""
+        if len(self.medians) <= 2:
+            return False
+        return min(self.medians[-1], self.medians[-2]) > tolerance * min(self.medians)
+
+    def slowed(self) -> bool:
+        """The last window median over GROWTH_TOLERANCE of the baseline: no growth meanwhile."""
+        return bool(self.medians) and self.medians[-1] > GROWTH_TOLERANCE * min(self.medians)
+
+
+class RoundTrips:
+    """How long a 429 takes to come back: a running mean, and the recent ones."""
+
+    def __init__(self) -> None:
+        self.mean: float | None = None
+        self._recent: deque[float] = deque(maxlen=RECENT_TRIPS)
+
+    def add(self, trip: float) -> None:
+        self.mean = trip if self.mean is None else self.mean + TRIP_WEIGHT * (trip - self.mean)
+        self._recent.append(trip)
+
+    def longest(self) -> float:
+        return max(self._recent)
