@@ -35,7 +35,9 @@ FIRST_PROBE_WAIT = 0.25  # latencies before the probe after a first refused one
 STEP_SHARE = 1 / 16  # the largest step of a probe, as a share of the limit: what one may cost
 BACKOFF = 0.5  # the cut when the service shrank or queues
 ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
-ADMIT_SHARE = 0.05  # ... until a 429 has measured the round trip: this share of the latency
+ADMIT_SHARE = 0.05  # ... until a 429 has measured the round trip: this share of the latency,
+FIRST_TRIP_S = 0.1  # ... and no less than a hosted API's round trip (a loaded machine's too)
+FIRST_STEP = 2.0  # the largest step until then: a first refusal late by R finds at most 2R/0.1 past
 SHRINK_REFUSALS = 2  # refusals after an episode's first, far under what was answered: it shrank
 TRANSIT_SPREAD = 2.0  # the calls on their way back, at the most, against their mean
 STALL_ENDS = 8  # calls' share of the latency without one ending: stalled, no probe admitted
@@ -267,7 +269,10 @@ class AdaptiveLimit:
         probing = self._probing
         probing.floor = int(self._limit)
         probing.taken_from, probing.first = None, None
-        probing.step = min(2 * probing.step, max(1.0, STEP_SHARE * self._limit))
+        largest = max(1.0, STEP_SHARE * self._limit)
+        if self._trips.mean is None:
+            largest = min(largest, FIRST_STEP)
+        probing.step = min(2 * probing.step, largest)
         probing.next_at = now
 
     # -- time moves on
@@ -333,10 +338,11 @@ class AdaptiveLimit:
         """How long a probe goes unrefused before it was admitted: a few 429 round trips, and
         no less than the longest of the recent ones (on a loaded machine a refusal waits for a
         CPU here as long as it took to come), or a share of the latency until one has been
-        measured."""
+        measured, and no less than FIRST_TRIP_S (its round trip unknown, the climb is blind: a
+        refusal that comes back late finds the limit that many steps past the service)."""
         if self._trips.mean is not None:
             return max(ADMIT_TRIPS * self._trips.mean, self._trips.longest())
-        return ADMIT_SHARE * self._latency() if self._latencies.recent else math.inf
+        return max(ADMIT_SHARE * self._latency(), FIRST_TRIP_S) if self._latencies.recent else math.inf
 
     def _cut(self, value: float, now: float) -> None:
         """A lower limit; tries sent from now on are told apart from those sent before."""

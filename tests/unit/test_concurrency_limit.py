@@ -98,13 +98,13 @@ def test_a_limit_in_use_is_probed_a_step_at_a_time_past_the_highest_served_once_
     clock = Clock()
     limit, permits = saturated(clock, 16, latency=1.0)
     # Callers want more and no 429 has measured a round trip: a step of one call, taken for
-    # admitted when unrefused for 5 % of the median latency (1 s); the next step is twice as
-    # large, at most a sixteenth of the limit: 17 / 16 = 1.06 calls.
+    # admitted when unrefused for 5 % of the median latency (1 s) and no less than 0.1 s; the
+    # next step is twice as large, at most a sixteenth of the limit: 17 / 16 = 1.06 calls.
     assert (limit.spare(), limit.limit) == (1, 17)
     permits += take(limit, 1)  # the probe, at 17: within a call of the highest served, 16
-    clock.now = 1.049
+    clock.now = 1.099
     assert limit.spare() == 0
-    clock.now = 1.05
+    clock.now = 1.1
     assert (limit.spare(), limit.limit) == (1, 18)
     permits += take(limit, 1)  # at 18, past anything the service has served: once served
     clock.now = 1.5
@@ -533,6 +533,27 @@ def test_a_short_latency_endpoint_at_its_limit_is_refused_little_by_a_caller_tha
         refused, calls = refused + run["refused"], calls + run["calls"]
         assert 56 <= run["limit"].limit <= 72  # 64 and the calls in transit, give or take a probe
     assert refused <= 0.015 * calls, (refused, calls)
+
+
+@pytest.mark.parametrize("draw, median",
+                         [(fixed(0.5), 0.5), (lognormal(0.3, 1.5), 0.3), (lognormal(1.2, 6.0), 1.2)],
+                         ids=["fixed 0.5 s", "lognormal 0.3 s", "lognormal 1.2 s"])
+def test_a_start_whose_first_refusal_comes_back_late_climbs_little_past_the_service(draw: Draw,
+                                                                                    median: float) -> None:
+    # A 429 takes 100 ms to come back (50 ms each way: a hosted API, or a loaded machine). Before
+    # one has, a probe was taken for admitted after 5 % of the latency (15 to 60 ms) and steps
+    # doubled up to a sixteenth of the limit, so the limit ran on past the service while the first
+    # refusal was on its way: up to 108 against 64 and the 22 calls in transit, and 3 to 5.5 % of
+    # the first 10 s refused. With no less than 0.1 s and steps of at most two until then, it
+    # ends within a few calls of the service and the calls in transit (2 x 50 ms x 64 / median).
+    in_transit = math.ceil(2 * 0.05 * 64 / median)
+    refused = calls = 0
+    for seed in (3, 4, 5):
+        run = simulate([(0, 64)], until=10, draw=draw, lag=0.05, seed=seed)
+        refused, calls = refused + run["refused"], calls + run["calls"]
+        peak = max(limit for _, limit, _ in run["limit"].changes)
+        assert peak <= 64 + in_transit + 4, (seed, peak)
+    assert refused <= 0.03 * calls, (refused, calls)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

@@ -95,8 +95,9 @@ def test_a_wall_clock_step_during_a_call_changes_neither_its_latency_nor_its_rec
 
 
 # The limiter, built as a fleet builds it, in a process whose wall clock steps an hour back
-# while a probe is out: the probe is taken for admitted after 5 % of the median latency (10 ms
-# of 0.2 s) as the steady clock says, and the next step follows. Run apart, since the step has
+# while a probe is out: the probe is taken for admitted after 5 % of the median latency and no
+# less than 0.1 s (no 429 has measured a round trip yet) as the steady clock says, and the next
+# step follows. Run apart, since the step has
 # to be in place before the runtime is imported, as an NTP step would be.
 LIMITER_UNDER_A_STEP = """
 import time
@@ -111,7 +112,7 @@ permits.append(limit.sent(limit.acquire()))
 assert (limit.spare(), limit.limit) == (1, 5)
 permits.append(limit.sent(limit.acquire()))
 offset[0] = -3600.0
-time.sleep(0.05)
+time.sleep(0.12)
 print(limit.spare(), limit.limit)
 """
 
