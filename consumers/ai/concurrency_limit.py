@@ -162,12 +162,14 @@ class AdaptiveLimit:
 
     def sent(self, permit: Permit) -> Permit:
         """`permit`'s try goes out now: counted at the endpoint from here, at the level of the
-        calls sent with it. The first taken past the step out is its probe."""
+        calls sent with it. The first sent past the step's level is its probe: a permit taken past
+        it may go out at a lower level (others held, their records being written), and its
+        silence would say nothing of the level probed."""
         with self._cond:
             self._sent += 1
             sent = Permit(permit.generation, self._clock(), permit.held, self._sent, sent=True)
             probing = self._probing
-            if probing.taken_from is not None and probing.first is None and permit.held > probing.taken_from:
+            if probing.taken_from is not None and probing.first is None and sent.level > probing.taken_from:
                 probing.first, probing.probed_at = sent, sent.at
             return sent
 

@@ -115,6 +115,29 @@ def test_a_limit_in_use_is_probed_a_step_at_a_time_past_the_highest_served_once_
     assert (limit.spare(), limit.limit) == (1, 19)  # 18.06 + 18.06 / 16
 
 
+def test_a_probe_is_the_first_call_sent_past_the_level_settled_on() -> None:
+    clock = Clock()
+    limit, permits = saturated(clock, 16, latency=1.0)
+    # Four tries end; their successors are held while their records are written, and the step
+    # to 17 is taken too: 17 held, 12 at the endpoint.
+    for _ in range(4):
+        limit.release(permits.pop(), OK)
+    held = [limit.acquire() for _ in range(4)]
+    assert (limit.spare(), limit.limit) == (1, 17)
+    step = limit.acquire()
+    first = limit.sent(step)  # the step's permit goes out first, at 13: no probe of 17
+    clock.now = 1.5  # far past 0.1 s unrefused, while calls end
+    limit.release(first, OK)
+    assert (limit.spare(), limit.limit) == (1, 17)  # its place taken by nothing yet: no step
+    sent = [limit.sent(p) for p in held]  # 13 to 16: the level settled on
+    probe = limit.sent(limit.acquire())  # 17: the probe
+    assert [p.level for p in sent] + [probe.level] == [13, 14, 15, 16, 17]
+    clock.now = 1.599
+    assert limit.spare() == 0
+    clock.now = 1.6  # the probe out 0.1 s unrefused
+    assert (limit.spare(), limit.limit) == (1, 18)
+
+
 def test_a_limit_not_in_use_is_not_probed() -> None:
     clock = Clock()
     limit, permits = saturated(clock, 16, latency=1.0)
