@@ -48,14 +48,15 @@ def cluster(stack: Stack) -> Stack:
 # and rollbacks, triage and redrive, the UI's Airflow start and dead letters), and the UI's
 # tuning run comes last. The benchmark comes before the modules that start Spark in the
 # worker's own process: a later session there keeps the first one's master (local[2]), and the
-# benchmark checks that its Spark measurement ran on the stack's. The short modules come at the
-# end, for whichever worker is free.
+# benchmark checks that its Spark measurement ran on the stack's. The share group's producer
+# batches (most of it a 20 s poll that must stay empty) come before the short modules, which come
+# at the end, for whichever worker is free.
 AIRFLOW_MODULES = tuple(f"tests/integration/{name}.py" for name in
                         ("test_dags", "test_redrive", "test_triage", "test_airflow_ui"))
 FIRST = tuple(f"tests/integration/{name}.py" for name in (
     "test_secured", "test_router_peer", "test_pipeline", "test_gateway",
     "test_bench_smoke", "test_spark_cluster", "test_supervised_fleet",
-    "test_spark_jobs", "test_spark_diagnosis", "test_spark_io", "test_bad_input"))
+    "test_spark_jobs", "test_spark_diagnosis", "test_spark_io", "test_bad_input", "test_share_group"))
 # The unit modules that start Spark share a worker, whose JVM then starts once; they come before
 # the other units, which the second worker takes meanwhile.
 SPARK_UNITS = tuple(f"tests/unit/{name}.py"

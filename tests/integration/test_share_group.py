@@ -23,10 +23,10 @@ from consumers.runtime.share_member import ShareMember
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.stack import Stack
 
-# The preset run counts the AI calls served against the requests completed: on a machine busy
-# with other tests, a call outlasting its scaled timeout is tried again and served twice. Run
-# alone, after the others.
-pytestmark = pytest.mark.serial
+# The tests of AI stages count the AI calls served against the requests completed: on a machine
+# busy with other tests, a call outlasting its scaled timeout is tried again and served twice.
+# They run alone, after the others; the producer's batches are no AI calls and run among them.
+alone = pytest.mark.serial
 
 BURST = 240
 AI_STAGES = ("check", "generate")
@@ -73,6 +73,7 @@ def preset_run(stack: Stack, ai: AIService) -> ShareRun:
     return run_share(stack, ai, presets.build("share", PARAMS), BURST)
 
 
+@alone
 def test_the_preset_runs_its_ai_stages_as_share_groups_with_flow_concurrency(preset_run: ShareRun) -> None:
     flow = presets.build("flow", PARAMS)
     for stage in AI_STAGES:
@@ -84,6 +85,7 @@ def test_the_preset_runs_its_ai_stages_as_share_groups_with_flow_concurrency(pre
                                                    "share.record.lock.duration.ms": "15000"}
 
 
+@alone
 def test_every_request_completes_once_and_none_is_lost(stack: Stack, preset_run: ShareRun) -> None:
     counts = preset_run.counts
     assert counts.get("completed", 0) + counts.get("rejected", 0) == BURST, counts
@@ -98,6 +100,7 @@ def test_every_request_completes_once_and_none_is_lost(stack: Stack, preset_run:
                   preset_run.run_id) == 0
 
 
+@alone
 def test_the_ai_service_serves_every_request_once(stack: Stack, preset_run: ShareRun) -> None:
     stats = preset_run.ai_stats
     assert stats["check"]["served"] == BURST
@@ -113,6 +116,7 @@ def test_the_ai_service_serves_every_request_once(stack: Stack, preset_run: Shar
     assert observed > generate.window, "never more calls at once than one member's window: proves nothing"
 
 
+@alone
 def test_more_members_than_partitions_all_receive_records(stack: Stack, ai: AIService) -> None:
     base = presets.build("share", replace(PARAMS, partitions=2))
     config = base.with_stages(**dict.fromkeys(AI_STAGES, StageConfig("share", members=4, window=4)))
