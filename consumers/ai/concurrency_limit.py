@@ -29,9 +29,13 @@ from dataclasses import dataclass
 from consumers.ai.call_timings import WINDOW, Latencies, RoundTrips
 
 OK, OVERLOAD, NOT_SENT = "ok", "http_429", "not_sent"
-PROBE_EVERY = 3.0  # latencies between probes past a limit the service keeps refusing, ...
-PROBE_EVERY_S = 6.0  # ... and seconds: a limit that came back is found within them
-FIRST_PROBE_WAIT = 0.25  # latencies before the probe after a first refused one
+PROBE_EVERY = 3.0  # latencies between probes under the level to regain, at most, ...
+PROBE_EVERY_S = 1.5  # ... and seconds, at least: a limit that came back is found within them, ...
+LASTED_SHARE = 1 / 8  # ... or this share of the time the shrink has lasted: it may well last
+FIRST_PROBE_WAIT = 0.25  # latencies before the probe after a first refused one under it
+CEILING_EVERY = 12.0  # latencies between probes past it, once refused there time after time, ...
+CEILING_EVERY_S = 30.0  # ... and seconds: a service that grew is found within them
+CEILING_FIRST_WAIT = 2.0  # latencies before the probe after a first refused one there
 STEP_SHARE = 1 / 16  # the largest step of a probe, as a share of the limit: what one may cost
 BACKOFF = 0.5  # the cut when the service shrank or queues
 ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
@@ -54,6 +58,7 @@ class Permit:
     held: int = 0
     level: int = 0
     sent: bool = False
+    stepped: bool = False  # sent past the level a step was taken from: refused, the step pays
 
 
 @dataclass
@@ -70,6 +75,8 @@ class _Probing:
     probed_at: float = -math.inf
     next_at: float = -math.inf
     refused_wait: float = 0.0  # doubles with each refused probe, until the service shrinks
+    regain: int = 0  # the level the service answered before it last shrank
+    shrank_at: float = -math.inf
 
     def settle(self, level: int) -> None:
         """A new level settled on; no step out, the next one from 1."""
@@ -162,14 +169,16 @@ class AdaptiveLimit:
 
     def sent(self, permit: Permit) -> Permit:
         """`permit`'s try goes out now: counted at the endpoint from here, at the level of the
-        calls sent with it. The first sent past the step's level is its probe: a permit taken past
-        it may go out at a lower level (others held, their records being written), and its
-        silence would say nothing of the level probed."""
+        calls sent with it. The first sent past the step's level is its probe, and a refusal of
+        any call sent past it is the step's: a permit taken past it may go out at a lower level
+        (others held, their records being written), and its silence would say nothing of the
+        level probed, its refusal nothing of the step."""
         with self._cond:
             self._sent += 1
-            sent = Permit(permit.generation, self._clock(), permit.held, self._sent, sent=True)
             probing = self._probing
-            if probing.taken_from is not None and probing.first is None and sent.level > probing.taken_from:
+            stepped = probing.taken_from is not None and self._sent > probing.taken_from
+            sent = Permit(permit.generation, self._clock(), permit.held, self._sent, True, stepped)
+            if stepped and probing.first is None:
                 probing.first, probing.probed_at = sent, sent.at
             return sent
 
@@ -207,11 +216,18 @@ class AdaptiveLimit:
         self._trips.add(now - permit.at)
         if permit.generation != self._generation:
             # Sent before the latest cut, which answered it already; but a refused call freed
-            # no place at the service, so its permit goes to no other call.
+            # no place at the service, so its permit goes to no other call. Far under what the
+            # service answered, it says the service shrank as much as a call sent after.
             self._set(min(self._limit, float(self._sent)), now)
             self._probing.floor = min(self._probing.floor, int(self._limit))
+            if self._shrank(permit, now, opens=False):
+                self._halve(now)
             return
-        if permit.held > self._probing.floor or self._after_probe(permit):
+        if permit.stepped or self._after_probe(permit):
+            probe = self._probing.first or permit
+            # Served there once, with calls in transit; refused now: not a level to take for
+            # admitted by time alone.
+            self._plateau = min(self._plateau, probe.level - 1)
             self._probing.probed_at = -math.inf  # one refusal pays for a probe
             self._probe_refused(now, retry_after_s)
         else:
@@ -221,11 +237,20 @@ class AdaptiveLimit:
         """A probe's step went past what the service holds: back to the level settled on (the
         step's other calls, on their way to the same answer, are stale by then; the highest level
         answered lately would be lower still, the calls of the step's last levels not back yet),
-        and the next probe waits twice longer than after the last refused one."""
+        and the next probe waits twice longer than after the last refused one. Under the highest
+        level served, up to PROBE_EVERY: a service that shrank for a while comes back. At it,
+        up to CEILING_EVERY: a service that refused the level above time after time rarely grows,
+        and a probe that finds it has not costs a 429."""
         self._cut(self._probing.floor, now)
         probing = self._probing
-        probing.refused_wait = min(PROBE_EVERY, 2 * probing.refused_wait or FIRST_PROBE_WAIT)
-        probing.next_at = now + max(retry_after_s or 0.0, self._wait(probing.refused_wait))
+        if probing.floor + self._in_transit() >= probing.regain:  # at the ceiling
+            first, most, longest = CEILING_FIRST_WAIT, CEILING_EVERY, CEILING_EVERY_S
+        else:
+            first, most = FIRST_PROBE_WAIT, PROBE_EVERY
+            longest = max(PROBE_EVERY_S, LASTED_SHARE * (now - probing.shrank_at))
+        probing.refused_wait = min(most, 2 * probing.refused_wait or first)
+        wait = min(probing.refused_wait * self._latency(), longest)
+        probing.next_at = now + max(retry_after_s or 0.0, wait)
 
     def _after_probe(self, permit: Permit) -> bool:
         """`permit`'s call went out after the last probe, within a latency: at a full service the
@@ -239,15 +264,21 @@ class AdaptiveLimit:
         does) and probing finds the rest; otherwise it comes down to the calls sent and not
         back, what the service holds of ours (the refused call's own level says less when calls
         went out together: the first of eight was refused at 1)."""
-        if self._shrank(permit, now):
-            self._cut(BACKOFF * self._episode.level, now)
-            self._episode.began, self._probing.next_at, self._probing.refused_wait = -math.inf, now, 0.0
+        if self._shrank(permit, now, opens=True):
+            self._halve(now)
             return
         self._cut(self._sent, now)
         wait = self._wait(max(self._probing.refused_wait, FIRST_PROBE_WAIT))
         self._probing.next_at = now + max(retry_after_s or 0.0, wait)
 
-    def _shrank(self, permit: Permit, now: float) -> bool:
+    def _halve(self, now: float) -> None:
+        """The service shrank: half the level it held (the level answered, less the calls in
+        transit), probed from at once, and the level answered to regain."""
+        self._probing.regain, self._probing.shrank_at = self._episode.level, now
+        self._cut(BACKOFF * (self._episode.level - self._in_transit() + 1), now)
+        self._episode.began, self._probing.next_at, self._probing.refused_wait = -math.inf, now, 0.0
+
+    def _shrank(self, permit: Permit, now: float, opens: bool) -> bool:
         """Count the refusal into its episode: the service shrank when, within a latency of the
         episode's first, SHRINK_REFUSALS more came further under the highest level it had
         answered lately than the calls in transit explain (not under the level settled on: a
@@ -255,6 +286,8 @@ class AdaptiveLimit:
         past what the service holds)."""
         latency, episode = self._latency(), self._episode
         if now - episode.began > latency:
+            if not opens:
+                return False
             episode.began, episode.level, episode.under = now, self._answered_level(now, latency), 0
         elif permit.level <= episode.level - self._in_transit():
             episode.under += 1
@@ -267,14 +300,22 @@ class AdaptiveLimit:
                    default=self._probing.floor)
 
     def _admitted(self, now: float) -> None:
-        """The probe step was taken by the service: the next one at once, twice as large."""
+        """The probe step was taken by the service: the next one at once, twice as large, but
+        landing on the level to regain, or else on the highest level served, and past that, once
+        the service has refused a call, one call at a time: a step of eight past what the
+        service holds is eight 429s."""
         probing = self._probing
+        mark = probing.regain if probing.floor < probing.regain else self._plateau
         probing.floor = int(self._limit)
         probing.taken_from, probing.first = None, None
         largest = max(1.0, STEP_SHARE * self._limit)
         if self._trips.mean is None:
             largest = min(largest, FIRST_STEP)
         probing.step = min(2 * probing.step, largest)
+        if self._limit < mark:
+            probing.step = min(probing.step, mark - self._limit)
+        elif self._trips.mean is not None:
+            probing.step = 1.0
         probing.next_at = now
 
     # -- time moves on
@@ -294,14 +335,16 @@ class AdaptiveLimit:
         before (a late refusal there would take the limit past anything it has shown)."""
         probe = self._probing.first
         return (probe is not None and now - probe.at >= self._admit_wait() and not self._stalled(now)
-                and (self._trips.mean is None or probe.level <= self._plateau))
+                and (self._trips.mean is None or probe.level <= max(self._plateau, self._probing.regain)))
 
     def _may_step(self, now: float) -> bool:
         """A step may be taken: none out, its time come, an answer seen (before one a step
-        would be blind), the limit in use, and the service not slowed."""
+        would be blind), the limit in use, and the service not slowed, unless the step is a
+        return to a level it held: a window of heavy-tailed latencies over the baseline then
+        held the limit under the service for seconds."""
         return (self._probing.taken_from is None and now >= self._probing.next_at
                 and bool(self._latencies.recent) and self._in_flight >= int(self._limit)
-                and not self._latencies.slowed())
+                and (self._limit < self._probing.regain or not self._latencies.slowed()))
 
     def _due(self) -> float | None:
         """When time alone may let a waiting caller go on."""
