@@ -268,8 +268,8 @@ class AdaptiveLimit:
             self._halve(now)
             return
         self._cut(self._sent, now)
-        wait = self._wait(max(self._probing.refused_wait, FIRST_PROBE_WAIT))
-        self._probing.next_at = now + max(retry_after_s or 0.0, wait)
+        wait = max(self._probing.refused_wait, FIRST_PROBE_WAIT) * self._latency()
+        self._probing.next_at = now + max(retry_after_s or 0.0, min(wait, PROBE_EVERY_S))
 
     def _halve(self, now: float) -> None:
         """The service shrank: half the level it held (the level answered, less the calls in
@@ -354,10 +354,6 @@ class AdaptiveLimit:
         if probing.taken_from is None and probing.next_at > self._clock():
             return probing.next_at
         return None
-
-    def _wait(self, latencies: float) -> float:
-        """Seconds until the next probe: `latencies`, at most PROBE_EVERY_S."""
-        return min(latencies * self._latency(), PROBE_EVERY_S)
 
     def _stalled(self, now: float) -> bool:
         """No call has ended for STALL_ENDS calls' share of the latency: this process or the
