@@ -50,9 +50,16 @@ def run_burst(stack: Stack, ai: AIService, config: PipelineConfig, count: int,
                     config.stage("generate").members, config.stage("generate").window)
 
 
+# The fleets' Kafka timeouts of the runs that count rebalances: at TIME_SCALE the session timeout
+# is scaled to its floor of 1 s, and on the loaded 2-core machine a member's heartbeat missed it
+# (its partitions lost 1.2 s into a burst, in two runs of the suite): a stall of the machine, no
+# rebalance of the member's own. At 0.1 it is 4.5 s; the AI stand-in keeps TIME_SCALE.
+REBALANCE_TIME_SCALE = 0.1
+
+
 @pytest.fixture(scope="module")
 def flow_run(stack: Stack, ai: AIService) -> BurstRun:
-    config = PipelineConfig(partitions=8, time_scale=TIME_SCALE, replication_factor=1,
+    config = PipelineConfig(partitions=8, time_scale=REBALANCE_TIME_SCALE, replication_factor=1,
                             stages={"check": StageConfig("flow", members=1, window=16),
                                     "generate": StageConfig("flow", members=2, window=8)})
     return run_burst(stack, ai, config, BURST)
@@ -104,7 +111,7 @@ def test_flow_has_no_rebalance_after_initial_assignment(stack: Stack, flow_run: 
 
 
 def test_bounded_has_no_rebalance_after_initial_assignment(stack: Stack, ai: AIService) -> None:
-    config = PipelineConfig(partitions=4, time_scale=TIME_SCALE, replication_factor=1,
+    config = PipelineConfig(partitions=4, time_scale=REBALANCE_TIME_SCALE, replication_factor=1,
                             stages={"check": StageConfig("bounded", members=4, batch_size=2),
                                     "generate": StageConfig("bounded", members=4, batch_size=2)})
     run = run_burst(stack, ai, config, 120)
