@@ -17,9 +17,10 @@ UV := uv==0.13.9
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
 # make test runs pytest on TEST_WORKERS workers (TEST_WORKERS=1: one process): on two the suite
-# took 24 minutes from a fresh clone instead of 34 on a quiet 2-core machine; gate decisions and
-# the UI's waits failed when the machine was busy besides (see tests/conftest.py).
-TEST_WORKERS ?= 2
+# took 24 minutes from a fresh clone instead of 34 on a quiet 2-core machine, and left a fifth of
+# the cores idle while tests waited on services; gate decisions and the UI's waits failed when
+# the machine was busy besides (see tests/conftest.py).
+TEST_WORKERS ?= 3
 XDIST := -n 2 --dist loadscope --no-loadscope-reorder
 # ruff, the import contracts (pyproject.toml; plugins/ on the path, as Airflow puts it) and the
 # type check: no services; half a minute for mypy on a fresh clone, seconds once its cache is warm.
