@@ -133,8 +133,8 @@ test-fast: venv
 
 # The whole suite against a three-broker test stack (ports +10000, Spark on a standalone master),
 # stopped afterwards whatever the outcome; the secured tests start a secured three-broker stack
-# for their module (SASL_SSL, ports +22000) and stop it after it. With TEST_WORKERS=2 the tests
-# run on two workers (tests/conftest.py says which modules share one), then the `serial` ones
+# for their module (SASL_SSL, ports +22000) and stop it after it. The tests run on TEST_WORKERS
+# workers (tests/conftest.py says which modules share one), then the `serial` ones
 # alone (they stop a service of the stack, or count what a busy machine changes). The gateway's
 # test starts LiteLLM's proxy of its own, from the gateway's environment. The lint and the docs'
 # build run while the stack starts; a tree that fails them runs no test.

@@ -1,4 +1,4 @@
-"""What integration tests running side by side (`pytest -n 2`, as `make test TEST_WORKERS=2` runs
+"""What integration tests running side by side (`pytest -n 3`, as `make test TEST_WORKERS=3` runs
 them) must not do at the same time, and the one Airflow of the modules that drive its UI and
 scheduler.
 
