@@ -76,7 +76,7 @@ class _Probing:
     next_at: float = -math.inf
     refused_wait: float = 0.0  # doubles with each refused probe, until the service shrinks
     regain: int = 0  # the level the service answered before it last shrank
-    shrank_at: float = -math.inf
+    shrank_at: float = -math.inf  # when: the longer a shrink has lasted, the rarer its probes
 
     def settle(self, level: int) -> None:
         """A new level settled on; no step out, the next one from 1."""
@@ -237,10 +237,11 @@ class AdaptiveLimit:
         """A probe's step went past what the service holds: back to the level settled on (the
         step's other calls, on their way to the same answer, are stale by then; the highest level
         answered lately would be lower still, the calls of the step's last levels not back yet),
-        and the next probe waits twice longer than after the last refused one. Under the highest
-        level served, up to PROBE_EVERY: a service that shrank for a while comes back. At it,
-        up to CEILING_EVERY: a service that refused the level above time after time rarely grows,
-        and a probe that finds it has not costs a 429."""
+        and the next probe waits twice longer than after the last refused one. Under the level to
+        regain (less the calls in transit, which that answered level counted), up to PROBE_EVERY:
+        a service that shrank for a while comes back. With nothing to regain, up to CEILING_EVERY:
+        a service that refused the level above time after time rarely grows, and a probe that
+        finds it has not costs a 429."""
         self._cut(self._probing.floor, now)
         probing = self._probing
         if probing.floor + self._in_transit() >= probing.regain:  # at the ceiling
