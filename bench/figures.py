@@ -307,9 +307,11 @@ def adaptive_figures(database_url: str, run_id: str, result: dict[str, Any], p: 
     endpoint = p.spec.stages[stage].work.endpoint
     gateway_budgets = {kind.removesuffix("_per_minute"): budget / p.time_scale  # a wall-clock minute's
                        for kind, budget in (gateway or {}).get(endpoint, {}).items()}
+    tokens_per_call = bench_limits(p, result["ai_service"], gateway).tokens_per_call.get(endpoint)
     return {"stage": stage, "service_s": round(service_s, 5),
             "utilization_in_force": _rounded(utilization, 4), "recoveries": recoveries,
             "service_limits": [(round(at, 3), limit) for at, limit in in_force],
             "discovered_limits": [(round(at, 3), limit) for at, limit in discovered],
             "discovered_budgets": budgets, "gateway_budgets": gateway_budgets,
+            "tokens_per_call": _rounded(tokens_per_call, 3),
             "calls_ended": sorted(round(ended, 3) for _, ended in calls)}

@@ -97,7 +97,7 @@ def _plot_adaptive(name: str, scenario: dict[str, Any], times: list[float], path
     adaptive = scenario["adaptive"]
     first, call_s = scenario["first_produced_s"], adaptive["service_s"]
     relative = sorted(t - first for t in times)
-    budgets = [b for b in adaptive.get("discovered_budgets", []) if b[1] == "requests"]
+    budgets = adaptive.get("discovered_budgets", [])
     fig, axes = plt.subplots(3 if budgets else 2, 1, figsize=(9, 8.5 if budgets else 6), sharex=True)
     limits, rates = axes[0], axes[-1]
     end = relative[-1] if relative else 1.0
@@ -132,11 +132,18 @@ BUDGET_WINDOW_S = 10.0  # the calls served per second are counted over this much
 
 
 def _plot_budget(ax: Any, adaptive: dict[str, Any], budgets: list[list[Any]], end: float) -> None:
-    """The requests budget the fleet learned (per second), the gateway's, the turns of its window
-    learned from the answers, and the bottleneck's calls served per second over BUDGET_WINDOW_S."""
-    xs, ys = zip(*[(max(0.0, at), per_minute / 60) for at, _, per_minute, _ in budgets], strict=True)
-    ax.step([*xs, end], [*ys, ys[-1]], where="post", linewidth=4, alpha=0.5,
-            label="requests budget learned by the fleet")
+    """The budgets the fleet learned, in calls per second (a tokens budget over the run's tokens
+    per call), the gateway's, the turns of a window learned from the answers, and the
+    bottleneck's calls served per second over BUDGET_WINDOW_S."""
+    per_call = {"requests": 1.0, "tokens": adaptive.get("tokens_per_call")}
+    for kind in ("requests", "tokens"):
+        learned = [(max(0.0, at), per_minute / 60 / per_call[kind])
+                   for at, k, per_minute, _ in budgets if k == kind and per_call[kind]]
+        if learned:
+            xs, ys = zip(*learned, strict=True)
+            ax.step([*xs, end], [*ys, ys[-1]], where="post", linewidth=4, alpha=0.5,
+                    label=f"{kind} budget learned by the fleet" if kind == "requests" else
+                    f"tokens budget learned by the fleet, in calls of {per_call[kind]:g} tokens")
     gateway = adaptive.get("gateway_budgets", {}).get("requests")
     if gateway:  # (drawn over the budget learned, which it should hide)
         ax.axhline(gateway / 60, color="black", linestyle="--", linewidth=1,

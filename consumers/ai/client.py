@@ -294,7 +294,7 @@ class AIClient:
                 budget.ended(spent, answered=reply.outcome == "ok")
         if budget is not None and spent is not None and estimate is not None:
             if reply.outcome == "ok":
-                budget.observe(reply.headers)
+                budget.observe(reply.headers, spent)
                 budget.settle(spent, estimate, reply.body)
             elif reply.refusal in (REQUESTS, TOKENS):
                 budget.refused(reply.refusal, reply.retry_after_s, reply.headers, spent)

@@ -86,6 +86,7 @@ class Spent:
 
     needs: Mapping[str, float]
     generations: Mapping[str, int]
+    marks: Mapping[str, float]  # all tries' needs taken so far, this one's included
 
 
 @dataclass
@@ -123,14 +124,19 @@ class Bucket:
     def credit(self, amount: float, generation: int) -> None:
         self.level = min(self.size, self.level + amount)
 
-    def announced(self, limit: float, remaining: float, reset_s: float | None, now: float) -> None:
-        """What is left there, less what our tries sent since spent of it, never more than our
-        own count (an answer overtaken by others is older than it); the refill from the reset."""
+    def announced(self, limit: float, remaining: float, reset_s: float | None, now: float,
+                  sent_since: float) -> None:
+        """What is left there bounds the level both ways: never more than announced (an answer
+        overtaken by others is older than our own count), never less than announced less what
+        our tries sent after the answered one took (the meter cannot have counted more of
+        ours since). Bounded only from above, the level would only fall: what the meter never
+        charged (a try it refused as too many at once) or refilled while an answer was on its
+        way would stay unspent for good. The refill comes from the reset."""
         self.refill(now)
         self.size = limit
         if reset_s and remaining < limit:
             self.window_s = reset_s * limit / (limit - remaining)
-        self.level = min(self.level, remaining)
+        self.level = min(remaining, max(self.level, remaining - sent_since))
 
     def refused(self, retry_after_s: float | None, now: float, generation: int) -> None:
         """Empty until the `Retry-After`. Without one, it holds the time a try's refill takes (a
@@ -214,8 +220,10 @@ class Window:
             self.level = min(self.size - self.taken + amount, self.level + amount)
             self.taken -= amount
 
-    def announced(self, limit: float, remaining: float, reset_s: float | None, now: float) -> None:
-        """What remains there, less this window's tries still out. More remaining than our
+    def announced(self, limit: float, remaining: float, reset_s: float | None, now: float,
+                  sent_since: float) -> None:
+        """What remains there, less this window's tries still out (counted here, so
+        `sent_since` is not needed). More remaining than our
         answers since the window began leave (others' answers only leave less), beyond what
         answers overtaking each other explain, is a turn since the last answer: the next ends a
         window after now, maybe as much earlier as the turn may have come before now. A turn
@@ -264,6 +272,7 @@ class RateBudget:
             for kind, size in ((REQUESTS, requests_per_minute), (TOKENS, tokens_per_minute)) if size}
         self._output_mean: float | None = None
         self._out = {REQUESTS: 0.0, TOKENS: 0.0}  # taken by tries not back yet
+        self._taken = {REQUESTS: 0.0, TOKENS: 0.0}  # taken by all tries so far
         # (at, kind, budget per minute, a turn learned) when a budget learned from the answers
         # changes or its window's turn is learned, until collected; `at` a reading of `clock`
         self.changes: deque[tuple[float, str, float, bool]] = deque(maxlen=history)
@@ -306,7 +315,9 @@ class RateBudget:
                 bucket.spend(needs[kind], now)
             for kind, need in needs.items():
                 self._out[kind] += need
-            return 0.0, Spent(needs, {kind: b.generation for kind, b in self._buckets.items()})
+                self._taken[kind] += need
+            return 0.0, Spent(needs, {kind: b.generation for kind, b in self._buckets.items()},
+                              dict(self._taken))
 
     def ended(self, spent: Spent, answered: bool) -> None:
         """A try is back (`answered`: with a 2xx, which a meter's announcements count)."""
@@ -334,9 +345,10 @@ class RateBudget:
             if bucket is not None:
                 bucket.credit(estimate.total - actual, spent.generations.get(TOKENS, 0))
 
-    def observe(self, headers: Mapping[str, str]) -> None:
-        """What the endpoint announced with an answer: a budget's size, what is left, and when
-        it is full again (a refilled bucket) or nothing of that (a fixed window)."""
+    def observe(self, headers: Mapping[str, str], spent: Spent) -> None:
+        """What the endpoint announced with the answer to the try that took `spent`: a budget's
+        size, what is left, and when it is full again (a refilled bucket) or nothing of that (a
+        fixed window)."""
         with self._lock:
             now = self._clock()
             for kind in (REQUESTS, TOKENS):
@@ -352,7 +364,7 @@ class RateBudget:
                         Window(limit, WINDOW_S, ends=now + WINDOW_S, level=limit - out, taken=out, out=out,
                                answered=limit - remaining))
                 bucket = self._buckets[kind]
-                bucket.announced(limit, remaining, reset, now)
+                bucket.announced(limit, remaining, reset, now, self._taken[kind] - spent.marks[kind])
                 noted = (round(bucket.size * WINDOW_S / bucket.window_s, 1), bucket.turns_seen)
                 if noted != self._noted.get(kind):
                     turned = kind in self._noted and noted[1] != self._noted[kind][1]
@@ -363,7 +375,7 @@ class RateBudget:
                 spent: Spent) -> None:
         """A budget refusal of a try that took `spent`: that budget is empty until the
         `Retry-After`, or its refill or turn (see the budgets' `refused`)."""
-        self.observe(headers)
+        self.observe(headers, spent)
         with self._lock:
             bucket = self._buckets.get(kind)
             if bucket is None:

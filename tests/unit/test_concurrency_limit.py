@@ -548,8 +548,9 @@ def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: f
         elif what == "answer":
             state["done"].append(t)
             limit.release(permit, OK)
-            budget.ended(taken.pop(call), answered=True)
-            budget.observe(announced(t))
+            spent = taken.pop(call)
+            budget.ended(spent, answered=True)
+            budget.observe(announced(t), spent)
         elif what == "spent":
             limit.release(permit, NOT_SENT)  # a spent budget is no concurrency refusal
             budget.ended(taken[call], answered=False)

@@ -60,10 +60,37 @@ def test_announced_budgets_are_learned_with_their_refill_from_the_reset() -> Non
     # 60 a minute announced, 30 left, full again in 7.5 s: the 30 spent refill in 7.5 s, so
     # the endpoint's minute is 15 s (a time scale of 0.25).
     budget.observe({"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "30",
-                    "x-ratelimit-reset-requests": "7.5s"})
+                    "x-ratelimit-reset-requests": "7.5s"}, budget.take(0))
     assert budget.known == {REQUESTS: 60}
     assert budget._buckets[REQUESTS].window_s == pytest.approx(15.0)
     assert budget._buckets[REQUESTS].level == 30
+
+
+def openai(remaining: int) -> dict[str, str]:
+    """OpenAI's headers for 60 requests a minute, `remaining` left, one refilled a second."""
+    return {"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": str(remaining),
+            "x-ratelimit-reset-requests": f"{60 - remaining}s"}
+
+
+def test_what_the_meter_never_charged_comes_back_with_an_answer_to_a_later_try() -> None:
+    budget = RateBudget(clock=Clock())  # the clock stands still: nothing refills
+    first = budget.take(0)
+    budget.observe(openai(59), first)
+    level = budget._buckets[REQUESTS]
+    b, c, d = budget.take(0), budget.take(0), budget.take(0)
+    assert level.level == 56
+    # c and d are refused as too many at once: the meter charged neither and holds 58.
+    budget.ended(c, answered=False)
+    budget.ended(d, answered=False)
+    # b's answer: c and d went after it, and the meter may yet have charged them: 56 stays.
+    budget.observe(openai(58), b)
+    assert level.level == 56
+    e = budget.take(0)  # 55 to us, 57 at the meter
+    budget.observe(openai(57), e)  # nothing of ours went after e: 57
+    assert level.level == 57
+    # An answer overtaken by others announces more than is left: never above our count.
+    budget.observe(openai(59), first)
+    assert level.level == 57
 
 
 def test_a_budget_refusal_empties_the_bucket_until_its_retry_after() -> None:
@@ -107,7 +134,8 @@ def gateway(limit: int, remaining: int) -> dict[str, str]:
 def test_a_budget_announced_with_a_reset_is_a_refilled_bucket_and_without_one_a_fixed_window() -> None:
     budget = RateBudget(clock=Clock())
     budget.observe({**gateway(120, 100), "x-ratelimit-limit-tokens": "60000",
-                    "x-ratelimit-remaining-tokens": "50000", "x-ratelimit-reset-tokens": "10s"})
+                    "x-ratelimit-remaining-tokens": "50000", "x-ratelimit-reset-tokens": "10s"},
+                   budget.take(0))
     assert isinstance(budget._buckets[REQUESTS], Window)
     assert isinstance(budget._buckets[TOKENS], Bucket)
 
@@ -118,7 +146,7 @@ def test_a_fixed_window_is_spent_evenly_and_its_turn_learned_from_the_answers() 
     first = budget.take(0)  # nothing known yet: it goes at once
     clock.now = 1.0
     budget.ended(first, answered=True)
-    budget.observe(gateway(120, 60))
+    budget.observe(gateway(120, 60), first)
     window = budget._buckets[REQUESTS]
     assert isinstance(window, Window)
     # 60 left of a window seen at 1 s, which ends by 61 s at the latest: one try a second.
@@ -131,7 +159,7 @@ def test_a_fixed_window_is_spent_evenly_and_its_turn_learned_from_the_answers() 
     # 119 remaining where our two answers since would leave 58: the window turned after the
     # answer at 1 s, by 10 s. The next ends by 70 s, maybe 9 s earlier: no try goes after 61 s.
     # The try still out (sent at 1 s) is counted to the new window: 118 left.
-    budget.observe(gateway(120, 119))
+    budget.observe(gateway(120, 119), second)
     assert (window.ends, window.margin, window.level) == (70.0, 9.0, 118.0)
     assert list(budget.changes) == [(1.0, REQUESTS, 120.0, False), (10.0, REQUESTS, 120.0, True)]
     third = budget.take(0)
@@ -146,7 +174,7 @@ def test_a_fixed_window_is_spent_evenly_and_its_turn_learned_from_the_answers() 
 def test_a_refusal_from_a_window_already_over_says_nothing_of_the_current_one() -> None:
     clock = Clock()
     budget = RateBudget(clock=clock)
-    budget.observe(gateway(120, 119))  # a window that ends by 60 s
+    budget.observe(gateway(120, 119), budget.take(0))  # a window that ends by 60 s
     late = budget.take(0)
     clock.now = 60.5
     budget.ended(late, answered=False)
@@ -199,7 +227,7 @@ def clock_minute_meter(limit: int, start: float, until: float, members: int, cal
             minute = math.floor((clock.now - 0.01) / 60)
             announced[minute] += 1
             budget.ended(spent, answered=True)
-            budget.observe(gateway(limit, limit - announced[minute]))
+            budget.observe(gateway(limit, limit - announced[minute]), spent)
             free[member] += 1
         elif what == "refused" and spent is not None:
             refusals.append(clock.now)
