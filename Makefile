@@ -127,7 +127,7 @@ lint: venv
 test-unit: venv
 	.venv/bin/pytest tests/unit -q
 
-# The lint and the unit tests on two workers: no services, about a minute.
+# The lint and the unit tests on two workers: no services, under two minutes.
 test-fast: venv
 	$(LINT) && .venv/bin/pytest tests/unit -q $(XDIST)
 

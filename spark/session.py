@@ -86,19 +86,20 @@ def sql_conf() -> dict[str, str]:
 
 
 def build(app_name: str, master: str | None = None, *, long_scan: bool = False) -> SparkSession:
-    """A session with the Kafka connector and the PostgreSQL driver on its class path; with
-    `long_scan`, LONG_SCAN_JVM and LONG_SCAN_MEMORY whatever spark-defaults.conf says (they apply
-    when this process starts the JVM: `python -m` or the benchmark, not a session spark-submit
-    already made)."""
+    """A session with the Kafka connector and the PostgreSQL driver on its class path, and
+    QUICK_JIT as the local stacks give their jobs, or with `long_scan` LONG_SCAN_JVM and
+    LONG_SCAN_MEMORY, whatever spark-defaults.conf says (they apply when this process starts the
+    JVM: `python -m`, the benchmark, the tests, not a session spark-submit already made)."""
     builder = SparkSession.builder.appName(app_name)
     for name, value in {**server_conf(), **sql_conf()}.items():
         builder = builder.config(name, value)
     if master:
         builder = builder.master(master)
+    jvm = LONG_SCAN_JVM if long_scan else QUICK_JIT
+    builder = (builder.config("spark.driver.extraJavaOptions", jvm)
+               .config("spark.executor.extraJavaOptions", jvm))
     if long_scan:
-        builder = (builder.config("spark.driver.extraJavaOptions", LONG_SCAN_JVM)
-                   .config("spark.executor.extraJavaOptions", LONG_SCAN_JVM)
-                   .config("spark.driver.memory", LONG_SCAN_MEMORY))
+        builder = builder.config("spark.driver.memory", LONG_SCAN_MEMORY)
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per gateway call otherwise
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from pyspark.sql import SparkSession
 
 from spark import partition_load
-from spark.session import build
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = build("unit", "local[2]")
-    yield session
-    session.stop()
 
 
 def test_topic_ids_number_the_listed_topics_and_names_restore_them(spark: SparkSession) -> None:

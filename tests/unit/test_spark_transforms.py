@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -13,7 +12,6 @@ from pyspark.sql import functions as F
 
 from measure import sizing, skew
 from spark import job_io, partition_load, pipeline_analysis
-from spark.session import build
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)  # epoch seconds 1767225600: every bucket boundary lines up
 T0_S = 1_767_225_600
@@ -23,13 +21,6 @@ RECORDS = "topic string, partition int, offset long, bytes int, key binary, ts_m
 
 def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[SparkSession]:
-    session = build("unit", "local[2]")
-    yield session
-    session.stop()
 
 
 def by(rows: list[dict], *keys: str) -> dict:
