@@ -222,13 +222,13 @@ class Window:
 
     def announced(self, limit: float, remaining: float, reset_s: float | None, now: float,
                   sent_since: float) -> None:
-        """What remains there, less this window's tries still out (counted here, so
-        `sent_since` is not needed). More remaining than our
-        answers since the window began leave (others' answers only leave less), beyond what
-        answers overtaking each other explain, is a turn since the last answer: the next ends a
-        window after now, maybe as much earlier as the turn may have come before now. A turn
-        where nothing was sent (the window's last `margin`) leaves our tries out to the last
-        window; an earlier one, unknown which of them went before it, to this one."""
+        """What remains there, less this window's tries still out (counted here: `sent_since`
+        adds nothing). More remaining than our answers since the window began leave (others'
+        answers only leave less), beyond what answers overtaking each other explain, is a turn
+        since the last answer: the next ends a window after now, maybe as much earlier as the
+        turn may have come before now. A turn where nothing was sent (the window's last
+        `margin`) leaves our tries out to the last window; an earlier one, unknown which of
+        them went before it, to this one."""
         self.turn(now)
         self.size = limit
         if remaining > limit - self.answered + RISE * limit:
