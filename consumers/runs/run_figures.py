@@ -66,10 +66,12 @@ FROM ai_attempts a WHERE a.run_id = %(run)s ORDER BY a.id
 """
 
 LATENCY_SQL = """
-SELECT extract(epoch FROM r.notified_at - r.produced_at), ai.ai_s
+SELECT extract(epoch FROM r.notified_at - r.produced_at), ai.per_stage
 FROM requests r LEFT JOIN (
-  SELECT request_id, sum(extract(epoch FROM ended_at - started_at)) AS ai_s FROM ai_attempts
-  WHERE run_id = %(run)s AND outcome = 'ok' GROUP BY request_id) ai USING (request_id)
+  SELECT request_id, json_object_agg(stage, ai_s) AS per_stage FROM (
+    SELECT request_id, stage, sum(extract(epoch FROM ended_at - started_at)) AS ai_s FROM ai_attempts
+    WHERE run_id = %(run)s AND outcome = 'ok' GROUP BY request_id, stage) calls
+  GROUP BY request_id) ai USING (request_id)
 WHERE r.run_id = %(run)s AND r.status = 'completed' AND r.produced_at IS NOT NULL
   AND r.notified_at IS NOT NULL
 """
@@ -137,7 +139,8 @@ def standard_figures(database_url: str, run_id: str, final_stage: str, produced:
         per_stage[stage].append(seconds)
     repeated = [n for (n,) in rows(database_url, REPEATED_CALLS_SQL,
                                     {**run, "outcomes": list(figures.CALL_OUTCOMES)})]
-    latency = [(float(e2e), _float(ai)) for e2e, ai in rows(database_url, LATENCY_SQL, run)]
+    latency = [(float(e2e), {stage: float(s) for stage, s in per_stage.items()} if per_stage else None)
+               for e2e, per_stage in rows(database_url, LATENCY_SQL, run)]
     e2e = [e for e, _ in latency]
     max_over_mean, cv = figures.skew(per_partition)
     standard = figures.run_figures(

@@ -34,6 +34,16 @@ def test_the_chain_around_an_endpoint_leaves_its_own_call_out() -> None:
         tickets.chain_around("nothing")
 
 
+def test_a_requests_seconds_along_its_path_take_the_slowest_branch_where_stages_fan_out() -> None:
+    moderation = pipeline_spec.load("text_moderation")
+    # 0.3 at moderate, then 1.2 at summarize beside 2.0 at classify: the request waits 2.3 s
+    assert moderation.path_s({"moderate": 0.3, "summarize": 1.2, "classify": 2.0}) == pytest.approx(2.3)
+    assert moderation.path_s({"moderate": 0.3, "summarize": 2.5, "classify": 2.0}) == pytest.approx(2.8)
+    assert moderation.path_s({"moderate": 0.4}) == pytest.approx(0.4)  # blocked: no branch
+    image = pipeline_spec.load("genai_image")  # check -> generate, one after the other
+    assert image.path_s({"check": 0.5, "generate": 3.1}) == pytest.approx(3.6)
+
+
 def test_the_capacity_of_the_fan_out_spec_by_hand() -> None:
     spec = pipeline_spec.load("text_moderation")
     limits = limits_of(spec)  # 64 slots on each of moderate, summarize and classify
