@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
 from infra.layout import LOCAL
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
 os.environ.setdefault("AIRFLOW_HOME", str(LOCAL / "unit" / "airflow"))
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[object]:
+def spark() -> Iterator[SparkSession]:
     """A local Spark session on two cores (imported here: only the Spark units pay for it)."""
     from spark.session import build
 
