@@ -76,11 +76,14 @@ class _Probing:
     next_at: float = -math.inf
     refused_wait: float = 0.0  # doubles with each refused probe, until the service shrinks
     regain: int = 0  # the level the service answered before it last shrank
+    halved: int = 0  # the level that halving cut to
     shrank_at: float = -math.inf  # when: the longer a shrink has lasted, the rarer its probes
 
     def settle(self, level: int) -> None:
-        """A new level settled on; no step out, the next one from 1."""
-        self.floor, self.step, self.taken_from, self.first = level, 1.0, None, None
+        """A new level settled on; no step out, the next three of one call each (a probe just
+        past a cut may be admitted only because an answer on its way back freed its place, and
+        a doubled step after it would go whole into a full service)."""
+        self.floor, self.step, self.taken_from, self.first = level, 0.25, None, None
 
 
 @dataclass
@@ -241,9 +244,15 @@ class AdaptiveLimit:
         regain (less the calls in transit, which that answered level counted), up to PROBE_EVERY:
         a service that shrank for a while comes back. With nothing to regain, up to CEILING_EVERY:
         a service that refused the level above time after time rarely grows, and a probe that
-        finds it has not costs a 429."""
+        finds it has not costs a 429. Refused more than halfway back from the halved level to the
+        level to regain, a probe has found what the service holds now: nothing is left to regain
+        (that level may have been one the fleet counted with answers on their way back, never one
+        the service held, and probing it every latency cost a 429 each time)."""
         self._cut(self._probing.floor, now)
         probing = self._probing
+        if probing.regain and 2 * probing.floor > probing.halved + probing.regain:
+            probing.regain = 0  # and the next probe waits no less than at a first refusal there
+            probing.refused_wait = max(probing.refused_wait, CEILING_FIRST_WAIT / 2)
         if probing.floor + self._in_transit() >= probing.regain:  # at the ceiling
             first, most, longest = CEILING_FIRST_WAIT, CEILING_EVERY, CEILING_EVERY_S
         else:
@@ -277,6 +286,7 @@ class AdaptiveLimit:
         transit), probed from at once, and the level answered to regain."""
         self._probing.regain, self._probing.shrank_at = self._episode.level, now
         self._cut(BACKOFF * (self._episode.level - self._in_transit() + 1), now)
+        self._probing.halved = int(self._limit)
         self._episode.began, self._probing.next_at, self._probing.refused_wait = -math.inf, now, 0.0
 
     def _shrank(self, permit: Permit, now: float, opens: bool) -> bool:
@@ -328,7 +338,7 @@ class AdaptiveLimit:
             self._admitted(now)
         if wanted and self._may_step(now):
             self._probing.taken_from = int(self._limit)
-            self._set(self._limit + self._probing.step, now)
+            self._set(self._limit + max(1.0, self._probing.step), now)
 
     def _probe_held(self, now: float) -> bool:
         """The step's first call is out unrefused long enough (a service refuses at admission),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -209,6 +210,39 @@ def test_a_refused_probe_under_the_level_to_regain_waits_1_5_s_at_most_until_the
     assert limit.limit == 15
 
 
+def test_a_probe_refused_more_than_halfway_back_to_the_level_to_regain_leaves_nothing_to_regain() -> None:
+    # A halving keeps the level answered as the one to regain, but that may be a level the fleet
+    # counted with answers on their way back and the service never held (72 against 64 at a
+    # short-latency endpoint). Refused once back more than halfway there, a probe has found what
+    # the service holds now: the next waits two latencies, as at the ceiling, not a quarter.
+    clock = Clock()
+    limit, permits = saturated(clock, 32, latency=2.0)
+    ended = [2.0]  # the latencies served, the last of saturated's calls first
+    for _ in range(4):
+        limit.release(permits.pop(0), OK)
+        ended.append(2.0)
+    last = take(limit, 4)
+    clock.now = 2.003
+    for permit in reversed(last):  # halved to 15, 32 to regain (as in the test above)
+        limit.release(permit, OVERLOAD)
+    assert limit.limit == 15
+    while limit.limit < 26:  # back past (15 + 32) / 2: a call ends every 2 ms, and is replaced
+        clock.now += 0.002
+        permit = permits.pop(0)
+        limit.release(permit, OK)
+        ended.append(clock.now - permit.at)
+        while n := limit.spare():
+            permits += take(limit, n)
+    refused_at = clock.now = clock.now + 0.003
+    limit.release(permits.pop(), OVERLOAD)  # the probe, the last call sent: back to 25, all out
+    assert (limit.spare(), limit.limit) == (0, 25)
+    latency = statistics.median(ended[-64:])  # of the replacements: 39 ms
+    clock.now = refused_at + 2 * latency - 0.001
+    assert (limit.spare(), limit.limit) == (0, 25), latency  # not a quarter latency, as under it
+    clock.now = refused_at + 2 * latency + 0.001
+    assert (limit.spare(), limit.limit) == (1, 26), latency
+
+
 def test_a_climb_under_the_highest_level_served_lands_on_it_and_goes_past_it_a_call_at_a_time() -> None:
     clock = Clock()
     limit, permits = saturated(clock, 128, latency=1.0)  # 128 served
@@ -225,10 +259,11 @@ def test_a_climb_under_the_highest_level_served_lands_on_it_and_goes_past_it_a_c
             permits += take(limit, n)
         if limits[-1] != limit.limit:
             limits.append(limit.limit)
-    # Steps of 1, 2, 4, then a sixteenth of the limit: 71 + 4.4, 75.4 + 4.7, ... 115.3 + 7.2;
-    # from 122.5 the step would be 7.7, past 128: it lands on 128. Past it, a step of one call
-    # (at 129), admitted only once served.
-    assert limits == [64, 65, 67, 71, 75, 80, 85, 90, 96, 102, 108, 115, 122, 128, 129]
+    # Steps of 1, 1, 1 (a probe just past a cut may be admitted only because an answer on its
+    # way back had freed its place), 2, 4, then a sixteenth of the limit: 73 + 4.6, 77.6 + 4.8,
+    # ... 118.6 + 7.4; from 126 the step would be 7.9, past 128: it lands on 128. Past it, a
+    # step of one call (at 129), admitted only once served.
+    assert limits == [64, 65, 66, 67, 69, 73, 77, 82, 87, 93, 98, 105, 111, 118, 125, 128, 129]
 
 
 def test_refusals_of_calls_sent_before_a_cut_count_towards_a_shrink() -> None:
