@@ -33,27 +33,26 @@ def cluster(stack: Stack) -> Stack:
 # `make test` runs the suite on three workers (pytest-xdist, `--dist loadscope`, TEST_WORKERS=1
 # for one process), with the units of work below: every module is one unit, kept whole on one
 # worker in its own order, except that the modules driving the stack's Airflow form one unit.
-# They share its metadata database, its port and the promotion history that their checks read,
-# and an Airflow scheduler would also take up the tasks of an `airflow dags test` run of a DAG it
-# finds unpaused: the modules that run DAG tests come first, then the two that share one
+# They share its metadata database and the promotion history that their checks read, and an
+# Airflow scheduler would also take up the tasks of an `airflow dags test` run of a DAG it finds
+# unpaused: the module that runs the measuring DAG tests comes first, then the two that share one
 # standalone Airflow (`standalone_airflow`, tests/integration/conftest.py), started once.
 #
 # The Airflow unit is the longest: one worker runs it whole while the other two take every other
-# unit in the order below (two workers left a fifth of the two cores idle while they waited on
-# the services). The Airflow unit and the benchmark, the Spark master's and the supervised
-# fleets' modules hold the stack's AI stand-in and Spark master (`stand_in_lock`,
-# tests/integration/conftest.py) in turn: the Airflow unit measures first (test_dags' tuning and
-# capacity runs, its first tests, held together), while the others run long modules that need
-# neither (the secured stack's, the router, the pipelines, the short ones); then the benchmark,
-# before the modules that start Spark in the worker's own process (a later session there keeps
-# the first one's master, local[2], and the benchmark checks that its Spark measurement ran on
-# the stack's), and the Spark master's last. The UI's tuning run ends the Airflow unit.
+# unit in the order below. First the DAG tests that hold nothing of the stack's (the smoke DAG, a
+# refused spec, a redrive), done long before the standalone Airflow starts; then long modules
+# that need neither the AI stand-in nor the Spark master, while the Airflow unit's measuring runs
+# hold the stand-in (`stand_in_lock`); then the benchmark, which holds the Spark master
+# (`spark_master_lock`) on a stand-in of its own, before the modules that start Spark in the
+# worker's own process (a later session there keeps the first one's master, local[2], and the
+# benchmark checks that its Spark measurement ran on the stack's), the Spark master's last, and
+# the supervised fleets, which hold the stand-in once the measuring runs are done.
 AIRFLOW_MODULES = tuple(f"tests/integration/{name}.py" for name in
-                        ("test_dags", "test_redrive", "test_triage", "test_airflow_ui"))
+                        ("test_dags", "test_triage", "test_airflow_ui"))
 FIRST = tuple(f"tests/integration/{name}.py" for name in (
-    "test_secured", "test_router_peer", "test_pipeline", "test_gateway", "test_bad_input",
-    "test_share_group", "test_spark_diagnosis", "test_bench_smoke", "test_spark_jobs", "test_spark_io",
-    "test_spark_cluster", "test_supervised_fleet"))
+    "test_dag_smoke_and_refused_spec", "test_redrive", "test_secured", "test_router_peer", "test_pipeline",
+    "test_gateway", "test_bad_input", "test_share_group", "test_spark_diagnosis", "test_bench_smoke",
+    "test_spark_jobs", "test_spark_io", "test_spark_cluster", "test_supervised_fleet"))
 # The unit modules that start Spark share a worker, whose JVM then starts once; they come before
 # the other units, which the second worker takes meanwhile.
 SPARK_UNITS = tuple(f"tests/unit/{name}.py"

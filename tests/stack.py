@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -67,13 +69,28 @@ class Stack:
     def subprocess_env(self) -> dict[str, str]:
         return {**os.environ, **self.env}
 
+    def _unused_second(self) -> datetime:
+        """Now, to the second, unless a DAG test run on this stack took that second: runs on two
+        workers may start in one, and a DAG's runs (and the pipeline runs named after their
+        logical date) are told apart by it."""
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        taken = self.layout.root / "dag-test.second"
+        with open(self.layout.root / "dag-test.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            now = datetime.now(UTC).replace(microsecond=0)
+            while taken.exists() and taken.read_text() == now.isoformat():
+                time.sleep(0.05)
+                now = datetime.now(UTC).replace(microsecond=0)
+            taken.write_text(now.isoformat())
+        return now
+
     def run_dag(self, dag_id: str, conf: str | None = None, timeout_s: float = 900) -> DagTestRun:
         """`airflow dags test` one run; return its state (from the metadata DB) and output.
 
         The CLI logs task failures instead of exiting non-zero, so the run's state is read back
         from the metadata database by its unique logical date.
         """
-        logical_date = datetime.now(UTC).replace(microsecond=0).isoformat()
+        logical_date = self._unused_second().isoformat()
         # Only the DAG's own file is parsed (and written to the metadata database): the folder's
         # other DAGs cost each run seconds of CPU otherwise. Each DAG lives in dags/<dag_id>.py.
         cmd = [str(Path(sys.executable).parent / "airflow"), "dags", "test", dag_id, logical_date,

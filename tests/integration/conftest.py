@@ -2,13 +2,15 @@
 them) must not do at the same time, and the one Airflow of the modules that drive its UI and
 scheduler.
 
-The test stack's AI stand-in and Spark master are shared state: a `pipeline_tuning` or
-`pipeline_capacity` run reconfigures the stand-in (time scale, limits) and submits its analysis
-to the master, the benchmark reconfigures the stand-in, resets its counters and checks that the
-master has no application left, the Spark cluster test counts the applications that finished on
-the master, and fleets under supervisord call the stand-in at the latency they expect. Each of
-these holds `stand_in_lock` while it runs: a lock file of the stack, so it holds across the
-workers' processes (and across concurrent sessions on one stack).
+The test stack's AI stand-in and Spark master are shared state, each behind a lock file of the
+stack (it holds across the workers' processes, and across concurrent sessions on one stack):
+
+- `stand_in_lock`: a `pipeline_tuning` or `pipeline_capacity` run reconfigures the stand-in
+  (time scale, limits), and fleets under supervisord call it at the latency they expect. The
+  benchmark's smoke run reconfigures and resets a stand-in of its own.
+- `spark_master_lock`: the Spark cluster test counts the applications that finish on the master,
+  and the benchmark checks that its Spark measurement left none there. The DAGs' analyses run
+  on the stack's Connect server, an application of the master for good, and add none.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import re
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -27,44 +30,60 @@ from tests.stack import Stack, unique
 
 TRIAGE_PREFIX = unique("triage")  # test_triage's runs: <TRIAGE_PREFIX>-<n>.dlq
 
-_holds = [0]  # this process's holds of the lock, one inside the other (tests run one at a time)
+_holds: Counter[str] = Counter()  # this process's holds of each lock, one inside the other
 
 
 @contextlib.contextmanager
-def stand_in_lock(stack: Stack) -> Iterator[None]:
-    """Exclusive use of the stack's AI stand-in and Spark master, until the block ends. Inside a
-    block of this process's own, it is held already (a lock of a file opened again would wait
-    for that block)."""
-    if _holds[0]:
-        _holds[0] += 1
+def _exclusive(stack: Stack, name: str) -> Iterator[None]:
+    """The lock file `name` of the stack, until the block ends. Inside a block of this process's
+    own, it is held already (a lock of a file opened again would wait for that block)."""
+    if _holds[name]:
+        _holds[name] += 1
         try:
             yield
         finally:
-            _holds[0] -= 1
+            _holds[name] -= 1
         return
     stack.layout.root.mkdir(parents=True, exist_ok=True)
-    with open(stack.layout.root / "stand-in.lock", "w") as handle:
+    with open(stack.layout.root / f"{name}.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        _holds[0] = 1
+        _holds[name] = 1
         try:
             yield
         finally:
-            _holds[0] = 0
+            _holds[name] = 0
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-@pytest.fixture
-def stand_in(stack: Stack) -> Iterator[None]:
-    """The stack's AI stand-in and Spark master for this test alone."""
-    with stand_in_lock(stack):
-        yield
+def stand_in_lock(stack: Stack) -> contextlib.AbstractContextManager[None]:
+    """Exclusive use of the stack's AI stand-in until the block ends."""
+    return _exclusive(stack, "stand-in")
+
+
+def spark_master_lock(stack: Stack) -> contextlib.AbstractContextManager[None]:
+    """Exclusive use of the stack's Spark master (the applications it runs) until the block ends."""
+    return _exclusive(stack, "spark-master")
 
 
 @pytest.fixture(scope="module")
 def stand_in_for_module(stack: Stack) -> Iterator[None]:
-    """The stack's AI stand-in and Spark master for this module alone (its module fixtures too:
-    request it from an autouse module fixture, which pytest sets up before the others)."""
+    """The stack's AI stand-in for this module alone (its module fixtures too: pytest sets up a
+    `usefixtures` mark's fixtures before the others)."""
     with stand_in_lock(stack):
+        yield
+
+
+@pytest.fixture
+def spark_master(stack: Stack) -> Iterator[None]:
+    """The stack's Spark master for this test alone."""
+    with spark_master_lock(stack):
+        yield
+
+
+@pytest.fixture(scope="module")
+def spark_master_for_module(stack: Stack) -> Iterator[None]:
+    """The stack's Spark master for this module alone (its module fixtures too)."""
+    with spark_master_lock(stack):
         yield
 
 

@@ -605,9 +605,12 @@ def test_trigger_tuning_from_the_form_and_act_on_the_gate_decision(stack: Stack,
             assert posted.value.ok, posted.value.text()
             expect(gate.locator("#rollback-status")).to_contain_text("Rollback triggered")
             wait_for_run(api, posted.value.json()["dag_run_id"], 300, ROLLBACK_DAG_ID)
+            expected, previous = (other, decision["version"]) if target else (decision["version"], other)
+            assert query(stack.database_url, "SELECT p.version, p.previous, p.action, p.reason "
+                         "FROM promotions p JOIN configurations c USING (version) WHERE c.pipeline = %s "
+                         "ORDER BY p.id DESC LIMIT 1", PIPELINE) == [(expected, previous, "rollback", reason)]
             page.reload()
             gate = page.frame_locator("iframe").first
-            expected = other if target else decision["version"]
             expect(gate.locator(f'#active-version li[data-pipeline="{PIPELINE}"]')).to_contain_text(
                 f"v{expected}")
             expect(gate.locator("#promotions tbody tr").first).to_contain_text(reason)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -12,12 +13,13 @@ import pytest
 
 from bench import run as bench_run
 from infra import spark_connect
-from tests.integration.pipeline_fixtures import query, scalar
+from tests.integration.pipeline_fixtures import ai_service, query, scalar
 from tests.stack import Stack
 
-# The benchmark reconfigures the stack's AI stand-in and checks its Spark master: alone on both
-# for the whole module (the smoke run included); its timeout counts a wait for a DAG run to end.
-pytestmark = [pytest.mark.usefixtures("stand_in_for_module"), pytest.mark.timeout(1200)]
+# The benchmark reconfigures and resets a stand-in of its own, and checks the stack's Spark
+# master: alone on it for the whole module (the smoke run included); its timeout counts a wait
+# for the Spark cluster test's jobs to end.
+pytestmark = [pytest.mark.usefixtures("spark_master_for_module"), pytest.mark.timeout(1200)]
 
 SCENARIO_FIELDS = {"throughput_rps", "steady_throughput_rps", "capacity_rps", "binding_limit", "utilization",
                    "lost", "duplicate_ai_calls",
@@ -26,9 +28,13 @@ SCENARIO_FIELDS = {"throughput_rps", "steady_throughput_rps", "capacity_rps", "b
 
 
 @pytest.fixture(scope="module")
-def smoke(stack: Stack) -> tuple[Path, dict]:
-    out = bench_run.main(["--smoke"])
-    return out, json.loads((out / "summary.json").read_text())
+def smoke(stack: Stack) -> Iterator[tuple[Path, dict]]:
+    """The smoke run on the stack, its AI endpoints on a stand-in of its own (AI_SERVICE_URL,
+    which the benchmark and its fleets' processes read), so that it holds no other test's."""
+    with ai_service() as ai, pytest.MonkeyPatch.context() as env:
+        env.setenv("AI_SERVICE_URL", ai.base_url)
+        out = bench_run.main(["--smoke"])
+    yield out, json.loads((out / "summary.json").read_text())
 
 
 def test_summary_has_every_field(smoke: tuple[Path, dict]) -> None:

@@ -1,11 +1,12 @@
 """DAG tests: every DAG loads with the metadata users rely on, the forms reject bad input, the
-tuning DAG (a good candidate promoted, a poor one rejected, the active version re-measured, a
-broken spec refused before anything is provisioned), the capacity DAG, the smoke DAG and the
-rollback DAG run against the real stack. Another pipeline's candidate is tuned from the UI's form
-(test_airflow_ui.py).
+tuning DAG (a good candidate promoted, a poor one rejected, the active version re-measured) and
+the capacity DAG run against the real stack. Another pipeline's candidate is tuned from the UI's
+form, and rolled back and forth from the gate page (test_airflow_ui.py); the smoke DAG and a
+refused spec, which hold nothing of the stack's, run beside these
+(test_dag_smoke_and_refused_spec.py).
 
-The runs that use the stack's AI stand-in and Spark master come first: the order of the suite's
-two workers (tests/conftest.py) counts on it. Each test's preconditions come from its fixtures."""
+The runs that use the stack's AI stand-in come first: the order of the suite's workers
+(tests/conftest.py) counts on it. Each test's preconditions come from its fixtures."""
 
 from __future__ import annotations
 
@@ -15,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from consumers.config import pipeline_spec
 from tests.integration.conftest import stand_in_lock
-from tests.integration.pipeline_fixtures import another_version, query
+from tests.integration.pipeline_fixtures import query
 from tests.stack import REPO, DagTestRun, Stack
 
 DAG_FILES = sorted(p for p in (REPO / "dags").glob("*.py") if not p.name.startswith("_"))
@@ -248,49 +248,3 @@ class TestMeasuringRuns:
         held = [s["rate"] for s in steps if s["sustained"]]
         assert best == (max(held) if held else None)
         assert (REPO / "results" / run_id / "capacity.png").stat().st_size > 10_000
-
-
-def test_smoke_dag_succeeds(stack: Stack) -> None:
-    run = stack.run_dag("kafka_smoke")
-    assert run.state == "success", run.output[-4000:]
-
-
-def test_a_broken_spec_is_refused_before_anything_is_provisioned(stack: Stack, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """The main job on a broken spec: `check_pipeline` fails with the field at fault and nothing
-    is made. Every pipeline DAG starts with that task (test_dag_parsing.py), so one run shows it."""
-    for source in pipeline_spec.PIPELINES_DIR.glob("*.yaml"):
-        (tmp_path / source.name).write_text(source.read_text())
-    spec = yaml.safe_load((tmp_path / "text_moderation.yaml").read_text())
-    spec["stages"]["moderate"]["routes"][0]["to"] = "summaries"  # not a declared topic
-    (tmp_path / "text_moderation.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    monkeypatch.setenv("PIPELINES_DIR", str(tmp_path))  # run_dag's `airflow dags test` reads it
-    tuning = stack.run_dag("pipeline_tuning", conf=tuning_conf("flow", pipeline="text_moderation"))
-
-    assert tuning.state == "failed"
-    refusal = "stages.moderate.routes.0.to: topic 'summaries' is not declared"
-    assert refusal in tuning.output, tuning.output[-4000:]
-    topics = stack.connection.admin().list_topics(timeout=30).topics
-    assert [t for t in topics if t.startswith(f"tuning-{tuning.ts_nodash.lower()}")] == []
-    # none registered by the refused run (other workers' tests register theirs meanwhile)
-    assert query(stack.database_url, "SELECT count(*) FROM configurations WHERE note LIKE %s",
-                 f"%{tuning.logical_date[:19]}%") == [(0,)]
-
-
-def test_rollback_dag_activates_a_version_and_back_with_the_reason(stack: Stack, good_version: int) -> None:
-    """From the version the good run left active to another one registered, and back. What the
-    registry refuses (a version already active, none to go back to, a version of another
-    pipeline) is tested on PostgreSQL alone (test_registry.py): each DAG run here costs an
-    Airflow start."""
-    active, other = active_version(stack), another_version(stack.database_url, pipeline_spec.REFERENCE)
-    assert active == good_version != other
-    away = stack.run_dag("pipeline_rollback", conf=json.dumps({"version": other, "reason": "dag test: away"}))
-    assert away.state == "success", away.output[-4000:]
-    assert active_version(stack) == other
-    back = stack.run_dag("pipeline_rollback", conf=json.dumps({"reason": "dag test: back"}))
-    assert back.state == "success", back.output[-4000:]
-    assert active_version(stack) == active
-    rows = query(stack.database_url, "SELECT version, previous, action, reason FROM promotions "
-                 "ORDER BY id DESC LIMIT 2")
-    assert rows == [(active, other, "rollback", "dag test: back"),
-                    (other, active, "rollback", "dag test: away")]

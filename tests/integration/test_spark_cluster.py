@@ -20,12 +20,12 @@ from consumers.config.candidate import PipelineConfig, StageConfig
 from consumers.runs.pipeline_run import running_pipeline
 from pipeline_ops.dag_support import spark_env
 from pipeline_ops.operators.analysis import AnalysisSubmitOperator
-from tests.integration.conftest import stand_in_lock
+from tests.integration.conftest import spark_master_lock
 from tests.integration.pipeline_fixtures import TIME_SCALE, ai_service
 from tests.stack import REPO, Stack
 
 # The jobs on the stack's Spark master count the applications that finish there: alone on it
-# (`stand_in_lock`) while they submit to it, not while the run they analyse or local[2] works.
+# (`spark_master_lock`) while they submit to it, not while the run they analyse or local[2] works.
 pytestmark = pytest.mark.timeout(1200)
 
 BURST = 80
@@ -100,7 +100,7 @@ def on_local(run_id: str, local_spark: str, tmp_path_factory: pytest.TempPathFac
 
 def test_the_jobs_on_the_standalone_master_match_local(cluster_stack: Stack, run_id: str,
                                                        on_local: tuple[dict, dict], tmp_path: Path) -> None:
-    with stand_in_lock(cluster_stack):
+    with spark_master_lock(cluster_stack):
         before = {app["id"] for app in cluster_stack.spark_master_status()["completedapps"]}
         on_cluster = submit_both(run_id, "spark_default", tmp_path / "cluster")
         completed = cluster_stack.spark_master_status()["completedapps"]
@@ -124,7 +124,7 @@ def test_the_analysis_runs_on_the_stacks_connect_server_as_the_dags_run_it(
         task_id="spark_analysis", application=str(REPO / "spark" / "analyses.py"), conn_id="spark_default",
         spark_connect_conn_id="spark_connect_default",
         application_args=analyses_args(run_id, f"{run_id}-connect", tmp_path))
-    with stand_in_lock(cluster_stack):
+    with spark_master_lock(cluster_stack):
         before = cluster_stack.spark_master_status()
         operator.execute({})
         after = cluster_stack.spark_master_status()
@@ -141,7 +141,7 @@ def readme_command() -> str:
     return block.group(1)
 
 
-@pytest.mark.usefixtures("stand_in")  # the command submits to the stack's master
+@pytest.mark.usefixtures("spark_master")  # the command submits to the stack's master
 def test_the_readme_spark_submit_command_runs_as_written(cluster_stack: Stack, run_id: str,
                                                          tmp_path: Path) -> None:
     command = readme_command()
