@@ -263,14 +263,18 @@ def write_env(layout: Layout, env: dict[str, str]) -> None:
         write_private(LOCAL / "stack.env", text)
 
 
-def airflow_db_migrate(layout: Layout, env: dict[str, str]) -> None:
-    """Create or upgrade the Airflow metadata schema in the stack's PostgreSQL."""
+def airflow_db_prepare(layout: Layout, env: dict[str, str]) -> None:
+    """Create or upgrade the Airflow metadata schema in the stack's PostgreSQL, and write the DAGs
+    into it: the first runs (a UI trigger, `airflow dags test`) find them there, where two started
+    at once on a new database both inserted the same DAG and one failed (UniqueViolation)."""
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     airflow = Path(sys.executable).parent / "airflow"
-    result = subprocess.run([str(airflow), "db", "migrate"], env={**os.environ, **env},
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        raise RuntimeError(f"airflow db migrate failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    for command in (["db", "migrate"], ["dags", "reserialize"]):
+        result = subprocess.run([str(airflow), *command], env={**os.environ, **env},
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"airflow {' '.join(command)} failed:\n"
+                               f"{result.stdout[-3000:]}{result.stderr[-3000:]}")
 
 
 def ensure_spark(layout: Layout, state: dict, spark: str, token: str | None) -> None:
@@ -378,7 +382,7 @@ def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) ->
     ensure_spark(layout, state, spark, credentials.spark_connect)
 
     print("preparing the Airflow metadata database")
-    airflow_db_migrate(layout, env)
+    airflow_db_prepare(layout, env)
     print(f"stack {layout.name} up; addresses and credentials in {layout.env_file}")
 
 
