@@ -4,17 +4,11 @@ Model APIs publish no stable concurrency limit: it moves with their load and the
 and shows as 429s at admission (or as latency, for a service that queues instead). Their latencies
 are heavy-tailed, so one slow answer says nothing: the limit is learned from refusals, and from
 latency only through window medians against a baseline. One limiter serves every member of a
-fleet through its shared AI client, so the members find one limit per endpoint instead of each
-guessing. Budget refusals (a minute's requests or tokens spent) never reach it: they say "later",
-not "fewer" (`consumers.ai.rate_budget`). How it probes, shrinks and backs off, and how it is
-checked: docs/adaptive.md.
-
-A permit is held from `acquire` (the limit counts it) but a call is counted at the endpoint only
-from `sent`: what the caller does in between (its try put on record, a database write that waits
-for a connection under load) is no call the endpoint holds. Levels, latencies and the cut after
-a refusal are learned from the calls sent; had they counted the held permits, a limit learned
-while those writes were slow would let that many more calls reach the endpoint once they were
-quick again, each refused.
+fleet through its shared AI client. Budget refusals (a minute's requests or tokens spent) never
+reach it: they say "later", not "fewer" (`consumers.ai.rate_budget`). A permit is held from
+`acquire` (the limit counts it), but a call is counted at the endpoint only from `sent`: what the
+caller does in between (its try put on record) is no call the endpoint holds. How it probes,
+shrinks and backs off, why, and how it is checked: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -35,7 +29,7 @@ LASTED_SHARE = 1 / 8  # ... or this share of the time the shrink has lasted: it 
 FIRST_PROBE_WAIT = 0.25  # latencies before the probe after a first refused one under it
 CEILING_EVERY = 12.0  # latencies between probes past it, once refused there time after time, ...
 CEILING_EVERY_S = 30.0  # ... and seconds: a service that grew is found within them
-CEILING_FIRST_WAIT = 2.0  # latencies before the probe after a first refused one there
+CEILING_FIRST_WAIT = 4.0  # latencies before the probe after a first refused one there
 STEP_SHARE = 1 / 16  # the largest step of a probe, as a share of the limit: what one may cost
 BACKOFF = 0.5  # the cut when the service shrank or queues
 ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
@@ -63,10 +57,8 @@ class Permit:
 
 @dataclass
 class _Probing:
-    """Where probing stands: the level last settled on (a call above it is a probe), the size of
-    the next step, the step out (the limit it was taken from, and its first call once sent), when
-    the last step's first call was sent, when the next step may be taken, and the latencies to
-    wait after a refused probe."""
+    """Where probing stands: the level settled on (a call above it is a probe), the next step,
+    the step out (taken from which limit, its first call once sent) and when, and waits."""
 
     floor: int
     step: float = 1.0
@@ -81,16 +73,14 @@ class _Probing:
 
     def settle(self, level: int) -> None:
         """A new level settled on; no step out, the next three of one call each (a probe just
-        past a cut may be admitted only because an answer on its way back freed its place, and
-        a doubled step after it would go whole into a full service)."""
+        past a cut may be admitted only because an answer in transit had freed its place)."""
         self.floor, self.step, self.taken_from, self.first = level, 0.25, None, None
 
 
 @dataclass
 class _Episode:
-    """Refusals under the level settled on: when the first came, the highest level the service
-    had answered lately then, and how many since came further under it than the calls in transit
-    explain."""
+    """Refusals under the level settled on: when the first came, the highest level answered
+    lately then, and how many since came further under it than the calls in transit explain."""
 
     began: float = -math.inf
     level: int = 0
@@ -232,27 +222,27 @@ class AdaptiveLimit:
             # admitted by time alone.
             self._plateau = min(self._plateau, probe.level - 1)
             self._probing.probed_at = -math.inf  # one refusal pays for a probe
-            self._probe_refused(now, retry_after_s)
+            self._probe_refused(now, retry_after_s, untried=permit.level - 1 > self._probing.floor)
         else:
             self._settled_level_refused(permit, now, retry_after_s)
 
-    def _probe_refused(self, now: float, retry_after_s: float | None) -> None:
+    def _probe_refused(self, now: float, retry_after_s: float | None, untried: bool) -> None:
         """A probe's step went past what the service holds: back to the level settled on (the
-        step's other calls, on their way to the same answer, are stale by then; the highest level
-        answered lately would be lower still, the calls of the step's last levels not back yet),
-        and the next probe waits twice longer than after the last refused one. Under the level to
-        regain (less the calls in transit, which that answered level counted), up to PROBE_EVERY:
-        a service that shrank for a while comes back. With nothing to regain, up to CEILING_EVERY:
-        a service that refused the level above time after time rarely grows, and a probe that
-        finds it has not costs a 429. Refused more than halfway back from the halved level to the
-        level to regain, a probe has found what the service holds now: nothing is left to regain
-        (that level may have been one the fleet counted with answers on their way back, never one
-        the service held, and probing it every latency cost a 429 each time)."""
+        step's other calls are stale by then), and the next probe waits twice longer than after
+        the last refused one: up to PROBE_EVERY under the level to regain (less the calls in
+        transit, which it counted), where a service that shrank comes back; up to CEILING_EVERY
+        with nothing to regain, where each probe that finds no growth costs a 429. Back more than
+        halfway to the level to regain, nothing is left to regain (it may be a level counted with
+        answers in transit, never held); a refused step of more than one call (`untried`) leaves
+        the levels under its top to probe soon (docs/adaptive.md says why, with figures)."""
         self._cut(self._probing.floor, now)
         probing = self._probing
         if probing.regain and 2 * probing.floor > probing.halved + probing.regain:
             probing.regain = 0  # and the next probe waits no less than at a first refusal there
             probing.refused_wait = max(probing.refused_wait, CEILING_FIRST_WAIT / 2)
+        if untried:
+            probing.next_at = now + max(retry_after_s or 0.0, FIRST_PROBE_WAIT * self._latency())
+            return
         if probing.floor + self._in_transit() >= probing.regain:  # at the ceiling
             first, most, longest = CEILING_FIRST_WAIT, CEILING_EVERY, CEILING_EVERY_S
         else:

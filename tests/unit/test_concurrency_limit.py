@@ -167,9 +167,9 @@ def test_a_refused_probe_with_nothing_to_regain_waits_longer_each_time_up_to_30_
     clock.now = 3.003
     limit.release(probe, OVERLOAD)  # the service holds 16: back to 16, 429 round trip 3 ms
     assert (limit.limit, limit.spare()) == (16, 0)
-    # Nothing to regain (the service never shrank): the next probe after two median latencies
-    # (6 s), then twice as long each time, up to 12 latencies (36 s) and no more than 30 s.
-    refuse_probes(clock, limit, (6.0, 12.0, 24.0, 30.0, 30.0))
+    # Nothing to regain (the service never shrank): the next probe after four median latencies
+    # (12 s), then twice as long each time, up to 12 latencies (36 s) and no more than 30 s.
+    refuse_probes(clock, limit, (12.0, 24.0, 30.0, 30.0))
     assert limit.limit == 16
 
 
@@ -214,7 +214,7 @@ def test_a_probe_refused_more_than_halfway_back_to_the_level_to_regain_leaves_no
     # A halving keeps the level answered as the one to regain, but that may be a level the fleet
     # counted with answers on their way back and the service never held (72 against 64 at a
     # short-latency endpoint). Refused once back more than halfway there, a probe has found what
-    # the service holds now: the next waits two latencies, as at the ceiling, not a quarter.
+    # the service holds now: the next waits four latencies, as at the ceiling, not a quarter.
     clock = Clock()
     limit, permits = saturated(clock, 32, latency=2.0)
     ended = [2.0]  # the latencies served, the last of saturated's calls first
@@ -237,10 +237,49 @@ def test_a_probe_refused_more_than_halfway_back_to_the_level_to_regain_leaves_no
     limit.release(permits.pop(), OVERLOAD)  # the probe, the last call sent: back to 25, all out
     assert (limit.spare(), limit.limit) == (0, 25)
     latency = statistics.median(ended[-64:])  # of the replacements: 39 ms
-    clock.now = refused_at + 2 * latency - 0.001
+    clock.now = refused_at + 4 * latency - 0.001
     assert (limit.spare(), limit.limit) == (0, 25), latency  # not a quarter latency, as under it
-    clock.now = refused_at + 2 * latency + 0.001
+    clock.now = refused_at + 4 * latency + 0.001
     assert (limit.spare(), limit.limit) == (1, 26), latency
+
+
+def test_a_refused_step_of_two_calls_leaves_the_level_under_it_to_probe_soon() -> None:
+    # Climbing back towards the highest level served, a step of two calls is refused at its top:
+    # the level under it is untried, and the next probe (of one call) goes after a quarter of a
+    # latency, not after the two latencies of a refused probe at the ceiling.
+    clock = Clock()
+    limit, permits = saturated(clock, 64, latency=1.0)  # 64 served
+    ended = [1.0]
+    for _ in range(24):  # 40 out
+        limit.release(permits.pop(0), OK)
+        ended.append(1.0)
+    refused = take(limit, 1)[0]
+    clock.now = 1.003
+    limit.release(refused, OVERLOAD)  # at 41, not a probe: down to the 40 out; round trip 3 ms
+    steps = [limit.limit]
+    while steps[-1] < 45:  # steps of 1, 1, 1, then 2 (43 / 16 = 2.7 at most): 41, 42, 43, 45
+        clock.now += 0.002
+        permit = permits.pop(0)
+        limit.release(permit, OK)
+        ended.append(clock.now - permit.at)
+        while n := limit.spare():
+            permits += take(limit, n)
+        if limit.limit != steps[-1]:
+            steps.append(limit.limit)
+    assert steps == [40, 41, 42, 43, 45]
+    top = permits.pop()
+    assert top.level == 45
+    refused_at = clock.now = clock.now + 0.003
+    limit.release(top, OVERLOAD)  # back to 43
+    permit = permits.pop(0)
+    limit.release(permit, OK)  # a call ends: 43 out
+    ended.append(clock.now - permit.at)
+    assert (limit.spare(), limit.limit) == (0, 43)
+    latency = statistics.median(ended[-64:])
+    clock.now = refused_at + 0.25 * latency - 0.001
+    assert (limit.spare(), limit.limit) == (0, 43), latency
+    clock.now = refused_at + 0.25 * latency + 0.001
+    assert (limit.spare(), limit.limit) == (1, 44), latency
 
 
 def test_a_climb_under_the_highest_level_served_lands_on_it_and_goes_past_it_a_call_at_a_time() -> None:
@@ -301,12 +340,12 @@ def test_a_probe_past_the_highest_level_served_is_admitted_once_served() -> None
     probe = take(limit, 1)[0]
     clock.now = 1.003
     limit.release(probe, OVERLOAD)  # a 429 has measured the round trip: 3 ms; the next probe
-    clock.now = 3.003  # after two latencies
+    clock.now = 5.003  # after four latencies
     permits += take(limit, 1)  # the probe, at 17: no call was ever served at 17
-    clock.now = 3.2
+    clock.now = 5.2
     limit.release(permits.pop(0), OK)  # calls go on ending
     permits += take(limit, 1)
-    clock.now = 3.3  # unrefused for 100 round trips, but the answers on their way back may have
+    clock.now = 5.3  # unrefused for 100 round trips, but the answers on their way back may have
     assert (limit.spare(), limit.limit) == (0, 17)  # made its place: not admitted yet
     limit.release(permits.pop(-2), OK)  # served: admitted, 17 settled on
     permits += take(limit, 1)
@@ -317,19 +356,19 @@ def test_a_call_refused_right_after_a_probe_pays_for_the_probe() -> None:
     clock = Clock()
     limit, permits = saturated(clock, 16, latency=1.0)
     clock.now = 1.003
-    limit.release(take(limit, 1)[0], OVERLOAD)  # a probe at 17 refused: the next after 2 latencies
-    clock.now = 3.003
+    limit.release(take(limit, 1)[0], OVERLOAD)  # a probe at 17 refused: the next after 4 latencies
+    clock.now = 5.003
     permits += take(limit, 1)  # the next probe, at 17
-    clock.now = 3.004
-    limit.release(permits.pop(0), OK)  # two calls end (the median latency is now 3.004 s) and
+    clock.now = 5.004
+    limit.release(permits.pop(0), OK)  # two calls end (the median latency is now 5.004 s) and
     limit.release(permits.pop(0), OK)  # one goes out after the probe, at 16: the probe took the
     after = take(limit, 1)[0]  # place that one of those two had freed, their answers on their way
-    clock.now = 3.006
+    clock.now = 5.006
     limit.release(after, OVERLOAD)  # refused: the probe's refusal, so the next probe waits twice
-    permits += take(limit, 1)  # as long, 4 x 3.004 s (not 2 x, as after a refusal at 16)
-    clock.now = 15.021
+    permits += take(limit, 1)  # as long, 8 x 5.004 s and at most 30 s (not the 1.5 s at most
+    clock.now = 35.005  # after a refusal at 16)
     assert (limit.spare(), limit.limit) == (0, 16)
-    clock.now = 15.023
+    clock.now = 35.007
     assert (limit.spare(), limit.limit) == (1, 17)
 
 
@@ -349,10 +388,10 @@ def test_a_retry_after_holds_the_next_probe() -> None:
     limit, _ = saturated(clock, 16, latency=1.0)
     probe = take(limit, 1)[0]
     clock.now = 1.003
-    limit.release(probe, OVERLOAD, retry_after_s=2.8)  # longer than the 2 latencies the next waits
-    clock.now = 3.80
+    limit.release(probe, OVERLOAD, retry_after_s=4.8)  # longer than the 4 latencies the next waits
+    clock.now = 5.80
     assert limit.spare() == 0
-    clock.now = 3.81
+    clock.now = 5.81
     assert limit.spare() == 1
 
 
