@@ -210,6 +210,17 @@ def test_a_refused_probe_under_the_level_to_regain_waits_1_5_s_at_most_until_the
     assert limit.limit == 15
 
 
+def end_and_replace(clock: Clock, limit: AdaptiveLimit, permits: list[Permit], ended: list[float]) -> None:
+    """2 ms on, the oldest call is served (its latency goes to `ended`) and the free places are
+    taken again."""
+    clock.now += 0.002
+    permit = permits.pop(0)
+    limit.release(permit, OK)
+    ended.append(clock.now - permit.at)
+    while n := limit.spare():
+        permits += take(limit, n)
+
+
 def test_a_probe_refused_more_than_halfway_back_to_the_level_to_regain_leaves_nothing_to_regain() -> None:
     # A halving keeps the level answered as the one to regain, but that may be a level the fleet
     # counted with answers on their way back and the service never held (72 against 64 at a
@@ -226,13 +237,8 @@ def test_a_probe_refused_more_than_halfway_back_to_the_level_to_regain_leaves_no
     for permit in reversed(last):  # halved to 15, 32 to regain (as in the test above)
         limit.release(permit, OVERLOAD)
     assert limit.limit == 15
-    while limit.limit < 26:  # back past (15 + 32) / 2: a call ends every 2 ms, and is replaced
-        clock.now += 0.002
-        permit = permits.pop(0)
-        limit.release(permit, OK)
-        ended.append(clock.now - permit.at)
-        while n := limit.spare():
-            permits += take(limit, n)
+    while limit.limit < 26:  # back past (15 + 32) / 2
+        end_and_replace(clock, limit, permits, ended)
     refused_at = clock.now = clock.now + 0.003
     limit.release(permits.pop(), OVERLOAD)  # the probe, the last call sent: back to 25, all out
     assert (limit.spare(), limit.limit) == (0, 25)
@@ -258,12 +264,7 @@ def test_a_refused_step_of_two_calls_leaves_the_level_under_it_to_probe_soon() -
     limit.release(refused, OVERLOAD)  # at 41, not a probe: down to the 40 out; round trip 3 ms
     steps = [limit.limit]
     while steps[-1] < 45:  # steps of 1, 1, 1, then 2 (43 / 16 = 2.7 at most): 41, 42, 43, 45
-        clock.now += 0.002
-        permit = permits.pop(0)
-        limit.release(permit, OK)
-        ended.append(clock.now - permit.at)
-        while n := limit.spare():
-            permits += take(limit, n)
+        end_and_replace(clock, limit, permits, ended)
         if limit.limit != steps[-1]:
             steps.append(limit.limit)
     assert steps == [40, 41, 42, 43, 45]
