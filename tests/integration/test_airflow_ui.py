@@ -26,6 +26,8 @@ from typing import Any
 import psycopg2
 import pytest
 import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
 
 from consumers.config import events, pipeline_spec
 from consumers.config.pipeline_spec import REFERENCE
@@ -72,6 +74,11 @@ class Api:
                              timeout=30)
         resp.raise_for_status()
         self.session = requests.Session()
+        # The API server shares the 2-core machine with the rest of the suite: a request it left
+        # unanswered for 30 s (seen once in CI) is asked again, as its methods here are idempotent.
+        retry = Retry(total=3, connect=3, read=3, status=0, backoff_factor=1,
+                      allowed_methods={"GET", "PATCH", "DELETE"})
+        self.session.mount("http://", HTTPAdapter(max_retries=retry))
         self.session.headers["Authorization"] = f"Bearer {resp.json()['access_token']}"
 
     def get(self, path: str) -> Any:

@@ -33,7 +33,7 @@ from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runtime import dead_letter
 from tests.bad_input import OVER_PRODUCER_LIMIT_BYTES, BadInput, corpus
-from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query
+from tests.integration.pipeline_fixtures import REBALANCE_TIME_SCALE, AIService, ai_service, query
 from tests.stack import Stack
 
 PARTITIONS = 2
@@ -157,7 +157,7 @@ PIPELINES = [("genai_image", MIXED_MODES), ("text_moderation", {})]
 @pytest.mark.parametrize(("pipeline_name", "stages"), PIPELINES, ids=[p for p, _ in PIPELINES])
 def test_bad_input_on_every_input_topic_is_dead_lettered(stack: Stack, ai: AIService, pipeline_name: str,
                                                          stages: dict[str, StageConfig]) -> None:
-    config = PipelineConfig(pipeline=pipeline_name, partitions=PARTITIONS, time_scale=TIME_SCALE,
+    config = PipelineConfig(pipeline=pipeline_name, partitions=PARTITIONS, time_scale=REBALANCE_TIME_SCALE,
                             replication_factor=1, stages=stages)
     with running_pipeline(config, stack.kafka, stack.database_url,
                           ai.endpoints_of(pipeline_name)) as pipeline:

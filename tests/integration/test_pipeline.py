@@ -14,7 +14,14 @@ from consumers.config import events
 from consumers.config.candidate import PipelineConfig, StageConfig
 from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.pipeline_run import running_pipeline
-from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
+from tests.integration.pipeline_fixtures import (
+    REBALANCE_TIME_SCALE,
+    TIME_SCALE,
+    AIService,
+    ai_service,
+    query,
+    scalar,
+)
 from tests.stack import Stack
 
 BURST = 240
@@ -49,12 +56,6 @@ def run_burst(stack: Stack, ai: AIService, config: PipelineConfig, count: int,
     return BurstRun(pipeline.run_id, counts, ai.stats(), started, finished, config.partitions,
                     config.stage("generate").members, config.stage("generate").window)
 
-
-# The fleets' Kafka timeouts of the runs that count rebalances: at TIME_SCALE the session timeout
-# is scaled to its floor of 1 s, and on the loaded 2-core machine a member's heartbeat missed it
-# (its partitions lost 1.2 s into a burst, in two runs of the suite): a stall of the machine, no
-# rebalance of the member's own. At 0.1 it is 4.5 s; the AI stand-in keeps TIME_SCALE.
-REBALANCE_TIME_SCALE = 0.1
 
 
 @pytest.fixture(scope="module")

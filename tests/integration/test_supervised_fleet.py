@@ -184,21 +184,17 @@ def test_a_fleet_whose_member_dies_exits_70_and_is_started_again(stack: Stack,
         stopwaitsecs=40))
     try:
         pids: set[int] = set()
-        states: set[str] = set()
 
         def restarted() -> bool:
-            info = daemon.info(name)
-            states.add(info.state)
-            if info.pid:
-                pids.add(info.pid)
+            if pid := daemon.info(name).pid:
+                pids.add(pid)
             return len(pids) >= 2
 
         eventually(restarted, 60, "a second process after the first exited")
     finally:
         daemon.remove(name)
-    # It exits within startsecs, so supervisord retries it with back-off (and keeps no exit
-    # status in its API for such exits: its log has them).
-    assert "BACKOFF" in states, states
+    # supervisord keeps no exit status in its API for an exit within startsecs (BACKOFF, seen
+    # only for a second between two polls): its log has every exit.
     exits = [line for line in daemon.paths.logfile.read_text().splitlines()
              if f"exited: {name} (" in line]
     assert exits and all("(exit status 70; not expected)" in line for line in exits), exits
