@@ -4,6 +4,10 @@
 # Debian's PostgreSQL server and Chromium packages).
 
 SHELL := /bin/bash
+# Every Python process here (pytest's workers, the fleets, Airflow's CLI and services, Spark's
+# drivers) imports Airflow, PySpark or the runtime; with the bytecode cache off (a machine's
+# PYTHONDONTWRITEBYTECODE) each compiled them again, 20 s of each pytest worker's collection.
+unexport PYTHONDONTWRITEBYTECODE
 PY := .venv/bin/python
 BROKERS ?= 1
 SECURITY ?= plaintext
