@@ -76,8 +76,7 @@ class Api:
         self.session = requests.Session()
         # The API server shares the 2-core machine with the rest of the suite: a request it left
         # unanswered for 30 s (seen once in CI) is asked again, as its methods here are idempotent.
-        retry = Retry(total=3, connect=3, read=3, status=0, backoff_factor=1,
-                      allowed_methods={"GET", "PATCH", "DELETE"})
+        retry = Retry(total=3, backoff_factor=1, allowed_methods={"GET", "PATCH", "DELETE"})
         self.session.mount("http://", HTTPAdapter(max_retries=retry))
         self.session.headers["Authorization"] = f"Bearer {resp.json()['access_token']}"
 

@@ -57,7 +57,6 @@ def run_burst(stack: Stack, ai: AIService, config: PipelineConfig, count: int,
                     config.stage("generate").members, config.stage("generate").window)
 
 
-
 @pytest.fixture(scope="module")
 def flow_run(stack: Stack, ai: AIService) -> BurstRun:
     config = PipelineConfig(partitions=8, time_scale=REBALANCE_TIME_SCALE, replication_factor=1,
