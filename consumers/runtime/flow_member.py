@@ -107,19 +107,23 @@ class FlowMember(GroupMember):
     def _unexpected(self, msg: Message) -> None:
         raise AssertionError(f"FetchBuffer returned a data record: {msg.topic()}:{msg.partition()}")
 
-    def _free_slots(self) -> int:
+    def _free_slots(self, take: int = 0) -> int:
         """Records that may start now: room in the window (the fleet's pooled windows, when it
         has several members) and, when the fleet's AI calls follow a limit, no more than the
         limit has spare (the rest wait in the buffer, where its back-pressure applies, rather
-        than in a worker)."""
+        than in a worker). With `take`, up to that many are held in the pool for this member."""
         in_flight = self._tracker.in_flight()
-        windows = self.ctx.windows
-        free = self.settings.window - in_flight if windows is None else windows.free(self.name, in_flight)
         limiter = self.ctx.ai.limiter if self.ctx.ai is not None else None
-        return free if limiter is None else min(free, limiter.spare())
+        spare = self.settings.window if limiter is None else limiter.spare()
+        windows = self.ctx.windows
+        if windows is None:
+            return min(self.settings.window - in_flight, spare)
+        if take:
+            return windows.take(self.name, in_flight, min(take, spare))
+        return min(windows.free(self.name, in_flight), spare)
 
     def _dispatch(self, pool: ThreadPoolExecutor, buffer: FetchBuffer) -> None:
-        for _ in range(self._free_slots()):  # counted once: workers take their permits later
+        for _ in range(self._free_slots(take=len(buffer))):  # counted once: workers take permits later
             if (msg := buffer.pop()) is None:
                 break
             topic, partition, offset = records.place(msg)
