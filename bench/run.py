@@ -116,7 +116,8 @@ class Stack:
 
 
 def configure_ai(base_url: str, settings: dict[str, Any]) -> None:
-    """Same limits for every scenario; counters reset so each scenario's are its own."""
+    """Same limits for every scenario; counters reset and budgets full, so each scenario's
+    figures are its own."""
     requests.put(f"{base_url}/v1/config", timeout=10, json=settings).raise_for_status()
     requests.post(f"{base_url}/v1/stats/reset", timeout=10).raise_for_status()
 

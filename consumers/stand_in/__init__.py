@@ -37,7 +37,10 @@ kind (`rejected_429`, `rate_limited`, `rate_limited_requests`, `rate_limited_tok
 tokens served (`tokens_input`, `tokens_output`) and how many requests were served more than
 once (`duplicate_served`: the calls a client paid for twice, counted on the service's side). A
 request's identity is its endpoint's first required field (`request_id`, `message_id`, ...),
-or a chat request's `user`.
+or a chat request's `user`. `POST /v1/stats/reset` starts a measurement afresh: the counters at
+zero and the request-rate limit and per-minute budgets full, so a burst right after another
+meets the budgets its figures assume (a budget left half spent by a warm-up is no limit of the
+run being measured).
 
 The package: the configuration (`config`), one endpoint's state (`endpoint`), requests and
 answers (`calls`), the behaviour (`service`), HTTP (`server`) and the command (`cli`):

@@ -165,11 +165,15 @@ class Endpoint:
         return "ok", latency
 
     def reset(self) -> None:
-        """Zero the counters; the peak restarts from the requests still in flight."""
+        """Zero the counters and fill the rate limit and budgets (a measurement starts afresh);
+        the peak restarts from the requests still in flight."""
         with self._lock:
             self._counts = dict.fromkeys(COUNTERS + TOKEN_COUNTERS, 0)
             self._served.clear()
             self._max_in_flight = self._in_flight
+            config, now = self._config, self._clock()
+            self._tokens, self._refilled_at = float(config.rate_burst), now
+            self._budgets = Budgets(config.requests_per_minute, config.tokens_per_minute, now)
 
     def snapshot(self, scale: float) -> dict[str, Any]:
         with self._lock:

@@ -673,6 +673,24 @@ def test_a_tokens_budget_charges_the_estimate_and_is_corrected_to_the_answer() -
     assert endpoint.snapshot(1.0)["rate_limited_tokens"] == 2
 
 
+def test_a_reset_starts_a_measurement_with_the_budgets_and_the_rate_limit_full() -> None:
+    clock = FakeClock()
+    config = replace(CONFIGS["check"], limit=100, requests_per_minute=2, tokens_per_minute=60,
+                     rate_limit_rps=1.0, rate_burst=1)
+    endpoint = Endpoint("check", config, seed=1, clock=clock)
+    assert isinstance(endpoint.admit(1.0, 20, 20), EndpointConfig)  # 1 request, 40 tokens, the burst
+    assert endpoint.admit(1.0, 20, 20) == Refusal("rate_limited_tokens", 20.0)  # 40 needed, 20 there
+    endpoint.reset()  # nothing refilled on the clock: it is the reset that fills them
+    assert endpoint.budget_headers(1.0) == {"x-ratelimit-limit-requests": "2",
+                                            "x-ratelimit-remaining-requests": "2",
+                                            "x-ratelimit-reset-requests": "0s",
+                                            "x-ratelimit-limit-tokens": "60",
+                                            "x-ratelimit-remaining-tokens": "60",
+                                            "x-ratelimit-reset-tokens": "0s"}
+    assert isinstance(endpoint.admit(1.0, 20, 20), EndpointConfig)  # the rate limit's burst is back too
+    assert endpoint.snapshot(1.0)["rate_limited_tokens"] == 0
+
+
 def test_a_budget_refusal_carries_no_retry_after_when_configured_so() -> None:
     config = replace(CONFIGS["check"], requests_per_minute=1, retry_after_on_budget=False)
     endpoint = Endpoint("check", config, seed=1, clock=FakeClock())
