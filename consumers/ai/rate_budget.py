@@ -359,8 +359,8 @@ class RateBudget:
                 reset = duration_s(headers.get(f"x-ratelimit-reset-{kind}"))
                 if kind not in self._buckets:  # (a window seen now ends by a window from now)
                     out = self._out[kind]
-                    self._buckets[kind] = (
-                        Bucket(limit, self._minute_s, limit, now) if reset else
+                    self._buckets[kind] = (  # a full bucket announces a reset of "0s": still a bucket
+                        Bucket(limit, self._minute_s, limit, now) if reset is not None else
                         Window(limit, WINDOW_S, ends=now + WINDOW_S, level=limit - out, taken=out, out=out,
                                answered=limit - remaining))
                 bucket = self._buckets[kind]

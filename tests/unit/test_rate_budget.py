@@ -140,6 +140,13 @@ def test_a_budget_announced_with_a_reset_is_a_refilled_bucket_and_without_one_a_
     assert isinstance(budget._buckets[TOKENS], Bucket)
 
 
+def test_a_full_bucket_announcing_a_reset_of_nothing_is_still_a_refilled_bucket() -> None:
+    budget = RateBudget(clock=Clock())  # a first answer from an idle meter: full, so full again in 0 s
+    budget.observe({"x-ratelimit-limit-tokens": "16000", "x-ratelimit-remaining-tokens": "16000",
+                    "x-ratelimit-reset-tokens": "0s"}, budget.take(0))
+    assert isinstance(budget._buckets[TOKENS], Bucket)
+
+
 def test_a_fixed_window_is_spent_evenly_and_its_turn_learned_from_the_answers() -> None:
     clock = Clock()
     budget = RateBudget(clock=clock)
