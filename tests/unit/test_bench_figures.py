@@ -79,6 +79,15 @@ def test_a_tokens_budget_that_binds_is_named_and_held_to_with_its_allowance() ->
                                         "initial_allowance_calls": 150.0, "share_of_limit": 0.9524}
 
 
+def test_a_budgets_refusals_count_among_the_429s() -> None:
+    result = tokens_run(counted=True)
+    result["ai_service"]["summarize"].update(rejected_429=3, rate_limited_tokens=40, rate_limited_requests=2)
+    got = figures.limit_figures(result, TOKENS, [(0.0, 64)], applied_at=1000.0)
+    # 45 refused beside 1250 + 1000 + 1000 served: 45 of 3295 calls
+    assert (got["ai_calls"], got["ai_429"]) == (3295, 45)
+    assert got["overload_share"] == pytest.approx(45 / 3295, abs=1e-5)
+
+
 def test_a_tokens_budget_without_counted_tokens_is_left_out_not_named() -> None:
     result = tokens_run(counted=False)
     limits = figures.bench_limits(TOKENS, result["ai_service"])
