@@ -57,11 +57,8 @@ from consumers.config.kafka_connection import KafkaConnection
 from consumers.config.pipeline_spec import PipelineSpec
 from consumers.config.presets import PresetParams
 from consumers.runs.run_figures import cost_figures, limits_of, rows, standard_figures
+from consumers.stand_in.endpoint import REFUSALS
 from measure import capacity, figures
-
-# The stand-in's counters of calls it answered 429: too many at once, the request-rate limit, and
-# a minute's requests or tokens spent.
-REFUSALS = ("rejected_429", "rate_limited", "rate_limited_requests", "rate_limited_tokens")
 
 POLL_S = 0.2  # the longest one read of topic_bytes waits
 BUDGET_SETTINGS = ("requests_per_minute", "tokens_per_minute", "tokens")
@@ -240,7 +237,7 @@ def limit_figures(result: dict[str, Any], p: PresetParams, schedule: list[list[f
                                      p.bottleneck, concurrency) if calls else None
     minimum, minimum_limit = found if found else (None, None)
     service = result["ai_service"].values()
-    refused = gateway_refused + sum(e[kind] for e in service for kind in REFUSALS if kind in e)
+    refused = gateway_refused + sum(e[kind] for e in service for kind in REFUSALS)
     calls_made = refused + sum(e["served"] + e["errors_5xx"] + e["hangs"] for e in service)
     share = figures.overload_share(refused, calls_made)
     binding = capacity.capacity(limits, service_s, calls)

@@ -14,8 +14,9 @@ from typing import Any
 from consumers.stand_in.budgets import Budgets, metered
 from consumers.stand_in.config import EndpointConfig, matches
 
-COUNTERS = ("served", "rejected_429", "rate_limited", "rate_limited_requests", "rate_limited_tokens",
-            "errors_5xx", "hangs", "unauthorized", "bad_requests")  # request outcomes
+# The requests answered 429: too many at once, the request-rate limit, a minute's requests or tokens.
+REFUSALS = ("rejected_429", "rate_limited", "rate_limited_requests", "rate_limited_tokens")
+COUNTERS = ("served", *REFUSALS, "errors_5xx", "hangs", "unauthorized", "bad_requests")  # request outcomes
 TOKEN_COUNTERS = ("tokens_input", "tokens_output")  # actual tokens of served answers
 
 
@@ -60,10 +61,9 @@ class Endpoint:
         self._in_flight = 0
         self._max_in_flight = 0
         self._clock = clock
-        self._tokens = float(config.rate_burst)
-        self._refilled_at = clock()
         self._applied_at = clock()  # when the config in force was applied (its schedule's zero)
-        self._budgets = Budgets(config.requests_per_minute, config.tokens_per_minute, clock())
+        self._fill_rate_limit(config)
+        self._fill_budgets(config)
 
     @property
     def config(self) -> EndpointConfig:
@@ -75,12 +75,18 @@ class Endpoint:
         with self._lock:
             if (config.rate_limit_rps, config.rate_burst) != (self._config.rate_limit_rps,
                                                               self._config.rate_burst):
-                self._tokens, self._refilled_at = float(config.rate_burst), self._clock()
+                self._fill_rate_limit(config)
             if config.limit_schedule != self._config.limit_schedule:
                 self._applied_at = self._clock()
             if _budget_of(config) != _budget_of(self._config):
-                self._budgets = Budgets(config.requests_per_minute, config.tokens_per_minute, self._clock())
+                self._fill_budgets(config)
             self._config = config
+
+    def _fill_rate_limit(self, config: EndpointConfig) -> None:
+        self._tokens, self._refilled_at = float(config.rate_burst), self._clock()
+
+    def _fill_budgets(self, config: EndpointConfig) -> None:
+        self._budgets = Budgets(config.requests_per_minute, config.tokens_per_minute, self._clock())
 
     def count(self, counter: str) -> None:
         with self._lock:
@@ -171,9 +177,8 @@ class Endpoint:
             self._counts = dict.fromkeys(COUNTERS + TOKEN_COUNTERS, 0)
             self._served.clear()
             self._max_in_flight = self._in_flight
-            config, now = self._config, self._clock()
-            self._tokens, self._refilled_at = float(config.rate_burst), now
-            self._budgets = Budgets(config.requests_per_minute, config.tokens_per_minute, now)
+            self._fill_rate_limit(self._config)
+            self._fill_budgets(self._config)
 
     def snapshot(self, scale: float) -> dict[str, Any]:
         with self._lock:

@@ -12,7 +12,8 @@ from measure import capacity
 
 
 def counters(served: int) -> dict[str, int]:
-    return {"served": served, "rejected_429": 0, "rate_limited": 0, "errors_5xx": 0, "hangs": 0}
+    return {"served": served, "rejected_429": 0, "rate_limited": 0, "rate_limited_requests": 0,
+            "rate_limited_tokens": 0, "errors_5xx": 0, "hangs": 0}
 
 
 def test_the_physical_minimum_and_the_stand_ins_count_follow_the_binding_limit() -> None:
