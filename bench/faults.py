@@ -71,6 +71,7 @@ from bench import fault_pipeline, fault_report
 from bench.fault_figures import PhaseRun, collect, verdict
 from bench.fault_fleets import SupervisedFleets, remove_leftovers
 from bench.fault_injection import FAULTS, Fault, Target, Window, configure_ai
+from bench.interrupt import unwind_on_sigterm
 from bench.report import run_dir
 from consumers.config import events, pipeline_spec, presets
 from consumers.config.candidate import Endpoints, PipelineConfig
@@ -383,4 +384,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    unwind_on_sigterm()
     sys.exit(main())

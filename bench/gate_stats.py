@@ -34,6 +34,7 @@ import requests
 from rich.console import Console
 from rich.table import Table
 
+from bench.interrupt import unwind_on_sigterm
 from bench.report import run_dir
 from consumers.config import presets
 from consumers.config.candidate import Endpoints
@@ -153,4 +154,5 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    unwind_on_sigterm()
     main()

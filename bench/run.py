@@ -40,6 +40,7 @@ import requests
 from rich.console import Console
 
 from bench import figures, kafka_throughput, machine_noise, pause_benchmark, report, spark_partition_load
+from bench.interrupt import unwind_on_sigterm
 from bench.peer import PEER, run_router_peer
 from consumers.config import pipeline_spec, presets
 from consumers.config.candidate import Endpoints
@@ -375,4 +376,5 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
+    unwind_on_sigterm()
     main()
