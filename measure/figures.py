@@ -64,10 +64,9 @@ schedule: (from_s, capacity_rps) pieces, seconds since the first produce):
   for steady_throughput_rps): seconds of those calls inside it / the slot-seconds the
   concurrency in force gives it, calls beyond it at any instant not counted (the caller times
   a call with its way there and back, which the service does not hold). It counts calls, not
-  completions: with calls of
-  a fixed latency completions come in waves, and where the band's ends fell among the waves
-  moved a count of completions by up to a wave (0.925 and 0.989 for two runs whose calls kept
-  0.955 and 0.953 of the slots busy, bench-233daa3e14 and bench-ad86636781).
+  completions: with calls of a fixed latency completions come in waves, and where the band's
+  ends fall among the waves moves a count of completions by up to a wave, whatever the slots'
+  use (docs/benchmarks.md, Utilization).
 - recovery_s after a change of capacity: from the change until the completions of the last
   `window_s` (one call of the bottleneck: as many completions as calls fit in flight) first
   reach RECOVERED of what the new capacity serves in that window.

@@ -27,39 +27,20 @@ from pyspark.sql import SparkSession
 from host.processes import environment
 from spark.jars import JARS_DIR, connector_jars
 
-# The JIT's optimising tier (C2) costs a job of seconds more CPU than it saves it: a tuning
-# run's partition_load took 28.7 s instead of 40.8 s, and pipeline_analysis over three trials
-# 26.5 s instead of 36.7 s, with C1 only. The local stacks set QUICK_JIT for drivers and
-# executors (infra/spark_cluster.py); a scan of millions of records asks for LONG_SCAN_JVM.
+# Why each of these, with its measurements: docs/analysis.md, "How the scan is made fast".
+# A short job pays more for the JIT's optimising tier (C2) than it saves: C1 only.
 QUICK_JIT = "-XX:TieredStopAtLevel=1"
-# A scan of millions of records on two cores, measured here with partition_load over 10M
-# records (three runs in each of two JVMs per setting, the first one cold):
-# - the full JIT: with C1 only the bare scan's tasks spent 31 s of CPU instead of 7-8 s;
-# - C2 only for methods called 100,000 times, not 5,000: every task builds a Kafka consumer, and
-#   C2 otherwise compiles their set-up code (metrics, sensors), seconds of one core's time;
-# - the parallel collector instead of G1, and a 4 GiB heap instead of 1 GiB.
-# The job's warm runs took 15.3-19.9 s with the JVM's defaults (28-35 s of its CPU), 12.1-15.0 s
-# with the C2 threshold and the parallel collector, 10.8-12.3 s with the 4 GiB heap as well
-# (18-21 s of CPU); its cold runs 29.7-34.4 s against 22.8-24.4 s.
+# A scan of millions of records: the parallel collector, a 4 GiB heap, and C2 only for methods
+# called 100,000 times (every task builds a Kafka consumer, whose set-up code C2 would compile).
 LONG_SCAN_JVM = "-XX:+UseParallelGC -XX:Tier4InvocationThreshold=100000 -XX:Tier4CompileThreshold=150000"
 LONG_SCAN_MEMORY = "4g"
-# The Kafka connector pools each task's consumer and its last poll when the task ends, for a
-# later task of the same consumer group; a batch query has a group of its own, so nothing ever
-# takes them again, and by default they stay 5 minutes, looked at once a minute. In a session
-# that runs several scans (the benchmark, a test run, pipeline_analysis's trials) that is old
-# generation a full collection walks: after one 10M-record partition_load over 64 partitions
-# 257 MiB of byte arrays stayed live with the pooled consumers, 29 MiB without them, and the
-# last polls held another 490,000 records. Idle pooled consumers and last polls go after a
-# second, looked at every second: garbage collection took 0.3-0.5 s of a warm job instead of
-# 1.0-1.6 s (full collections 0.1-0.4 s instead of 0.4-1.1 s; three sessions of four runs
-# each), and the pool no longer outgrows its soft maximum of 64 consumers.
+# The connector pools each task's consumer and last poll for a later task of the same group, five
+# minutes by default; a batch query's group is its own, so they are never taken again and only
+# fill the old generation of a session that runs several scans. Let go after a second.
 KAFKA_POOL_IDLE = "1s"
 KAFKA_POOLS = ("spark.kafka.consumer.cache", "spark.kafka.consumer.fetchedData.cache")
-# Spark reads Kafka in batch through its V1 source unless told otherwise, and that source hands
-# every record over as an external Row that is converted back to an internal one (a profile of
-# a 10M-record partition_load: a fifth of its CPU in those two conversions). Leaving kafka out of
-# this list takes the connector's V2 source, which produces internal rows directly: the same job
-# 9.7 s warm instead of 12.8 s, its bare read 12.9 s instead of 20.8 s, measured here.
+# Kafka left out of the V1 sources: the V2 source produces internal rows directly, where V1 hands
+# every record over as an external row that is converted back.
 V1_SOURCES = "avro,csv,json,orc,parquet,text"  # Spark's default, kafka left out
 # PySpark's functions (F.col, F.length("key"), ...) build Connect columns only while this is set
 # (pyspark.sql.utils.is_remote); PySpark's own builder sets it for good once it makes a remote
