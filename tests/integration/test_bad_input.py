@@ -10,21 +10,11 @@ may fail; the groups' committed offsets must reach the end of every input partit
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    ConsumerGroupTopicPartitions,
-    KafkaError,
-    Message,
-    Producer,
-    TopicPartition,
-)
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from bench.figures import read_to_end
 from consumers.config import events
@@ -33,6 +23,7 @@ from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runtime import dead_letter
 from tests.bad_input import OVER_PRODUCER_LIMIT_BYTES, BadInput, corpus
+from tests.integration.kafka_helpers import records_of, wait_committed_to_end
 from tests.integration.pipeline_fixtures import REBALANCE_TIME_SCALE, AIService, ai_service, query
 from tests.stack import Stack
 
@@ -100,41 +91,6 @@ def produce_corpus(kafka: KafkaConnection, topics: events.Topics) -> list[Sent]:
             msg = send_one(producer, topic, i % PARTITIONS, case)
             sent.append(Sent(stage, topic, msg.partition(), msg.offset(), case))
     return sent
-
-
-def committed_offsets(admin: AdminClient, group: str, topic: str) -> dict[int, int]:
-    request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in range(PARTITIONS)])
-    result = admin.list_consumer_group_offsets([request])[group].result(10)
-    return {tp.partition: tp.offset for tp in result.topic_partitions}
-
-
-def records_of(kafka: KafkaConnection, topic: str, starts: dict[int, int] | None = None) -> int:
-    """The records a `read_committed` reader finds in `topic` (from `starts`, else from the
-    beginning) up to its end: a topic written in transactions has a marker per transaction and
-    partition, which takes an offset and is no record, so offsets do not count records."""
-    reader = Consumer(kafka.client(**{"group.id": f"count-{topic}", "enable.auto.commit": False,
-                                      "isolation.level": "read_committed"}))
-    try:
-        return len(read_to_end(reader, topic, starts))
-    finally:
-        reader.close()
-
-
-def wait_committed_to_end(kafka: KafkaConnection, groups: dict[str, str], timeout_s: float
-                          ) -> dict[str, tuple[dict[int, int], int]]:
-    """Per topic (committed offsets, records past them) once no group has a record left past its
-    committed offsets, or at the timeout."""
-    admin = kafka.admin()
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = {}
-        for topic, group in groups.items():
-            committed = committed_offsets(admin, group, topic)
-            starts = {p: o if o >= 0 else OFFSET_BEGINNING for p, o in committed.items()}
-            state[topic] = (committed, records_of(kafka, topic, starts))
-        if all(left == 0 for _, left in state.values()) or time.monotonic() > deadline:
-            return state
-        time.sleep(0.25)
 
 
 def read_topic(kafka: KafkaConnection, topic: str) -> list[DeadLetter]:

@@ -4,17 +4,16 @@ runs on and the group's committed offsets reach the end of the topic."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from consumers.config import pipeline_spec
 from consumers.config.candidate import Endpoints, PipelineConfig, StageConfig
 from consumers.runs.pipeline_run import running_pipeline
 from tests import custom_work
+from tests.integration.kafka_helpers import wait_committed_to_end
 from tests.integration.pipeline_fixtures import TIME_SCALE, query
 from tests.stack import Stack
 
@@ -33,18 +32,6 @@ def wordcount(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
     yield
 
 
-def committed_behind_end(stack: Stack, group: str, topic: str) -> dict[int, int]:
-    """Per partition, records between the group's committed offset and the end of the topic."""
-    consumer = Consumer(stack.kafka.default.client(**{"group.id": group, "enable.auto.commit": False}))
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
-        return {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] - tp.offset
-                for tp in committed}
-    finally:
-        consumer.close()
-
-
 def test_a_raising_work_dead_letters_its_records_and_the_stage_runs_on(stack: Stack, wordcount: None) -> None:
     config = PipelineConfig(pipeline="wordcount", partitions=4, time_scale=TIME_SCALE, replication_factor=1,
                             backoff_base_s=0.01,
@@ -54,13 +41,9 @@ def test_a_raising_work_dead_letters_its_records_and_the_stage_runs_on(stack: St
                           fleet_processes=True) as pipeline:
         pipeline.send(RECORDS)
         counts = pipeline.wait_terminal(RECORDS, timeout_s=120)
-        group, topic = pipeline.topics.group_of("count"), pipeline.topics.source_of("count")
-        deadline = time.monotonic() + 30  # commits follow completions by a commit interval
-        while True:
-            behind = committed_behind_end(stack, group, topic)
-            if not any(behind.values()) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        topic = pipeline.topics.source_of("count")
+        # commits follow completions by a commit interval
+        state = wait_committed_to_end(stack.connection, {topic: pipeline.topics.group_of("count")}, 30)
     assert counts == {"completed": RECORDS - RAISING, "dead_lettered": RAISING}
     letters = query(stack.database_url, "SELECT request_id, reason, "
                     "convert_from(payload, 'UTF8')::jsonb->>'text' FROM dead_letters WHERE run_id = %s",
@@ -69,4 +52,5 @@ def test_a_raising_work_dead_letters_its_records_and_the_stage_runs_on(stack: St
     for request, reason, text in letters:
         assert reason == f"work_failed: builtins.ValueError: cannot count the words of {request}"
         assert text == "boom"
-    assert behind == dict.fromkeys(range(4), 0)
+    committed, left = state[topic]
+    assert left == 0 and len(committed) == 4, state  # every record of every partition handled

@@ -18,6 +18,7 @@ from consumers.kafka_clients.producer import KeyedProducer
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runtime import metrics
 from infra import postgres_server
+from tests.integration.kafka_helpers import wait_committed_to_end
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.stack import Stack
 
@@ -60,11 +61,11 @@ def test_copies_of_a_request_sent_back_to_back_call_each_ai_once(stack: Stack, a
             for _ in range(2):  # the same event twice, on different partitions (fresh UUID keys)
                 producer.send(pipeline.topics.name("style"), event)
         producer.close()
-        deadline = time.monotonic() + 60
-        while scalar(stack.database_url, "SELECT count(*) FROM stage_results WHERE run_id = %s AND "
-                     "stage = 'generate'", pipeline.run_id) < requests and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)  # let the second copies of generate finish too
+        # every copy handled: its result stored, or skipped, and its offset committed
+        topics = pipeline.topics
+        handled = wait_committed_to_end(stack.connection, {topics.source_of(s): topics.group_of(s)
+                                                           for s in ("check", "generate")}, 60)
+    assert all(left == 0 for _, left in handled.values()), handled
     stats = ai.stats()
     assert stats["check"]["served"] == requests  # the service's own count: one call per request
     assert stats["generate"]["served"] == requests

@@ -10,7 +10,7 @@ import uuid
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 
 from consumers.config.candidate import PipelineConfig, StageConfig
 from consumers.config.kafka_connection import KafkaConnection
@@ -18,7 +18,7 @@ from consumers.runs.pipeline_run import running_pipeline
 from consumers.runtime.outbox import Outgoing, TransactionalOutbox, TransactionFenced
 from consumers.runtime.storage import Origin
 from infra.kafka_tools import topic_values
-from tests.integration.kafka_helpers import create_topic, produce
+from tests.integration.kafka_helpers import committed_offsets, create_topic, produce
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query
 from tests.stack import Stack
 
@@ -51,14 +51,6 @@ class Generation:
         return self.metadata
 
 
-def committed(kafka: KafkaConnection, group: str, topic: str) -> int:
-    consumer = Consumer(kafka.client(**{"group.id": group}))
-    try:
-        return consumer.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
-    finally:
-        consumer.close()
-
-
 def test_a_member_whose_group_moved_on_cannot_commit_its_outputs(stack: Stack) -> None:
     kafka, run = stack.connection, uuid.uuid4().hex[:8]
     source, out, group = f"eos-in-{run}", f"eos-out-{run}", f"eos-{run}"
@@ -80,7 +72,7 @@ def test_a_member_whose_group_moved_on_cannot_commit_its_outputs(stack: Stack) -
     assert current.commit({(source, 0): 1}, owner) is True
     owner.close()
     assert topic_values(kafka, [out])[out] == ["from the owner"]
-    assert committed(kafka, group, source) == 1
+    assert committed_offsets(kafka.admin(), group, source) == {0: 1}
 
 
 def test_a_restarted_member_fences_the_one_that_died(stack: Stack) -> None:
@@ -101,7 +93,7 @@ def test_a_restarted_member_fences_the_one_that_died(stack: Stack) -> None:
     assert restarted.commit({(source, 0): 2}, consumer) is True
     consumer.close()
     assert topic_values(kafka, [out])[out] == ["a answered", "b answered again"]
-    assert committed(kafka, group, source) == 2
+    assert committed_offsets(kafka.admin(), group, source) == {0: 2}
 
 
 @pytest.fixture(scope="module")

@@ -293,7 +293,7 @@ def test_graceful_shutdown_under_load_loses_and_duplicates_nothing(stack: Stack,
                                     "generate": StageConfig("flow", members=1, window=4)})
     with running_pipeline(config, stack.kafka, stack.database_url, ai.endpoints) as pipeline:
         pipeline.send(200)
-        time.sleep(1.0)
+        wait_until(lambda: pipeline.settled() >= 10, 60, "the first requests done")  # under load
         run_id = pipeline.run_id
     interrupted = sum(pipeline.status_counts().get(s, 0) for s in ("completed", "rejected"))
     assert interrupted < 200, "the load finished before the shutdown: the test proves nothing"

@@ -29,10 +29,9 @@ from consumers.runtime import dead_letter
 from consumers.runtime.storage import Origin, Storage
 from pipeline_ops.triage import Triage
 from tests.integration.conftest import TRIAGE_PREFIX
-from tests.integration.kafka_helpers import create_topic
+from tests.integration.kafka_helpers import create_topic, wait_committed_to_end
 from tests.integration.pipeline_fixtures import query
 from tests.integration.test_airflow_ui import Api, password  # noqa: F401 (password: a fixture)
-from tests.integration.test_bad_input import PARTITIONS, wait_committed_to_end
 from tests.stack import Stack, unique
 
 DAG_ID = "dead_letter_triage"
@@ -41,6 +40,7 @@ ASSET_URI = "kafka://pipeline/dead-letters"
 PREFIX = TRIAGE_PREFIX  # the runs the shared Airflow's watcher follows: <PREFIX>-<n>.dlq
 BURST = {("intake", "malformed_json"): 70, ("generate", "work_failed"): 50}  # 120 > the default 100
 RUN_TIMEOUT_S = 300
+PARTITIONS = 2  # of each dead-letter topic the watcher follows
 
 
 @pytest.fixture(scope="module")
