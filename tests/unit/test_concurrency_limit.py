@@ -31,6 +31,15 @@ def take(limit: AdaptiveLimit, n: int) -> list[Permit]:
     return [limit.sent(limit.acquire()) for _ in range(n)]
 
 
+def wait_parked(limit: AdaptiveLimit, callers: int) -> None:
+    """Until `callers` threads are inside `acquire`, every one of them parked on the limit's
+    condition: none is on its way through, so one that was let in has come out by then."""
+    deadline = time.monotonic() + 5
+    while not (limit._waiting == callers and len(limit._cond._waiters) == callers):  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"{callers} callers not all waiting in acquire"
+        time.sleep(0.001)
+
+
 def test_acquire_waits_while_the_limit_is_reached() -> None:
     limit = AdaptiveLimit(initial=2, clock=Clock())
     first, _ = take(limit, 2)
@@ -38,7 +47,8 @@ def test_acquire_waits_while_the_limit_is_reached() -> None:
     got = threading.Event()
     waiter = threading.Thread(target=lambda: (limit.acquire(), got.set()))
     waiter.start()
-    assert not got.wait(0.2)
+    wait_parked(limit, 1)
+    assert not got.is_set()
     limit.release(first, "http_5xx")  # an outcome that teaches nothing still frees the permit
     assert got.wait(2)
     waiter.join()
@@ -64,7 +74,7 @@ def test_each_freed_permit_goes_to_a_waiter_and_none_is_left_waiting() -> None:
         deadline = time.monotonic() + 2
         while len(acquired) < freed and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.05)  # time for a second waiter to slip through, were one let in
+        wait_parked(limit, 6 - freed)  # a second waiter let in would be through by now
         with lock:
             assert len(acquired) == freed
             held.append(acquired[-1])
@@ -446,11 +456,6 @@ def test_a_permit_taken_before_a_cut_is_given_back_unsent_and_waits_for_the_new_
     renewed: list[Permit] = []
     waiter = threading.Thread(target=lambda: renewed.append(limit.renew(late)))
     waiter.start()
-    deadline = time.monotonic() + 2
-    while limit.in_flight != 14 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.05)
-    assert renewed == [] or renewed[0].generation != late.generation
     waiter.join(2)
     assert not waiter.is_alive()
     assert renewed[0].generation != late.generation  # given back unsent, a new permit taken

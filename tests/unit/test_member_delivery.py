@@ -84,6 +84,7 @@ class FakeConsumer:
         self.refuse_next_commits = 0  # asynchronous commits the coordinator answers with an error
         self.generation_gone = False  # synchronous commits refused until the member polls again
         self.polls = 0
+        self.consumes = 0  # the member's loop fetches once a round
         FakeConsumer.instance = self
 
     def subscribe(self, topics: list[str], on_assign: Callable, on_revoke: Callable,
@@ -101,6 +102,7 @@ class FakeConsumer:
         self.callbacks[event](self, [TopicPartition(TOPIC, 0)])
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[FakeMessage]:
+        self.consumes += 1
         while self.answers:  # commit callbacks are served inside consume, as librdkafka does
             self.on_commit(*self.answers.popleft())
         self._serve_group_event()
@@ -267,6 +269,13 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def wait_rounds(consumer: FakeConsumer, rounds: int = 10) -> None:
+    """Until the member's loop has gone round `rounds` more times, each round at least a commit
+    interval here: what it would have done by then (commit, start a record), it has done."""
+    start = consumer.consumes
+    wait_for(lambda: consumer.consumes >= start + rounds)
+
+
 def highest_commit(consumer: FakeConsumer) -> int:
     return max(consumer.commits, default=0)
 
@@ -306,7 +315,7 @@ def test_a_late_completion_from_a_lost_assignment_does_not_complete_the_new_copy
         wait_for(lambda: script.calls.count(1) == 2)  # offset 1 consumed again: second copy runs
         first_copy.set()  # the first copy finishes late
         wait_for(lambda: script.finished.count(1) == 1)
-        time.sleep(0.2)  # several commit intervals
+        wait_rounds(run.consumer)
         assert highest_commit(run.consumer) == 1, "committed past a record still being processed"
         second_copy.set()
         wait_for(lambda: highest_commit(run.consumer) == 3)
@@ -322,7 +331,7 @@ def test_revoking_a_waiting_record_commits_below_it_and_the_next_owner_completes
         wait_for(lambda: not run.consumer.assigned and not run.member.assignment)
         assert highest_commit(run.consumer) == 1  # 0 and 2 done, 1 still waits: commit 1
         tries_at_revoke = script.calls.count(1)
-        time.sleep(0.3)
+        wait_rounds(run.consumer, 30)
         assert script.calls.count(1) <= tries_at_revoke + 1, "kept retrying a partition it gave back"
         script.plan(1)  # the dependency is back
         run.consumer.queue("assign")
@@ -334,7 +343,7 @@ def test_a_refused_asynchronous_commit_is_sent_again(script: Script, sink: Sink)
     with running(make_member("flow", sink), records=3) as run:
         run.consumer.refuse_next_commits = 1_000_000
         wait_for(lambda: script.finished.count(2) == 1)
-        time.sleep(0.1)  # several commit intervals, every commit refused
+        wait_for(lambda: run.consumer.refuse_next_commits <= 1_000_000 - 5)  # five commits refused
         assert highest_commit(run.consumer) == 0
         run.consumer.refuse_next_commits = 0  # the coordinator takes commits again
         wait_for(lambda: highest_commit(run.consumer) == 3)  # the same position, sent again
@@ -362,11 +371,11 @@ def test_a_flow_member_uses_the_window_its_fleet_mates_leave(script: Script, sin
     pool.hold("check-1", 2)
     with running(make_member("flow", sink, windows=pool), records=10) as run:
         wait_for(lambda: len(script.calls) == 6)  # 8 - 2: more than its own window of 4
-        time.sleep(0.1)
+        wait_rounds(run.consumer)
         assert len(script.calls) == 6, "started more records than the pool had free"
         pool.hold("check-1", 0)  # the other member finished its records
         wait_for(lambda: len(script.calls) == 8)
-        time.sleep(0.1)
+        wait_rounds(run.consumer)
         assert len(script.calls) == 8
         release.set()
         wait_for(lambda: highest_commit(run.consumer) == 10)
