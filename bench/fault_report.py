@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
@@ -87,6 +88,12 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
 
 
 def plot(phases: list[dict[str, Any]], load_rps: float, path: Path) -> None:
+    fig = figure(phases, load_rps)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(phases: list[dict[str, Any]], load_rps: float) -> Figure:
     """Completions per second over each phase against the offered load, the fault's window
     shaded, the pre-fault rate and the recovery threshold drawn, the recovery marked."""
     columns = 2
@@ -121,5 +128,4 @@ def plot(phases: list[dict[str, Any]], load_rps: float, path: Path) -> None:
     fig.legend(labelled.values(), labelled.keys(), loc="lower center", ncol=len(labelled), fontsize=8)
     fig.suptitle("Completions per second under each fault")
     fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 from rich.console import Console
 from rich.table import Table
 
@@ -55,14 +56,14 @@ def write(summary: dict[str, Any], series: dict[str, list[float]], starts: dict[
         writer.writerow(["second", *rows])
         for second in range(max((len(r) for r in rows.values()), default=0)):
             writer.writerow([second, *(r[second] if second < len(r) else 0 for r in rows.values())])
-    _plot_completions(rows, summary.get("ai_capacity_rps"), out / "completions.png")
+    _save(completions_figure(rows, summary.get("ai_capacity_rps")), out / "completions.png")
     partitions = {n: s["requests_per_partition"] for n, s in summary["scenarios"].items()
                   if "requests_per_partition" in s}  # the Router peer has none
     if partitions:
-        _plot_partitions(partitions, out / "requests_per_partition.png")
+        _save(partitions_figure(partitions), out / "requests_per_partition.png")
     for name, scenario in summary["scenarios"].items():
         if "adaptive" in scenario:
-            _plot_adaptive(name, scenario, series[name], out / "adaptive.png")
+            _save(adaptive_figure(name, scenario, series[name]), out / "adaptive.png")
     latest = RESULTS / "latest"
     if latest.is_symlink() or latest.exists():
         latest.unlink()
@@ -70,7 +71,12 @@ def write(summary: dict[str, Any], series: dict[str, list[float]], starts: dict[
     return out
 
 
-def _plot_completions(rows: dict[str, list[int]], capacity: float | None, path: Path) -> None:
+def _save(fig: Figure, path: Path) -> None:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def completions_figure(rows: dict[str, list[int]], capacity: float | None) -> Figure:
     """Cumulative completions: the slope is the throughput, and the 3 s waves of per-second
     counts do not hide it."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -85,11 +91,10 @@ def _plot_completions(rows: dict[str, list[int]], capacity: float | None, path: 
            title="Completions over time")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
-def _plot_adaptive(name: str, scenario: dict[str, Any], times: list[float], path: Path) -> None:
+def adaptive_figure(name: str, scenario: dict[str, Any], times: list[float]) -> Figure:
     """The limit the fleet discovered beside the one in force; with budgets learned from the
     answers (a gateway's), the requests budget learned beside the gateway's and the calls served
     on the bottleneck; and throughput (completions over the last mean call, per second) beside the
@@ -124,8 +129,7 @@ def _plot_adaptive(name: str, scenario: dict[str, Any], times: list[float], path
     rates.set(xlabel="seconds since the first request was produced", ylabel="requests/s")
     rates.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 BUDGET_WINDOW_S = 10.0  # the calls served per second are counted over this much
@@ -164,7 +168,8 @@ def _rate(ordered: list[float], grid: list[float], window_s: float) -> list[floa
             for t in grid]
 
 
-def _plot_partitions(per_partition: dict[str, list[int]], path: Path) -> None:
+def partitions_figure(per_partition: dict[str, list[int]]) -> Figure:
+    """Each scenario's requests per partition of the measured topic."""
     fig, axes = plt.subplots(len(per_partition), 1, figsize=(9, 1.8 * len(per_partition) + 0.6),
                              sharex=True, squeeze=False)
     for ax, (name, counts) in zip(axes[:, 0], per_partition.items(), strict=True):
@@ -174,8 +179,7 @@ def _plot_partitions(per_partition: dict[str, list[int]], path: Path) -> None:
     axes[-1, 0].set_xlabel("partition")
     fig.suptitle("Requests per partition")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def _busiest(scenario: dict[str, Any], stage: str) -> str:

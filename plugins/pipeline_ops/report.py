@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 
@@ -22,6 +22,9 @@ from consumers.config.events import Topics
 from consumers.config.pipeline_spec import PipelineSpec
 from measure import cost
 from pipeline_ops.gate import COST_DIGITS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 RESULTS = Path(os.environ.get("PIPELINE_RESULTS_DIR",
                               Path(__file__).resolve().parents[2] / "results"))
@@ -120,12 +123,18 @@ def write(hook: PostgresHook, candidate: dict[str, Any], decision: dict[str, Any
                                               default=str))
     (out / "gate.txt").write_text(text(candidate, decision) + "\n")
     spec = pipeline_spec.load(candidate["pipeline"])
-    _plot_completions(decision["figures"], spec, hook, out / "completions.png")
-    _plot_partitions(decision["figures"], spec, hook, out / "requests_per_partition.png")
+    _save(completions_figure(decision["figures"], spec, hook), out / "completions.png")
+    _save(partitions_figure(decision["figures"], spec, hook), out / "requests_per_partition.png")
     return out
 
 
-def _plot_completions(figures: dict[str, Any], spec: PipelineSpec, hook: PostgresHook, path: Path) -> None:
+def _save(fig: Figure, path: Path) -> None:
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+
+
+def completions_figure(figures: dict[str, Any], spec: PipelineSpec, hook: PostgresHook) -> Figure:
+    """Each trial's completions of the completing stage, cumulative, against the AI capacity."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     longest = 0.0
@@ -150,11 +159,11 @@ def _plot_completions(figures: dict[str, Any], spec: PipelineSpec, hook: Postgre
            title=f"utilization {interval(utilization)} over {figures['summary']['trials']} trials")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
-def _plot_partitions(figures: dict[str, Any], spec: PipelineSpec, hook: PostgresHook, path: Path) -> None:
+def partitions_figure(figures: dict[str, Any], spec: PipelineSpec, hook: PostgresHook) -> Figure:
+    """Each trial's records per partition of the measured topic, as Spark counted them."""
     trials = figures["trials"]
     plt = _pyplot()
     fig, axes = plt.subplots(len(trials), 1, figsize=(8, 1.6 * len(trials) + 0.8), sharex=True,
@@ -170,8 +179,7 @@ def _plot_partitions(figures: dict[str, Any], spec: PipelineSpec, hook: Postgres
     axes[-1, 0].set_xlabel("partition")
     fig.suptitle(f"requests per partition ({spec.load.measure} topic)")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def capacity_text(result: dict[str, Any]) -> str:
@@ -200,6 +208,12 @@ def write_capacity(result: dict[str, Any], steps: list[Any]) -> Path:
     (out / "capacity.json").write_text(json.dumps(
         {**result, "lag": {str(s.rate): s.lag for s in steps}}, indent=2, default=str))
     (out / "capacity.txt").write_text(capacity_text(result) + "\n")
+    _save(capacity_figure(result, steps), out / "capacity.png")
+    return out
+
+
+def capacity_figure(result: dict[str, Any], steps: list[Any]) -> Figure:
+    """Lag over each step (dotted: not sustained), and the end-to-end p99 per step rate."""
     plt = _pyplot()
     fig, (lag_ax, p99_ax) = plt.subplots(1, 2, figsize=(11, 4))
     for n, step in enumerate(steps, start=1):
@@ -217,6 +231,4 @@ def write_capacity(result: dict[str, Any], steps: list[Any]) -> Path:
                title=f"max sustainable {result['max_sustainable_rps'] or 0:.1f} rps")
     p99_ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "capacity.png", dpi=100)
-    plt.close(fig)
-    return out
+    return fig

@@ -14,6 +14,7 @@ import pytest
 from bench import run as bench_run
 from infra import spark_connect
 from tests.integration.pipeline_fixtures import ai_service, query, scalar
+from tests.png import drawn
 from tests.stack import Stack
 
 # The benchmark reconfigures and resets a stand-in of its own, and checks the stack's Spark
@@ -127,8 +128,10 @@ def test_csv_and_plots_match_the_summary(smoke: tuple[Path, dict]) -> None:
         rows = list(csv.DictReader(handle))
     for name, s in summary["scenarios"].items():
         assert sum(int(r[name]) for r in rows) == s["completed"], name
+    # 9 inches at 110 dpi, each scenario's line or bars drawn (a line is hundreds of pixels)
     for plot in ("completions.png", "requests_per_partition.png"):
-        assert (out / plot).stat().st_size > 10_000
+        width, _, series = drawn(out / plot)
+        assert width == 990 and series > 200, (plot, width, series)
     assert (out.parent / "latest").resolve() == out.resolve()
 
 

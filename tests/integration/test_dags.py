@@ -20,6 +20,7 @@ import pytest
 from consumers.config import pipeline_spec
 from tests.integration.conftest import stand_in_lock
 from tests.integration.pipeline_fixtures import query
+from tests.png import drawn
 from tests.stack import REPO, DagTestRun, Stack
 
 DAG_FILES = sorted(p for p in (REPO / "dags").glob("*.py") if not p.name.startswith("_"))
@@ -200,6 +201,9 @@ class TestMeasuringRuns:
         run_dir = REPO / "results" / figures["trials"][0]["run_id"].rsplit("-", 1)[0]
         report = (run_dir / "gate.txt").read_text()
         assert "capacity" in report and "utilization" in report and "[" in report
+        for plot in ("completions.png", "requests_per_partition.png"):  # 8 inches at 100 dpi
+            width, _, series = drawn(run_dir / plot)  # the first trial's line, the partitions' bars
+            assert width == 800 and series > 50, (plot, width, series)
 
     def test_tuning_rejects_a_poor_candidate_against_the_good_one(self, stack: Stack, good_version: int,
                                                                   poor: Tuning) -> None:
@@ -247,4 +251,5 @@ class TestMeasuringRuns:
         assert second["rate"] == pytest.approx(first["rate"] * (1.25 if first["sustained"] else 0.8))
         held = [s["rate"] for s in steps if s["sustained"]]
         assert best == (max(held) if held else None)
-        assert (REPO / "results" / run_id / "capacity.png").stat().st_size > 10_000
+        width, height, series = drawn(REPO / "results" / run_id / "capacity.png")
+        assert (width, height) == (1100, 400) and series > 50  # 11 x 4 inches at 100 dpi, a step's lag drawn
