@@ -78,8 +78,9 @@ def gateway_model(name: str) -> ai_gateway.Model:
 
 
 def send(chat: list[dict[str, Any]], model: ai_gateway.Model, ai_url: str, workers: int,
-         retries: int = RETRIES) -> dict[str, Any]:
-    """bench/router_peer.py over `chat` in the gateway's environment, its progress shown; its result."""
+         retries: int = RETRIES, at_minute: bool = False) -> dict[str, Any]:
+    """bench/router_peer.py over `chat` in the gateway's environment, its progress shown; its result.
+    `at_minute`: the requests start when a clock minute turns, once LiteLLM is loaded."""
     python = ai_gateway.VENV / "bin" / "python"
     if not python.exists():
         raise RuntimeError(f"LiteLLM is not installed at {ai_gateway.VENV}: run `make gateway-venv`")
@@ -90,7 +91,8 @@ def send(chat: list[dict[str, Any]], model: ai_gateway.Model, ai_url: str, worke
         files["requests"].write_text(json.dumps(chat))
         files["models"].write_text(json.dumps(ai_gateway.config(ai_url, [model])["model_list"]))
         command = [str(python), "-m", "bench.router_peer", f"--workers={workers}", f"--retries={retries}",
-                   *(f"--{name}={path}" for name, path in files.items())]
+                   *(f"--{name}={path}" for name, path in files.items()),
+                   *(["--at-minute"] if at_minute else [])]
         with (subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True) as process,
               Progress(transient=True, console=Console(stderr=True)) as bar):
             task = bar.add_task(f"{PEER}: requests through LiteLLM's Router", total=len(chat))

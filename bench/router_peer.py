@@ -11,7 +11,8 @@ messages, max_tokens, temperature, user}); `--models`: the Router's model list, 
 per model with its `rpm` and `tpm` (the gateway's, `infra.ai_gateway.config`). It writes per
 request when a worker took it and when it ended, its outcome (ok, rate_limited, error), its tries
 and refusals, its last call's seconds and tokens, and the totals; stdout gets one progress line
-a second. The figures are bench/peer.py's, from measure/.
+a second. The figures are bench/peer.py's, from measure/. `--at-minute` holds the requests until
+a clock minute turns, so that the first minute's limit is met whole (the tests' runs).
 
 How Router holds the limits (litellm 1.108). `routing_strategy="usage-based-routing-v2"` picks
 among deployments by their usage: it passes over a deployment once rpm - 1 calls of the minute
@@ -47,6 +48,7 @@ import litellm
 from litellm.types.router import RetryPolicy
 
 OUTCOMES = ("ok", "rate_limited", "error")
+MINUTE_TURNED_S = 0.5  # past a minute's turn, so that a clock a little behind is in the new one too
 
 
 def router(model_list: list[dict[str, Any]], retries: int) -> litellm.Router:
@@ -120,8 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="where the result goes (JSON)")
     p.add_argument("--workers", type=int, default=64, help="requests in flight at once")
     p.add_argument("--retries", type=int, default=3, help="tries again after a rate-limit refusal")
+    p.add_argument("--at-minute", action="store_true",
+                   help="start sending when the next UTC clock minute turns (Router counts per minute)")
     args = p.parse_args(argv)
     peer = router(json.loads(args.models.read_text()), args.retries)
+    if args.at_minute:  # once LiteLLM is imported and Router built, which take seconds
+        time.sleep(60 - time.time() % 60 + MINUTE_TURNED_S)
     result = asyncio.run(run(peer, json.loads(args.requests.read_text()), args.workers))
     args.out.write_text(json.dumps({**result, "retries": args.retries}))
     print(json.dumps(result["totals"]), file=sys.stderr)

@@ -6,15 +6,14 @@ it served.
 
 The stand-in is this module's own (a model held to 40 calls a minute would refuse the other
 tests' calls), at a fixed 20 ms, so the first minute's tries take a few seconds. LiteLLM counts
-per clock minute: the peer is started while at least 30 s of one are left, as its process
-imports LiteLLM before it sends (10 s and more on a loaded machine: a first minute that turned
-under the requests served all 60 without a refusal). The retries wait the 60 s Router's refusal
-asks for, so the test takes a little over a minute.
+per clock minute: the peer starts sending when one turns (`at_minute`), once its process has
+imported LiteLLM (10 s and more on a loaded machine). Started before, a first minute that turned
+under the requests served all 60 without a refusal. The wait for the minute and the retries'
+60 s (what Router's refusal asks for) make the test take one to two minutes.
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -45,10 +44,7 @@ def stand_in() -> Iterator[str]:
 
 
 def test_routers_outcomes_agree_with_what_the_stand_in_served(stand_in: str) -> None:
-    second = time.time() % 60
-    if second > 30:
-        time.sleep(60.5 - second)
-    result = peer.send(REQUESTS, MODEL, stand_in, WORKERS)
+    result = peer.send(REQUESTS, MODEL, stand_in, WORKERS, at_minute=True)
     served = requests.get(f"{stand_in}/v1/stats", timeout=5).json()["chat"]
     totals, records = result["totals"], result["requests"]
     # 40 served in the first minute; then each of the 16 workers is refused once and waits; in

@@ -125,3 +125,21 @@ def test_a_fault_s_panel_shades_its_window_and_marks_the_recovery() -> None:
     assert list(pre_fault.get_ydata()) == [18.0, 18.0]
     assert list(threshold.get_ydata()) == pytest.approx([18.0 * fault_report.RECOVERY_SHARE] * 2)
     assert fig.get_suptitle() == "Completions per second under each fault"
+
+
+def test_the_adaptive_run_s_limits_and_rate_against_the_capacity_in_force() -> None:
+    # calls of 1 s; the service's limit 4, cut to 2 at 1 s; the fleet found 3 at 0.2 s;
+    # four completions at 0.5, 1.0, 1.5 and 2.0 s after the first produce
+    scenario = {"first_produced_s": 100.0,
+                "adaptive": {"service_s": 1.0, "stage": "generate", "service_limits": [(-1.0, 4), (1.0, 2)],
+                             "discovered_limits": [(0.2, 3)]}}
+    limits, rates = bench_report.adaptive_figure("flow-adaptive", scenario, [101.5, 100.5, 102.0, 101.0]).axes
+    service, discovered = limits.get_lines()
+    assert (list(service.get_xdata()), list(service.get_ydata())) == ([0.0, 1.0, 2.0], [4, 2, 2])
+    assert (list(discovered.get_xdata()), list(discovered.get_ydata())) == ([0.2, 2.0], [3, 3])
+    assert limits.get_title() == "flow-adaptive: generate concurrency limit"
+    rate, capacity = rates.get_lines()
+    # completions in the second before each quarter second
+    assert list(rate.get_xdata()) == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+    assert list(rate.get_ydata()) == [0, 1, 1, 2, 2, 2, 2, 2]
+    assert list(capacity.get_ydata()) == [4, 2, 2]  # the limit over 1 s calls, per second
