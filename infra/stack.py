@@ -35,6 +35,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -357,16 +358,31 @@ def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) ->
     postgres_server.start(layout)
     postgres_server.require_password(layout, credentials.postgres)
     migrate(layout.database_url())
+    # Airflow's metadata database needs PostgreSQL only: prepared while the rest starts (each of
+    # the two, the brokers' storage formats too, mostly waits on a JVM or a process starting).
+    with ThreadPoolExecutor() as pool:
+        print("preparing the Airflow metadata database")
+        airflow_ready = pool.submit(airflow_db_prepare, layout, env)
+        start_rest(layout, brokers, security, credentials, spark, gateway, state, pool)
+        airflow_ready.result()
+    print(f"stack {layout.name} up; addresses and credentials in {layout.env_file}")
 
+
+def start_rest(layout: Layout, brokers: int, security: str, credentials: Credentials, spark: str,
+               gateway: str, state: dict, pool: ThreadPoolExecutor) -> None:
+    """The brokers (their storage formatted on `pool`), the stand-in, the gateway if asked,
+    supervisord and Spark, in that order."""
     print(f"starting {brokers} Kafka broker(s) on {layout.bootstrap_servers(brokers)} ({security})")
     secured = (kafka_cluster.Secured(credentials.kafka, tls.ensure(layout.tls_dir))
                if security == SASL_SSL else None)
     cluster_id = state.get("cluster_id") or kafka_cluster.new_cluster_id()
-    pids = {}
-    for node in range(1, brokers + 1):
-        kafka_cluster.format_storage(layout, node, brokers, cluster_id, secured)
-        pids[node] = kafka_cluster.start_node(layout, node)
-    state = {"brokers": brokers, "security": security, "cluster_id": cluster_id, "kafka": pids}
+    nodes = range(1, brokers + 1)
+    for formatted in [pool.submit(kafka_cluster.format_storage, layout, node, brokers, cluster_id, secured)
+                      for node in nodes]:
+        formatted.result()
+    pids = {node: kafka_cluster.start_node(layout, node) for node in nodes}
+    state.clear()
+    state.update({"brokers": brokers, "security": security, "cluster_id": cluster_id, "kafka": pids})
     save_state(layout, state)
     kafka_cluster.wait_registered(layout, pids, brokers)
 
@@ -380,10 +396,6 @@ def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) ->
     supervisor.start(paths)
 
     ensure_spark(layout, state, spark, credentials.spark_connect)
-
-    print("preparing the Airflow metadata database")
-    airflow_db_prepare(layout, env)
-    print(f"stack {layout.name} up; addresses and credentials in {layout.env_file}")
 
 
 def down(layout: Layout) -> None:
