@@ -358,17 +358,17 @@ def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) ->
     postgres_server.start(layout)
     postgres_server.require_password(layout, credentials.postgres)
     migrate(layout.database_url())
-    # Airflow's metadata database needs PostgreSQL only: prepared while the rest starts (each of
-    # the two, the brokers' storage formats too, mostly waits on a JVM or a process starting).
+    # Airflow's metadata database needs PostgreSQL only, so it is prepared while the rest starts,
+    # and the brokers' storage is formatted side by side: each mostly waits on a process starting.
     with ThreadPoolExecutor() as pool:
         print("preparing the Airflow metadata database")
         airflow_ready = pool.submit(airflow_db_prepare, layout, env)
-        start_rest(layout, brokers, security, credentials, spark, gateway, state, pool)
+        start_services(layout, brokers, security, credentials, spark, gateway, state, pool)
         airflow_ready.result()
     print(f"stack {layout.name} up; addresses and credentials in {layout.env_file}")
 
 
-def start_rest(layout: Layout, brokers: int, security: str, credentials: Credentials, spark: str,
+def start_services(layout: Layout, brokers: int, security: str, credentials: Credentials, spark: str,
                gateway: str, state: dict, pool: ThreadPoolExecutor) -> None:
     """The brokers (their storage formatted on `pool`), the stand-in, the gateway if asked,
     supervisord and Spark, in that order."""
