@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.fault_figures import RECOVERY_SHARE, exited_fleets
-from bench.report import run_dir
+from bench.report import run_dir, save
 
 
 def write(summary: dict[str, Any]) -> Path:
@@ -88,9 +88,7 @@ def print_table(summary: dict[str, Any], console: Console) -> None:
 
 
 def plot(phases: list[dict[str, Any]], load_rps: float, path: Path) -> None:
-    fig = figure(phases, load_rps)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(figure(phases, load_rps), path)
 
 
 def figure(phases: list[dict[str, Any]], load_rps: float) -> Figure:

@@ -56,14 +56,14 @@ def write(summary: dict[str, Any], series: dict[str, list[float]], starts: dict[
         writer.writerow(["second", *rows])
         for second in range(max((len(r) for r in rows.values()), default=0)):
             writer.writerow([second, *(r[second] if second < len(r) else 0 for r in rows.values())])
-    _save(completions_figure(rows, summary.get("ai_capacity_rps")), out / "completions.png")
+    save(completions_figure(rows, summary.get("ai_capacity_rps")), out / "completions.png")
     partitions = {n: s["requests_per_partition"] for n, s in summary["scenarios"].items()
                   if "requests_per_partition" in s}  # the Router peer has none
     if partitions:
-        _save(partitions_figure(partitions), out / "requests_per_partition.png")
+        save(partitions_figure(partitions), out / "requests_per_partition.png")
     for name, scenario in summary["scenarios"].items():
         if "adaptive" in scenario:
-            _save(adaptive_figure(name, scenario, series[name]), out / "adaptive.png")
+            save(adaptive_figure(name, scenario, series[name]), out / "adaptive.png")
     latest = RESULTS / "latest"
     if latest.is_symlink() or latest.exists():
         latest.unlink()
@@ -71,7 +71,8 @@ def write(summary: dict[str, Any], series: dict[str, list[float]], starts: dict[
     return out
 
 
-def _save(fig: Figure, path: Path) -> None:
+def save(fig: Figure, path: Path) -> None:
+    """Write a figure as a PNG and let it go (pyplot keeps every open figure)."""
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
