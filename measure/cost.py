@@ -3,13 +3,16 @@
 Computed from the attempt rows (`ai_attempts`: one per try, with the tokens and the cost its
 answer reported) and the prices the endpoints declare:
 
-- billed: the tries a provider charges for. A provider bills an answer it produced, usable or
-  not: a try is billed when a 2xx answer came (`ok`; `bad_answer`, a 2xx the stage could not
-  read) or had begun when the try was cut off (a `timeout` or `connection_error` with a 2xx
-  `http_status`: its status line was in), and when a crash cut it short (`started`, never
-  ended: the record cannot say whether it was answered, so it counts, erring on the bill's
-  side). Not billed: a 429, 4xx or 5xx (refused or failed: no answer was produced), a refused
-  connection or a timeout before any answer began, a try not sent, a skip of a recorded result.
+- billed: the tries a provider charges for (`billed`; `BILLED_SQL` says the same for the
+  queries). A provider bills an answer it produced, usable or not, and one it went on producing
+  after the client stopped waiting: a try is billed when a 2xx answer came (`ok`; `bad_answer`,
+  a 2xx the stage could not read), when the client gave up on it (`timeout`, unless a non-2xx
+  status line was in: the provider had refused it), when a connection broke after a 2xx answer
+  began (`connection_error` with a 2xx `http_status`), and when a crash cut it short (`started`,
+  never ended). The client cannot say whether an abandoned or crashed try was answered, so it
+  counts, erring on the bill's side. Not billed: a 429, 4xx or 5xx (refused or failed: no answer
+  was produced), a refused or timed-out connection (nothing was sent), a try not sent, a skip of
+  a recorded result.
 - a call's cost: what the gateway reported for it; else its tokens x the endpoint's declared
   prices per 1,000 input and output tokens; else unknown. A reported 0 gives way to declared
   prices: LiteLLM's proxy reports 0 for a model missing from its price map.
@@ -18,9 +21,12 @@ answer reported) and the prices the endpoints declare:
   likewise; with none known at its stage it stays unknown. The provider billed its prompt and
   what it generated, which the client never saw.
 - each billed try is one of: used (the first `ok` try of a (request, stage) whose result was
-  recorded), paid twice (each further `ok` try of such a pair: the stage was served again) and
-  failed (paid but gave no result: a billed try that was not `ok`, or an `ok` try of a pair
-  with no recorded result, an answer the stage refused).
+  recorded), failed (the first billed try of a pair without such a try: paid, no result) and
+  paid twice (every other billed try of the pair: the provider served the request again, as its
+  own count of requests served more than once says). The paid-twice tries are the run's
+  duplicate AI calls (measure.figures).
+- abandoned: the billed tries the client stopped waiting for (`timeout`) or lost to a crash
+  (`started`): each used a slot of the provider's and its bill without bringing an answer.
 - tokens_input_per_request, tokens_output_per_request: the tokens of every billed try /
   completed requests.
 - cost_per_request, cost_per_1k_requests: the cost of every billed try / completed requests
@@ -46,12 +52,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-BILLED_OUTCOMES = ("ok", "bad_answer", "started")
-CUT_OFF = ("timeout", "connection_error")  # billed when a 2xx answer had begun
+ANSWERED = ("ok", "bad_answer")  # a whole 2xx answer came
+ABANDONED = ("timeout", "started")  # given up on, or cut short by a crash: billed unless refused
+BROKEN = "connection_error"  # billed when a 2xx answer had begun
+# `billed` as a predicate over an attempt row's `outcome` and `http_status` (PostgreSQL and Spark SQL).
+BILLED_SQL = (f"(outcome IN {ANSWERED + ABANDONED!r} AND (http_status IS NULL OR http_status BETWEEN 200 "
+              f"AND 299) OR outcome = '{BROKEN}' AND http_status BETWEEN 200 AND 299)")
 USED, PAID_TWICE, FAILED = "used", "paid_twice", "failed"
 REPORTED, DECLARED, ESTIMATED, UNKNOWN = "reported", "declared", "estimated", "unknown"
 # A run's totals: summed over runs to combine them (None: unknown, and so is any sum with it).
-TOTALS = ("completed", "billed_calls", USED, PAID_TWICE, FAILED, REPORTED, DECLARED, ESTIMATED, UNKNOWN,
+TOTALS = ("completed", "billed_calls", USED, PAID_TWICE, FAILED, "abandoned",
+          REPORTED, DECLARED, ESTIMATED, UNKNOWN,
           "tokens_input", "tokens_output", "cost", "failed_cost", "paid_twice_cost",
           "reported_checked", "declared_checked")
 
@@ -89,8 +100,10 @@ class Attempt:
 
 def billed(attempt: Attempt) -> bool:
     """Whether a provider charges for the try (see the module docstring)."""
-    began = attempt.http_status is not None and 200 <= attempt.http_status < 300
-    return attempt.outcome in BILLED_OUTCOMES or (attempt.outcome in CUT_OFF and began)
+    status = attempt.http_status
+    began = status is not None and 200 <= status < 300
+    return ((attempt.outcome in ANSWERED + ABANDONED and (status is None or began))
+            or (attempt.outcome == BROKEN and began))
 
 
 def call_cost(attempt: Attempt, prices: Prices | None) -> tuple[float | None, str]:
@@ -105,18 +118,18 @@ def call_cost(attempt: Attempt, prices: Prices | None) -> tuple[float | None, st
 
 def kinds(attempts: Iterable[Attempt]) -> list[tuple[Attempt, str]]:
     """The billed tries, in the order given, each with its kind: USED, PAID_TWICE or FAILED."""
-    served: set[tuple[str, str]] = set()
-    found = []
-    for attempt in filter(billed, attempts):
+    rows = [attempt for attempt in attempts if billed(attempt)]
+    kept: dict[tuple[str, str], int] = {}  # per pair, the try it is billed for once
+    for i, attempt in enumerate(rows):
         pair = (attempt.request_id, attempt.stage)
-        if attempt.outcome != "ok" or not attempt.resulted:
-            found.append((attempt, FAILED))
-        elif pair in served:
-            found.append((attempt, PAID_TWICE))
-        else:
-            served.add(pair)
-            found.append((attempt, USED))
-    return found
+        if pair not in kept or (_used(attempt) and not _used(rows[kept[pair]])):
+            kept[pair] = i
+    return [(attempt, PAID_TWICE if kept[(attempt.request_id, attempt.stage)] != i
+             else USED if _used(attempt) else FAILED) for i, attempt in enumerate(rows)]
+
+
+def _used(attempt: Attempt) -> bool:
+    return attempt.outcome == "ok" and attempt.resulted
 
 
 def _stage_means(attempts: Sequence[Attempt], prices: Mapping[str, Prices | None]
@@ -169,6 +182,7 @@ def run_costs(attempts: Iterable[Attempt], completed: int,
             unpriced.add(attempt.stage)
         totals["billed_calls"] += 1
         totals[kind] += 1
+        totals["abandoned"] += attempt.outcome in ABANDONED
         totals[source] += 1
         totals["tokens_input"] = _add(totals["tokens_input"], tokens[0] if tokens else None)
         totals["tokens_output"] = _add(totals["tokens_output"], tokens[1] if tokens else None)
@@ -212,7 +226,7 @@ def _derived(totals: Mapping[str, Any]) -> dict[str, Any]:
     }
     figures["reasoning"] = [
         f"{totals['billed_calls']} billed tries: {totals[USED]} used, {totals[PAID_TWICE]} paid twice, "
-        f"{totals[FAILED]} failed",
+        f"{totals[FAILED]} failed; {totals['abandoned']} of them abandoned (timed out or cut by a crash)",
         f"priced by the gateway's reported cost {totals[REPORTED]}, by tokens x declared prices "
         f"{totals[DECLARED]}, at their stage's mean ok call {totals[ESTIMATED]}, unknown {totals[UNKNOWN]}",
         f"tokens per completed request: {shown(totals['tokens_input'])} input, "

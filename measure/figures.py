@@ -25,9 +25,10 @@ turns them into figures, so a figure cannot mean two things.
   reached the user), linear interpolation between the two closest ranks (PostgreSQL's
   `percentile_cont`, Spark's `percentile`).
 - lost: requests produced (per the source) that never settled.
-- duplicate_ai_calls: AI calls that may have produced a result or been charged: attempts with
-  an outcome in CALL_OUTCOMES ('ok', or 'started' and never ended: cut short by a crash),
-  beyond the first per (request, stage).
+- duplicate_ai_calls: AI calls the provider may have billed again: billed tries
+  (measure.cost.billed: answered, abandoned by a timeout, cut short by a crash) beyond the first
+  per (request, stage); the paid-twice calls of measure.cost, and what the provider counts as
+  requests served more than once.
 - duplicate outputs: events a `read_committed` reader of a topic the stages write sees beyond
   the first per (request, kind): a route's message delivered twice.
 - skew over a topic's partitions (records per partition, empty partitions included): max/mean
@@ -85,7 +86,6 @@ from typing import Any
 from measure import capacity as capacity_of
 
 TERMINAL = ("completed", "rejected", "dead_lettered")
-CALL_OUTCOMES = ("ok", "started")
 QUANTILES = (0.5, 0.95, 0.99)
 STEADY_BAND = (0.2, 0.8)  # completion percentiles bounding the plateau
 RECOVERED = 0.9  # share of the new capacity that ends a recovery
@@ -149,7 +149,7 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 def beyond_first(counts: Iterable[int]) -> int:
     """Occurrences beyond the first of each thing counted: duplicate AI calls from the
-    CALL_OUTCOMES attempts per (request, stage), duplicate outputs from the events per (topic,
+    billed tries per (request, stage), duplicate outputs from the events per (topic,
     request, kind)."""
     return sum(n - 1 for n in counts if n > 1)
 

@@ -20,7 +20,7 @@ figures with that module, as `consumers/runs/run_figures.py` does from SQL. Per 
   calls started inside it and before it, the first one's start, as `measure.capacity.band_work`
   counts them): what the capacity's utilization is counted on;
 - member load: AI call attempts per group member (all outcomes, and 'ok' ones);
-- duplicate AI calls per stage (outcomes in `measure.figures.CALL_OUTCOMES`);
+- duplicate AI calls per stage (billed tries, `measure.cost.BILLED_SQL`);
 - rebalance windows: each 'revoke' or 'lost' event opens a window in its consumer group that
   closes at the group's first 'assign' event at or after it (or at the run's last recorded
   instant, completion or rebalance event, when none follows); overlapping windows of one group
@@ -52,7 +52,7 @@ if __package__ in (None, ""):  # run as a file by spark-submit: import the proje
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from measure import figures
+from measure import cost, figures
 from spark import job_io
 from spark.job_io import collect_sorted
 from spark.session import job_session
@@ -94,7 +94,7 @@ def load_runs(spark: SparkSession, jdbc: job_io.Jdbc, run_ids: Sequence[str]) ->
     return RunFrames(
         query("pipeline, request_id, status, produced_at, finished_at, notified_at", "requests"),
         query("request_id, stage, outcome, member, completed_at", "stage_results"),
-        query("request_id, stage, member, outcome, started_at, ended_at", "ai_attempts"),
+        query("request_id, stage, member, outcome, http_status, started_at, ended_at", "ai_attempts"),
         query("group_id, member, event, at", "rebalance_events"),
         job_io.read_query(spark, jdbc, "SELECT r.run_id, d.pipeline, d.request_id, d.at FROM dead_letters d "
                                        "JOIN requests r ON r.pipeline = d.pipeline AND "
@@ -165,9 +165,9 @@ def member_load(attempts: DataFrame) -> DataFrame:
 
 
 def repeated_calls(attempts: DataFrame) -> DataFrame:
-    """(run, request, stage) with more than one call that may have produced a result or been
-    charged (outcomes in CALL_OUTCOMES), with their number of calls: few rows, for the driver."""
-    per_request = (attempts.where(F.col("outcome").isin(*figures.CALL_OUTCOMES))
+    """(run, request, stage) with more than one call the provider may have billed
+    (measure.cost.BILLED_SQL), with their number of calls: few rows, for the driver."""
+    per_request = (attempts.where(F.expr(cost.BILLED_SQL))
                    .groupBy(RUN, "request_id", "stage").agg(F.count(F.lit(1)).alias("calls")))
     return per_request.where(F.col("calls") > 1)
 

@@ -22,7 +22,9 @@ service to the limit, so a minute's budget running out never halves the concurre
 Each try keeps what its answer says it used (`Usage`): the tokens of an OpenAI-compatible
 `usage` and the cost a gateway reports, which the attempt rows keep for `measure.cost`. A try
 cut off after its answer's status line arrived keeps that status (and the headers), so the cost
-figures can tell an answer the provider began, and bills, from one that never came.
+figures can tell an answer the provider began from one it refused. How long a try may take is
+the `consumers.ai.learned_timeout.LearnedTimeout` in force (fixed at the endpoint's timeout
+without one): a try the client gives up on is still answered, and billed, by a hosted API.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from urllib3.connection import HTTPConnection
 
 from consumers.ai.circuit import Circuit
 from consumers.ai.concurrency_limit import NOT_SENT, AdaptiveLimit
+from consumers.ai.learned_timeout import LearnedTimeout
 from consumers.ai.rate_budget import REQUESTS, TOKENS, RateBudget
 
 
@@ -49,7 +52,7 @@ class Endpoint:
     """Where and how to call one AI service, as for a real endpoint."""
 
     url: str
-    timeout_s: float = 10.0
+    timeout_s: float = 10.0  # the most one try may take (a `LearnedTimeout` keeps under it)
     auth_header: str | None = None  # full header value, e.g. "Bearer <token>"
     headers: Mapping[str, str] = field(default_factory=dict)  # the endpoint's own, e.g. an API version
 
@@ -207,8 +210,13 @@ class AIClient:
 
     def __init__(self, endpoint: Endpoint, policy: RetryPolicy | None = None,
                  pool_size: int = 64, seed: int | None = None, limiter: AdaptiveLimit | None = None,
-                 circuit: Circuit | None = None, rate_budget: RateBudget | None = None) -> None:
+                 circuit: Circuit | None = None, rate_budget: RateBudget | None = None,
+                 timeout: LearnedTimeout | None = None) -> None:
         self.endpoint = endpoint
+        self.timeout = timeout or LearnedTimeout.fixed(endpoint.timeout_s)
+        if self.timeout.ceiling_s > endpoint.timeout_s:
+            raise ValueError(f"a learned timeout's ceiling {self.timeout.ceiling_s} s is over the "
+                             f"endpoint's {endpoint.timeout_s} s")
         self.policy = policy or RetryPolicy()
         self.limiter = limiter
         self.rate_budget = rate_budget
@@ -286,6 +294,8 @@ class AIClient:
             started, sent = time.time(), time.monotonic()
             reply = self._post(payload)
             took = time.monotonic() - sent
+            if reply.outcome == "ok":
+                self.timeout.served(took)
         finally:
             if limiter is not None and permit is not None:
                 counts = reply.outcome != "http_429" or reply.refusal == CONCURRENCY
@@ -301,13 +311,14 @@ class AIClient:
         return reply, started, took
 
     def _post(self, payload: dict[str, Any]) -> Reply:
-        """One POST within the endpoint's timeout as a whole (see `_read_within`)."""
-        deadline = time.monotonic() + self.endpoint.timeout_s
+        """One POST within the timeout in force, as a whole (see `_read_within`)."""
+        timeout_s = self.timeout.current()
+        deadline = time.monotonic() + timeout_s
         response = None
         try:
             response = self._pool.request("POST", self.endpoint.url, body=json.dumps(payload).encode(),
                                           headers=self._headers, preload_content=False,
-                                          timeout=urllib3.Timeout(total=self.endpoint.timeout_s))
+                                          timeout=urllib3.Timeout(total=timeout_s))
             data = _read_within(response, deadline)
         except urllib3.exceptions.HTTPError as exc:
             return _cut_off(exc, response)
@@ -332,11 +343,12 @@ def _headers_of(response: urllib3.BaseHTTPResponse) -> dict[str, str]:
 
 
 def _cut_off(exc: urllib3.exceptions.HTTPError, response: urllib3.BaseHTTPResponse | None) -> Reply:
-    """A try that got no whole answer: out of time (`timeout`), or refused, reset or broken off
-    (`connection_error`). When the answer had begun (`response`: its status line is in), the
-    reply keeps its status and headers: the provider was answering, and bills such a try."""
-    refused = isinstance(exc, urllib3.exceptions.NewConnectionError)  # a TimeoutError in urllib3 2
-    timed_out = isinstance(exc, urllib3.exceptions.TimeoutError) and not refused
+    """A try that got no whole answer: sent and out of time (`timeout`: the provider may still
+    answer it, and bill it), or not connected, reset or broken off (`connection_error`). When the
+    answer had begun (`response`: its status line is in), the reply keeps its status and headers,
+    so the cost figures can tell an answer the provider began from one it refused."""
+    unsent = isinstance(exc, urllib3.exceptions.ConnectTimeoutError)  # NewConnectionError too, in urllib3 2
+    timed_out = isinstance(exc, urllib3.exceptions.TimeoutError) and not unsent
     outcome = "timeout" if timed_out else "connection_error"
     if response is None:
         return Reply(None, {}, outcome)

@@ -12,10 +12,12 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from consumers.ai import learned_timeout
 from consumers.ai.client import RetryPolicy
 from consumers.config import pipeline_spec
 
 MIN_AI_TIMEOUT_S = 5.0
+MIN_AI_TIMEOUT_FLOOR_S = 1.0  # over the stalls of a busy machine's scheduler
 WINDOW_MODES = ("flow", "share")
 ENDPOINTS_ENV = "AI_ENDPOINTS"  # how a fleet process is told where the AI endpoints are
 KEYS_ENV = "AI_ENDPOINT_KEYS"  # and each endpoint's key (from its own connection), when it has one
@@ -83,11 +85,21 @@ class PipelineConfig:
         return pipeline_spec.load(self.pipeline)
 
     def ai_timeout(self, stage: str) -> float:
-        """Seconds one AI try may take: the configured value, or the spec's at this time scale
-        (never under MIN_AI_TIMEOUT_S: a timed-out call may still be served, and paid for)."""
+        """Seconds one AI try may take at most: the configured value, or the spec's at this time
+        scale (never under MIN_AI_TIMEOUT_S: a timed-out call may still be served, and paid for).
+        Below it the timeout is learned from the endpoint's calls (consumers.ai.learned_timeout)."""
         if self.ai_timeout_s is not None:
             return self.ai_timeout_s
         return max(MIN_AI_TIMEOUT_S, self.spec.stages[stage].timeout_s * self.time_scale)
+
+    def ai_timeout_floor(self, stage: str) -> float:
+        """The least a stage's learned timeout goes down to: its margin over the latency the spec
+        declares, at this time scale, under `ai_timeout`; the configured value when there is one
+        (a fixed timeout)."""
+        if self.ai_timeout_s is not None:
+            return self.ai_timeout_s
+        declared = learned_timeout.MARGIN * self.spec.declared_tail_s(stage) * self.time_scale
+        return min(self.ai_timeout(stage), max(MIN_AI_TIMEOUT_FLOOR_S, declared))
 
     def retry(self, stage: str) -> RetryPolicy:
         """The stage's retry policy: the spec's, with the configured overrides; the backoff

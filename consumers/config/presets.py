@@ -69,11 +69,6 @@ class PresetParams:
         return self.spec.endpoints[self.bottleneck].latency.mean_s
 
     @property
-    def slowest_p99_s(self) -> float:
-        """The highest p99 latency of the endpoints (real scale): what a timeout must clear."""
-        return max(e.latency.p99_s or e.latency.median_s for e in self.spec.endpoints.values())
-
-    @property
     def ai_capacity_rps(self) -> float:
         """The physical limit: concurrency / the slowest endpoint's mean latency (scaled)."""
         return self.concurrency / (self.slowest_call_s * self.time_scale)
@@ -98,7 +93,7 @@ def build(name: str, p: PresetParams) -> PipelineConfig:
     spec = p.spec
     common = PipelineConfig(pipeline=p.pipeline, partitions=p.partitions,
                             replication_factor=p.replication_factor, time_scale=p.time_scale,
-                            max_attempts=6, ai_timeout_s=max(1.0, 4 * p.slowest_p99_s * p.time_scale),
+                            max_attempts=6,
                             stages={s: StageConfig("flow", members=1, window=32)
                                     for s in spec.stage_names if s not in spec.ai_stages})
     # One member per partition for the one-at-a-time modes: as many as can be busy at once.

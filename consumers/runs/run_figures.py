@@ -51,8 +51,8 @@ SELECT stage, kafka_partition, extract(epoch FROM started_at), extract(epoch FRO
 WHERE run_id = %(run)s AND outcome = 'ok'
 """
 
-REPEATED_CALLS_SQL = """
-SELECT count(*) FROM ai_attempts WHERE run_id = %(run)s AND outcome = ANY(%(outcomes)s)
+REPEATED_CALLS_SQL = f"""
+SELECT count(*) FROM ai_attempts WHERE run_id = %(run)s AND {cost.BILLED_SQL}
 GROUP BY request_id, stage HAVING count(*) > 1
 """
 
@@ -137,8 +137,7 @@ def standard_figures(database_url: str, run_id: str, final_stage: str, produced:
     per_stage: dict[str, list[float]] = defaultdict(list)
     for stage, _, seconds in calls:
         per_stage[stage].append(seconds)
-    repeated = [n for (n,) in rows(database_url, REPEATED_CALLS_SQL,
-                                    {**run, "outcomes": list(figures.CALL_OUTCOMES)})]
+    repeated = [n for (n,) in rows(database_url, REPEATED_CALLS_SQL, run)]
     latency = [(float(e2e), {stage: float(s) for stage, s in per_stage.items()} if per_stage else None)
                for e2e, per_stage in rows(database_url, LATENCY_SQL, run)]
     e2e = [e for e, _ in latency]

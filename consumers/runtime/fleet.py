@@ -28,6 +28,7 @@ from confluent_kafka import ConsumerGroupState, KafkaException
 from consumers.ai.circuit import Circuit
 from consumers.ai.client import AIClient, Endpoint
 from consumers.ai.concurrency_limit import AdaptiveLimit
+from consumers.ai.learned_timeout import LearnedTimeout
 from consumers.ai.rate_budget import RateBudget
 from consumers.config import events, kafka_connection, pipeline_spec, profiles
 from consumers.config.candidate import ENDPOINTS_ENV, KEYS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
@@ -114,8 +115,9 @@ class Fleet:
                   else RateBudget(declared.requests_per_minute, declared.tokens_per_minute,
                                   minute_s=60.0 * s.member.time_scale))
         endpoint = Endpoint(url, s.ai_timeout_s, s.ai_auth_header, dict(declared.headers))
+        timeout = LearnedTimeout(s.ai_timeout_floor_s or s.ai_timeout_s, s.ai_timeout_s)
         return AIClient(endpoint, s.retry, pool_size=pool, limiter=limiter, circuit=Circuit(),
-                        rate_budget=budget)
+                        rate_budget=budget, timeout=timeout)
 
     def start(self) -> Fleet:
         for member in self.members:

@@ -50,7 +50,8 @@ class FleetSettings:
     key_strategy: str = "uuid"  # keys of the events this stage sends downstream
     ai_url: str | None = None  # the stage's AI endpoint, when its work calls one
     ai_endpoint: str = ""  # its name in the pipeline spec
-    ai_timeout_s: float = 10.0
+    ai_timeout_s: float = 10.0  # the most one try may take
+    ai_timeout_floor_s: float | None = None  # the least its learned timeout goes to (None: fixed)
     ai_auth_header: str | None = None
     ai_calls: int | None = None  # AI calls in flight across the fleet, apart from records held
     adaptive: bool = False  # the AI calls in flight follow a limit discovered from the endpoint
@@ -91,7 +92,7 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
         pipeline=config.pipeline, key_strategy=config.key_strategy,
         ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
         ai_endpoint=work.endpoint if isinstance(work, HttpWork) else "",
-        ai_timeout_s=config.ai_timeout(stage),
+        ai_timeout_s=config.ai_timeout(stage), ai_timeout_floor_s=config.ai_timeout_floor(stage),
         ai_auth_header=endpoints.auth_for(work.endpoint) if isinstance(work, HttpWork) else None,
         ai_calls=stage_cfg.ai_calls, adaptive=stage_cfg.adaptive, retry=config.retry(stage),
         shutdown_deadline_s=config.shutdown_deadline_s)

@@ -8,8 +8,9 @@ lognormal with the spec's median and p99) and its `stand_in` rules: the request 
 be non-empty strings and the answers, the first rule whose patterns match supplying the body. A
 global time-scale factor shrinks every duration so a test can run a scenario at 0.1x or 0.02x.
 
-Faults are injected per endpoint (`error_rate`: 500 after the latency; `hang_rate`: sleep
-`hang_s`, past any sane client timeout, then 504; `fail_when`: 500 after the latency to every
+Faults are injected per endpoint (`error_rate`: 500 after the latency; `hang_rate`: answer only
+after `hang_s`, past any sane client timeout, as a stalled generation does that a provider
+finishes, and bills, after its caller gave up; `fail_when`: 500 after the latency to every
 request whose fields match all of its `{field: regex}` patterns, while the rest are served, as
 an endpoint does that keeps failing some requests) and can be switched at run time through
 `PUT /v1/config`, so a test can start an error burst and clear it. A request-rate limit

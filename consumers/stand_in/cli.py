@@ -30,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, help="factor applied to every duration")
     p.add_argument("--limit", type=int, help="concurrency limit of every endpoint, instead of each spec's")
     p.add_argument("--error-rate", type=float, default=0.0, help="fraction answered 500 (every endpoint)")
-    p.add_argument("--hang-rate", type=float, default=0.0, help="fraction that hang then get 504")
+    p.add_argument("--hang-rate", type=float, default=0.0, help="fraction answered only after --hang-s")
     p.add_argument("--hang-s", type=float, default=30.0, help="how long a hang lasts, real-scale seconds")
     p.add_argument("--token-env", default=DEFAULT_TOKEN_ENV,
                    help="environment variable holding the bearer token; unset or empty disables auth")

@@ -70,7 +70,7 @@ class EndpointConfig:
     jitter: float = 0.2  # uniform: fraction of the latency either side
     sigma: float = 0.25  # lognormal: shape, ln(p99 / median) / z(0.99)
     error_rate: float = 0.0  # fraction answered 500 after the latency
-    hang_rate: float = 0.0  # fraction that sleep hang_s then answer 504 (checked before errors)
+    hang_rate: float = 0.0  # fraction answered (and served) only after hang_s (checked before errors)
     hang_s: float = 30.0
     retry_after_s: float | None = None  # Retry-After on 429; None means the latency
     rate_limit_rps: float | None = None  # requests per real-scale second; None: no rate limit

@@ -100,7 +100,8 @@ class StandIn:
     def _serve(self, endpoint: Endpoint, config: EndpointConfig, scale: float, call: Call) -> Reply:
         """The latency, then the outcome; an answer also takes its time per output token, and its
         actual tokens replace the estimate charged (a failed call keeps its charge, as providers count
-        failed requests too)."""
+        failed requests too). A hang is an answer that takes `hang_s`: served, and counted as served,
+        whether its caller still waits for it or not, as a provider bills it."""
         payload = call.payload
         outcome, duration = endpoint.plan(config, payload)
         if outcome == "hang":
@@ -109,8 +110,6 @@ class StandIn:
             duration += config.per_output_token_s * call.output_tokens
         if self.stopping.wait(duration * scale):
             return Reply(503, {"error": "shutting_down"})
-        if outcome == "hang":
-            return Reply(504, {"error": "upstream_timeout", **echo(payload)})
         if outcome == "error":
             endpoint.count("errors_5xx")
             return Reply(500, {"error": "internal_error", **echo(payload)})

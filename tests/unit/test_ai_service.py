@@ -248,11 +248,23 @@ def test_a_refused_connection_is_a_connection_error_not_a_timeout() -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_hang_ends_with_504(start: Start, name: str) -> None:
-    base = start(**{name: {"hang_rate": 1.0, "hang_s": 1.0}})
+def test_a_hang_is_answered_late_and_served(start: Start, name: str) -> None:
+    base = start(**{name: {"hang_rate": 1.0, "hang_s": 1.0, "latency_s": 0.01}})
     response, elapsed = timed_post(url(base, name), valid(name))
-    assert response.status_code == 504
+    assert response.status_code == 200
     assert elapsed >= 1.0 * SCALE
+    endpoint = stats(base)[name]
+    assert (endpoint["hangs"], endpoint["served"]) == (1, 1)
+
+
+def test_a_hang_the_client_gave_up_on_is_served_all_the_same(start: Start) -> None:
+    base = start(generate={"hang_rate": 1.0, "hang_s": 5.0})  # 5 s x 0.1 = 0.5 s
+    with pytest.raises(requests.Timeout):
+        requests.post(f"{base}/v1/generate", json=GENERATE, timeout=0.1)
+    deadline = time.monotonic() + 5
+    while stats(base)["generate"]["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stats(base)["generate"]["served"] == 1  # billed, though nobody read the answer
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -23,16 +23,16 @@ ROWS = [
     Attempt("r3", "draft", "ok", 200, 600, 200),  # served again: paid twice, 0.6
     Attempt("r4", "draft", "timeout", 200),  # cut off after a 2xx began: failed, estimated
     Attempt("r5", "draft", "ok", 200, 800, 0, resulted=False),  # answer refused: failed, 0.4
-    Attempt("r6", "draft", "timeout", None),  # no answer began: not billed
+    Attempt("r6", "draft", "timeout", None),  # abandoned: the provider went on, billed; failed, estimated
     Attempt("r6", "draft", "connection_error", None),  # refused connection: not billed
     Attempt("r6", "draft", "http_5xx", 500),  # not billed
     Attempt("r6", "draft", "not_sent", None),  # not billed
     Attempt("r1", "classify", "ok", 200, 100, 5, reported_cost=0.01),  # used: 0.01 reported
-    Attempt("r2", "classify", "bad_answer", 200),  # a 2xx not JSON: failed, estimated
+    Attempt("r2", "classify", "bad_answer", 200),  # a 2xx not JSON, then served again: paid twice, estimated
     Attempt("r2", "classify", "ok", 200, 300, 15, reported_cost=0.03),  # used: 0.03 reported
     Attempt("r2", "classify", "skipped_done", None),  # a recorded result served: no call
 ]
-# draft's ok tries cost 0.8, 1.6, 0.6, 0.6, 0.4: mean 4.0 / 5 = 0.8, the estimate of r4's timeout;
+# draft's ok tries cost 0.8, 1.6, 0.6, 0.6, 0.4: mean 4.0 / 5 = 0.8, the estimate of r4's and r6's timeouts;
 # their tokens average (1000 + 2000 + 600 + 600 + 800) / 5 = 1000 in, (200 + 400 + 200 + 200) / 5
 # = 200 out. classify's ok tries cost 0.01 and 0.03: mean 0.02 for its bad answer, with
 # (100 + 300) / 2 = 200 tokens in and (5 + 15) / 2 = 10 out.
@@ -40,20 +40,33 @@ ROWS = [
 
 def test_a_runs_figures_count_used_duplicate_and_failed_calls() -> None:
     got = cost.run_costs(ROWS, 3, PRICES)
-    assert (got["billed_calls"], got["used"], got["paid_twice"], got["failed"]) == (9, 5, 1, 3)
-    assert (got["reported"], got["declared"], got["estimated"], got["unknown"]) == (2, 5, 2, 0)
-    # 0.8 + 1.6 + 0.6 + 0.6 + 0.8 + 0.4 (draft) + 0.01 + 0.02 + 0.03 (classify) = 4.86
-    assert got["cost"] == pytest.approx(4.86)
-    assert got["cost_per_request"] == pytest.approx(1.62)  # / 3 completed
-    assert got["cost_per_1k_requests"] == pytest.approx(1620.0)
-    assert got["failed_cost"] == pytest.approx(1.22)  # 0.8 (r4) + 0.4 (r5) + 0.02 (r2's bad answer)
-    assert got["paid_twice_cost"] == pytest.approx(0.6)  # r3's second draft
-    # input: 1000 + 2000 + 600 + 600 + 1000 + 800 + 100 + 200 + 300 = 6600 / 3 = 2200
-    # output: 200 + 400 + 200 + 200 + 200 + 0 + 5 + 10 + 15 = 1230 / 3 = 410
-    assert got["tokens_input_per_request"] == pytest.approx(2200.0)
-    assert got["tokens_output_per_request"] == pytest.approx(410.0)
+    # billed: draft r1, r2, r3, r3, r4, r5, r6 and classify r1, r2, r2; r6's refused connection,
+    # 5xx and unsent try are not
+    assert (got["billed_calls"], got["used"], got["paid_twice"], got["failed"]) == (10, 5, 2, 3)
+    assert got["abandoned"] == 2  # r4's and r6's timeouts
+    assert (got["reported"], got["declared"], got["estimated"], got["unknown"]) == (2, 5, 3, 0)
+    # 0.8 + 1.6 + 0.6 + 0.6 + 0.8 + 0.4 + 0.8 (draft) + 0.01 + 0.02 + 0.03 (classify) = 5.66
+    assert got["cost"] == pytest.approx(5.66)
+    assert got["cost_per_request"] == pytest.approx(5.66 / 3)
+    assert got["cost_per_1k_requests"] == pytest.approx(5660 / 3)
+    assert got["failed_cost"] == pytest.approx(2.0)  # 0.8 (r4) + 0.4 (r5) + 0.8 (r6)
+    assert got["paid_twice_cost"] == pytest.approx(0.62)  # r3's second draft 0.6, r2's bad answer 0.02
+    # input: 1000 + 2000 + 600 + 600 + 1000 + 800 + 1000 + 100 + 200 + 300 = 7600 / 3
+    # output: 200 + 400 + 200 + 200 + 200 + 0 + 200 + 5 + 10 + 15 = 1430 / 3
+    assert got["tokens_input_per_request"] == pytest.approx(7600 / 3)
+    assert got["tokens_output_per_request"] == pytest.approx(1430 / 3)
     assert got["gateway_over_declared"] is None  # no try has both a reported cost and prices
-    assert "cost per 1,000 completed requests: 4.86 / 3 x 1000 = 1620" in got["reasoning"]
+    assert "cost per 1,000 completed requests: 5.66 / 3 x 1000 = 1886.67" in got["reasoning"]
+
+
+def test_a_pair_billed_again_after_an_abandoned_try_is_used_once_and_paid_twice_once() -> None:
+    rows = [Attempt("a", "draft", "timeout", None), Attempt("a", "draft", "ok", 200, 2000, 0),
+            Attempt("b", "draft", "started", None), Attempt("b", "draft", "timeout", None)]
+    got = cost.run_costs(rows, 1, PRICES)
+    # a: the ok try is used (1.0), the abandoned one before it paid twice (estimated at 1.0);
+    # b: no result, its first billed try failed, the second paid twice
+    assert (got["used"], got["paid_twice"], got["failed"], got["abandoned"]) == (1, 2, 1, 3)
+    assert got["paid_twice_cost"] == pytest.approx(2.0)
 
 
 def test_the_first_ok_try_of_a_pair_is_the_one_used_however_the_pairs_interleave() -> None:
@@ -77,8 +90,8 @@ def test_a_call_costs_what_the_gateway_reported_else_its_tokens_at_the_declared_
 
 def test_which_tries_are_billed() -> None:
     billed = {(o, s) for o, s in [("ok", 200), ("bad_answer", 200), ("started", None), ("timeout", 200),
-                                  ("connection_error", 206)]}
-    free = {(o, s) for o, s in [("timeout", None), ("timeout", 500), ("connection_error", None),
+                                  ("timeout", None), ("connection_error", 206)]}
+    free = {(o, s) for o, s in [("timeout", 500), ("connection_error", None), ("connection_error", 503),
                                 ("http_429", 429), ("http_4xx", 400), ("http_5xx", 503), ("not_sent", None),
                                 ("skipped_done", None)]}
     assert all(cost.billed(Attempt("r", "s", o, s)) for o, s in billed)
@@ -112,10 +125,10 @@ def test_a_configuration_pools_its_runs() -> None:
     first = cost.run_costs(ROWS, 3, PRICES)  # 4.86 over 3 completed
     second = cost.run_costs([Attempt("r9", "draft", "ok", 200, 1000, 200)], 1, PRICES)  # 0.8 over 1
     got = cost.combined([first, second])
-    assert (got["completed"], got["billed_calls"], got["paid_twice"]) == (4, 10, 1)
-    assert got["cost_per_1k_requests"] == pytest.approx(1415.0)  # 5.66 / 4 x 1000
-    assert got["failed_cost"] == pytest.approx(1.22)
-    assert got["tokens_input_per_request"] == pytest.approx(1900.0)  # (6600 + 1000) / 4
+    assert (got["completed"], got["billed_calls"], got["paid_twice"]) == (4, 11, 2)
+    assert got["cost_per_1k_requests"] == pytest.approx(1615.0)  # 6.46 / 4 x 1000
+    assert got["failed_cost"] == pytest.approx(2.0)
+    assert got["tokens_input_per_request"] == pytest.approx(2150.0)  # (7600 + 1000) / 4
     unknown = cost.run_costs([Attempt("x", "draft", "ok", 200)], 1, {"draft": None})
     assert cost.combined([first, unknown])["cost_per_1k_requests"] is None
 

@@ -174,13 +174,14 @@ def run_frames(spark: SparkSession) -> pipeline_analysis.RunFrames:
          ("r4", "generate", "ok", "m3", at(20.4)), ("r3", "generate", "ok", "m3", at(33.2))],
         "request_id string, stage string, outcome string, member string, completed_at timestamp")
     attempts = spark.createDataFrame(
-        [("r1", "check", "m1", "ok", at(0), at(1)), ("r1", "check", "m2", "ok", at(1), at(3)),
-         ("r1", "check", "m2", "ok", at(3), at(6)), ("r1", "check", "m1", "error", at(6), at(6.5)),
-         ("r2", "check", "m2", "ok", at(0), at(4)),
-         ("r1", "generate", "m3", "ok", at(0), at(2)), ("r1", "generate", "m3", "ok", at(2), at(3)),
-         ("r2", "generate", "m1", "timeout", at(0), at(9))],
-        "request_id string, stage string, member string, outcome string, started_at timestamp, "
-        "ended_at timestamp")
+        [("r1", "check", "m1", "ok", 200, at(0), at(1)), ("r1", "check", "m2", "ok", 200, at(1), at(3)),
+         ("r1", "check", "m2", "ok", 200, at(3), at(6)),
+         ("r1", "check", "m1", "http_5xx", 500, at(6), at(6.5)),
+         ("r2", "check", "m2", "ok", 200, at(0), at(4)),
+         ("r1", "generate", "m3", "ok", 200, at(0), at(2)), ("r1", "generate", "m3", "ok", 200, at(2), at(3)),
+         ("r2", "generate", "m1", "timeout", None, at(0), at(9))],
+        "request_id string, stage string, member string, outcome string, http_status int, "
+        "started_at timestamp, ended_at timestamp")
     rebalances = spark.createDataFrame(
         [("g1", "m1", "revoke", at(10.2)), ("g1", "m2", "revoke", at(10.5)), ("g1", "m1", "assign", at(12.3)),
          ("g1", "m2", "assign", at(12.4)), ("g1", "m3", "max_poll_exceeded", at(19.9)),
@@ -271,21 +272,35 @@ def test_member_load_and_duplicate_calls(spark: SparkSession) -> None:
     assert {m: (r["attempts"], r["ok"]) for m, r in load.items()} == {
         "m1": (3, 1), "m2": (3, 3), "m3": (2, 2)}
     repeated = by(collect(pipeline_analysis.repeated_calls(frames.attempts)), "request_id", "stage")
-    # r1/check: 3 ok; r2/check: 1 ok (not repeated); r1/generate: 2 ok; r2/generate: none ok
+    # r1/check: 3 ok and a 5xx (not billed); r2/check: 1 ok (not repeated); r1/generate: 2 ok;
+    # r2/generate: one abandoned try alone
     assert {k: r["calls"] for k, r in repeated.items()} == {("r1", "check"): 3, ("r1", "generate"): 2}
 
 
-def test_duplicate_calls_count_calls_interrupted_by_a_crash(spark: SparkSession) -> None:
+def test_duplicate_calls_count_calls_cut_by_a_crash_or_abandoned_by_a_timeout(spark: SparkSession) -> None:
     attempts = spark.createDataFrame(
-        [("r1", "generate", "m1", "started", at(0), None), ("r1", "generate", "m2", "ok", at(40), at(43)),
-         ("r2", "generate", "m2", "started", at(1), None),
-         ("r3", "generate", "m1", "http_5xx", at(2), at(5)), ("r3", "generate", "m1", "ok", at(6), at(9))],
-        "request_id string, stage string, member string, outcome string, started_at timestamp, "
-        "ended_at timestamp")
+        [("r1", "generate", "m1", "started", None, at(0), None),
+         ("r1", "generate", "m2", "ok", 200, at(40), at(43)),
+         ("r2", "generate", "m2", "started", None, at(1), None),
+         ("r3", "generate", "m1", "http_5xx", 500, at(2), at(5)),
+         ("r3", "generate", "m1", "ok", 200, at(6), at(9)),
+         ("r4", "generate", "m1", "timeout", None, at(0), at(30)),
+         ("r4", "generate", "m1", "ok", 200, at(31), at(34)),
+         ("r5", "generate", "m1", "timeout", 503, at(0), at(30)),
+         ("r5", "generate", "m1", "ok", 200, at(31), at(34)),
+         ("r6", "generate", "m1", "connection_error", None, at(0), at(1)),
+         ("r6", "generate", "m1", "connection_error", 200, at(2), at(3)),
+         ("r6", "generate", "m1", "ok", 200, at(4), at(7))],
+        "request_id string, stage string, member string, outcome string, http_status int, "
+        "started_at timestamp, ended_at timestamp")
     repeated = collect(pipeline_analysis.repeated_calls(in_run(attempts)))
     # r1: a call cut short by a crash, then the takeover's call -> 2 calls; r2: one interrupted
-    # call alone; r3: a 5xx produced nothing, then one ok.
-    assert [(r["request_id"], r["stage"], r["calls"]) for r in repeated] == [("r1", "generate", 2)]
+    # call alone; r3: a 5xx produced nothing, then one ok; r4: a try abandoned by its timeout (the
+    # provider went on and billed it), then one ok -> 2; r5: the abandoned try's answer had begun
+    # with a 503 (refused, not billed); r6: a refused connection (nothing sent), one broken after
+    # a 200 began (billed), then one ok -> 2.
+    assert [(r["request_id"], r["stage"], r["calls"]) for r in repeated] == [
+        ("r1", "generate", 2), ("r4", "generate", 2), ("r6", "generate", 2)]
 
 
 def test_rebalance_windows_merge_and_cost_idle_buckets(spark: SparkSession) -> None:

@@ -307,6 +307,16 @@ class PipelineSpec(_Model):
         work = self.stages[stage].work
         return self.endpoints[work.endpoint] if isinstance(work, HttpWork) else None
 
+    def declared_tail_s(self, stage: str) -> float:
+        """How long a call of the stage's work takes at most, as its endpoint declares it (real
+        scale, 0 for no call): the p99 (a fixed latency's value), and for a chat answer the
+        generation of its `max_tokens`."""
+        work, endpoint = self.stages[stage].work, self.endpoint_of(stage)
+        if not isinstance(work, HttpWork) or endpoint is None:
+            return 0.0
+        latency = endpoint.latency
+        return (latency.p99_s or latency.median_s) + latency.per_output_token_s * (work.max_tokens or 0)
+
     def outputs_of(self, stage: str) -> list[str]:
         """Topic names a stage writes besides the dead-letter topic."""
         spec = self.stages[stage]

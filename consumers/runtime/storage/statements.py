@@ -53,8 +53,8 @@ TAKE = ("INSERT INTO requests (pipeline, request_id, run_id, status, status_rank
         "produced_at = least(requests.produced_at, EXCLUDED.produced_at), "
         f"{FORWARD} RETURNING fields")
 
-# The outcome of the first try's row while it waits for its permit: not a call (figures count
-# 'started' and 'ok' rows as calls, measure.figures.CALL_OUTCOMES), so a crash meanwhile is none.
+# The outcome of the first try's row while it waits for its permit: not a call (the figures count
+# 'started' rows as billed calls, measure.cost.billed), so a crash meanwhile is none.
 QUEUED = "queued"
 # A try's attempt row (`row_params`'s parameters, %(attempt)s, %(sent)s), one per row of {source}.
 START_ATTEMPT = (
