@@ -171,8 +171,7 @@ def fleet_kill(stage: str) -> Fault:
                                      "in_flight_window": in_flight_window(t.config, stage)})
 
     return Fault(f"fleet-kill-{stage}", f"kill -9 of the {stage} fleet; supervisord restarts it", 0.0,
-                 kill, allowed_service_duplicates=lambda config: in_flight_window(config, stage),
-                 calls_counted_as_served=True)
+                 kill, allowed_service_duplicates=lambda config: in_flight_window(config, stage))
 
 
 def stop_postgres(t: Target) -> Window:
@@ -295,12 +294,11 @@ class Fault:
     fleets_stay_up: bool = False  # a fleet process that exits fails the phase
     pipeline: str = pipeline_spec.REFERENCE  # the spec the phase runs
     poison: Poison | None = None  # requests that pipeline fails by design
-    calls_counted_as_served: bool = False  # duplicate AI calls by our rows == the service's count
 
     def describe(self) -> dict[str, Any]:
         return {"summary": self.summary, "allowed_dead_letters": dict(self.allowed_dead_letters),
                 "max_recovery_s": self.max_recovery_s, "fleets_stay_up": self.fleets_stay_up,
-                "pipeline": self.pipeline, "calls_counted_as_served": self.calls_counted_as_served}
+                "pipeline": self.pipeline}
 
 
 FAULTS = (

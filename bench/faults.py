@@ -20,8 +20,8 @@ the harness undoes it; a fleet kill ends with the kill, supervisord's restart be
 recovery) back to 90 % of the pre-fault completion rate; for the raising stage, how the
 requests it raises on ended. The run writes results/<run id>/faults.json and faults.png and
 exits 1 when any fault fails (lost, duplicate results, output events seen twice, AI calls the
-service served twice beyond a fleet kill's in-flight window, a fleet kill's duplicate calls by
-our rows other than the service's, dead letters for a reason the fault did not inject, records
+service served twice beyond a fleet kill's in-flight window and the hangs it held past the
+timeout, duplicate calls by our rows other than the service's, dead letters for a reason the fault did not inject, records
 left uncommitted, an outage's recovery over 10 s, a fleet process that exited under a fault it
 must survive, a raising request not dead-lettered exactly once with its exception, or a fault
 that could not be measured).
@@ -86,6 +86,7 @@ from infra.supervisor import stack_paths
 
 console = Console()
 FLEET_ENV = ("DATABASE_URL", "AI_SERVICE_URL")
+SERVICE_QUIET_S = 120.0  # the longest wait for the AI service's calls in flight (hangs) to end
 SOURCE_EXIT_S = 60.0  # a source still running this long after its last scheduled send is stopped
 
 
@@ -299,9 +300,21 @@ class Phase:
         phase = PhaseRun(self.run_id, produced, self.load_started, load_ended, fault_start, fault_end,
                          self.s.concurrency, [tuple(r) for r in injected], self.fault.allowed_dead_letters,
                          self.fault.pipeline, self.fault.poison)
-        stats = requests.get(f"{self.env['AI_SERVICE_URL']}/v1/stats", timeout=10).json()
+        stats = self.service_stats()
         return collect(self.env["DATABASE_URL"], self.kafka.default, phase, stats,
                        self.s.baseline_s, self.s.window_s)
+
+    def service_stats(self) -> dict[str, Any]:
+        """The AI service's counters once it has no call in flight: a try the client abandoned at
+        its timeout is served, and billed, when its hang ends, after our rows counted it."""
+        deadline = time.monotonic() + SERVICE_QUIET_S
+        while True:
+            stats = requests.get(f"{self.env['AI_SERVICE_URL']}/v1/stats", timeout=10).json()
+            busy = sum(e["in_flight"] for e in stats.values() if isinstance(e, dict) and "in_flight" in e)
+            if not busy or time.monotonic() > deadline:
+                return stats
+            self.say(f"waiting for the AI service's {busy} calls in flight")
+            time.sleep(0.5)
 
     def teardown(self) -> None:
         """Fleets stopped (again, harmlessly), the topics and their grants deleted; the rows stay."""

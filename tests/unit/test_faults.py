@@ -100,14 +100,16 @@ def test_unexpected_dead_letters_take_the_larger_of_table_and_topic() -> None:
     assert unexpected_dead_letters({"ai_unavailable": 7}, {}, {"ai_unavailable": None}) == 0
 
 
-CLEAN = {"lost": 0, "duplicate_results": 0, "service_duplicates": 16, "allowed_service_duplicates": 16,
+CLEAN = {"lost": 0, "duplicate_results": 0, "duplicate_ai_calls": 16, "service_duplicates": 16,
+         "allowed_service_duplicates": 16,
          "unexpected_dead_letters": 0, "uncommitted": {"check": 0, "generate": 0}, "recovery_s": 11}
 
 
 def test_verdict_lists_every_breach() -> None:
     assert verdict(CLEAN) == []
     assert verdict({**CLEAN, "allowed_service_duplicates": 0}) == ["16 AI calls served twice (allowed 0)"]
-    broken = {"lost": 2, "duplicate_results": 1, "service_duplicates": 0, "allowed_service_duplicates": 0,
+    broken = {"lost": 2, "duplicate_results": 1, "duplicate_ai_calls": 0, "service_duplicates": 0,
+              "allowed_service_duplicates": 0,
               "unexpected_dead_letters": 4, "uncommitted": {"check": 0, "generate": 3},
               "error": "TimeoutError: x"}
     assert verdict(broken) == ["not measured: TimeoutError: x", "2 lost", "1 duplicate results",
@@ -122,12 +124,17 @@ def test_verdict_fails_outputs_seen_twice_only_when_the_phase_ran_exactly_once()
         "3 output events seen twice by a read_committed reader"]
 
 
-def test_verdict_holds_a_fleet_kills_duplicate_calls_to_the_services_count() -> None:
-    killed = {**CLEAN, "calls_counted_as_served": True}
-    assert verdict({**killed, "duplicate_ai_calls": 16}) == []
-    assert verdict({**killed, "duplicate_ai_calls": 19}) == [
+def test_verdict_holds_every_faults_duplicate_calls_to_the_services_count() -> None:
+    assert verdict({**CLEAN, "duplicate_ai_calls": 19}) == [
         "19 duplicate AI calls by our rows, 16 by the service"]
-    assert verdict({**CLEAN, "duplicate_ai_calls": 19}) == []  # other faults: rows may count more
+    assert verdict({**CLEAN, "duplicate_ai_calls": 13}) == [
+        "13 duplicate AI calls by our rows, 16 by the service"]
+
+
+def test_verdict_allows_one_more_paid_call_per_hang_past_the_timeout() -> None:
+    hung = {**CLEAN, "allowed_service_duplicates": 0, "duplicate_ai_calls": 16}
+    assert verdict({**hung, "service_hangs": 16}) == []
+    assert verdict({**hung, "service_hangs": 15}) == ["16 AI calls served twice (allowed 15)"]
 
 
 def test_verdict_holds_the_recovery_to_the_fault_bound() -> None:
