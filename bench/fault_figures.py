@@ -179,11 +179,11 @@ POISON_BREACHES = (("missing", "expected dead letters missing"),
 def verdict(record: Mapping[str, Any]) -> list[str]:
     """Why a phase failed (empty: it passed), from its record (its figures and the bounds its
     fault set): lost requests, duplicate results, AI calls the service served twice beyond what
-    the fault allows (and one more per call the service held past the client's timeout: its retry is
-    paid again), our rows' count of them other than the service's, dead letters for a reason the phase did not inject, records left
-    uncommitted, a recovery slower than the fault's bound, a fleet process that exited under a
-    fault it must survive, requests failed by design that did not end as designed, or a harness
-    error (the fault could not be measured)."""
+    the fault allows (and one more per call the service held past the client's timeout: its retry
+    is paid again), our rows' count of them other than the service's, dead letters for a reason
+    the phase did not inject, records left uncommitted, a recovery slower than the fault's bound,
+    a fleet process that exited under a fault it must survive, requests failed by design that did
+    not end as designed, or a harness error (the fault could not be measured)."""
     failures = []
     if record.get("error"):
         failures.append(f"not measured: {record['error']}")

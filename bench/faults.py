@@ -21,10 +21,10 @@ recovery) back to 90 % of the pre-fault completion rate; for the raising stage, 
 requests it raises on ended. The run writes results/<run id>/faults.json and faults.png and
 exits 1 when any fault fails (lost, duplicate results, output events seen twice, AI calls the
 service served twice beyond a fleet kill's in-flight window and the hangs it held past the
-timeout, duplicate calls by our rows other than the service's, dead letters for a reason the fault did not inject, records
-left uncommitted, an outage's recovery over 10 s, a fleet process that exited under a fault it
-must survive, a raising request not dead-lettered exactly once with its exception, or a fault
-that could not be measured).
+timeout, duplicate calls by our rows other than the service's, dead letters for a reason the
+fault did not inject, records left uncommitted, an outage's recovery over 10 s, a fleet process
+that exited under a fault it must survive, a raising request not dead-lettered exactly once with
+its exception, or a fault that could not be measured).
 
 Why this setup:
 - The durability profile (RF 3, min ISR 2, acks=all, idempotent producers) with the
