@@ -69,7 +69,8 @@ def headline(figures: dict[str, Any]) -> list[str]:
         lines.append(f"  cost         {cost.shown(spent['cost_per_1k_requests'])} per 1,000 completed "
                      f"requests, {interval(summary.get('cost_per_request'), COST_DIGITS)} per request; "
                      f"failed calls {cost.shown(spent['failed_cost'])}, paid twice "
-                     f"{cost.shown(spent['paid_twice_cost'])}; tokens per request "
+                     f"{cost.shown(spent['paid_twice_cost'])} (tries: {spent['paid_twice']} paid twice, "
+                     f"{spent.get('abandoned', '-')} abandoned); tokens per request "
                      f"{cost.shown(spent['tokens_input_per_request'])} in, "
                      f"{cost.shown(spent['tokens_output_per_request'])} out")
     reference = figures.get("reference")

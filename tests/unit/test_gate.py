@@ -251,9 +251,10 @@ def test_the_page_and_the_report_show_the_cost_and_unknown_where_nothing_priced_
     cells = [c.split() for c in re.findall(r'<td class="num cost">(.*?)</td>', html, re.S)]
     assert [" ".join(c) for c in cells] == [
         '1200 <span class="muted">per 1,000 requests</span><br><span class="muted failed-cost">failed '
-        'calls 0, paid twice 0.8</span>',
+        'calls 0, paid twice 0.8 (tries: 1 paid twice, 0 abandoned)</span>',
         'unknown <span class="muted">per 1,000 requests</span><br><span class="muted failed-cost">failed '
-        'calls 0, paid twice 0</span>',  # nothing failed or was paid twice: 0 whatever the prices
+        # nothing failed or was paid twice: 0 whatever the prices
+        'calls 0, paid twice 0 (tries: 0 paid twice, 0 abandoned)</span>',
         "–"]  # a decision from before costs were kept
 
     trials = [{**trial(), "ai_limit": 8, "bottleneck_stage": "draft", "binding_limit": "draft.concurrency",
@@ -264,7 +265,8 @@ def test_the_page_and_the_report_show_the_cost_and_unknown_where_nothing_priced_
     # tokens (1000 + 2000) / 2 in, (200 + 400) / 2 out
     assert line.split() == ["cost", "1200", "per", "1,000", "completed", "requests,", "1.200000000",
                             "[-1.325500606,", "3.725500606]", "per", "request;", "failed", "calls", "0,",
-                            "paid", "twice", "0.8;", "tokens", "per", "request", "1500", "in,", "300", "out"]
+                            "paid", "twice", "0.8", "(tries:", "1", "paid", "twice,", "0",
+                            "abandoned);", "tokens", "per", "request", "1500", "in,", "300", "out"]
 
 
 def test_the_binding_limit_is_named_in_the_summary_the_page_and_the_report() -> None:
