@@ -5,14 +5,14 @@ that a member renews before each try (else the call would outlive it and be paid
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from consumers.ai.client import AIClient, AIUnavailable, Endpoint, RetryPolicy
+from tests.loopback_http import served
 from tests.recorded_tries import Tries
 
 ANSWER = json.dumps({"image_url": "https://example.test/a.png"}).encode()
@@ -43,12 +43,8 @@ class Dripping(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def dripping_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Dripping)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/generate"
-    server.shutdown()
-    server.server_close()
+    with served(Dripping, "/v1/generate") as url:
+        yield url
 
 
 def test_a_dripping_answer_times_out_within_the_endpoints_timeout(dripping_url: str) -> None:

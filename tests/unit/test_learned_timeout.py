@@ -4,16 +4,16 @@ server that answers after the delay each request asks for."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from consumers.ai.client import AIClient, AIUnavailable, Endpoint, RetryPolicy
 from consumers.ai.learned_timeout import LearnedTimeout
 from consumers.config.candidate import PipelineConfig
+from tests.loopback_http import served
 from tests.recorded_tries import Tries
 
 
@@ -75,12 +75,8 @@ class Delayed(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def delayed_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Delayed)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/work"
-    server.shutdown()
-    server.server_close()
+    with served(Delayed, "/v1/work") as url:
+        yield url
 
 
 def test_the_client_cuts_a_try_at_the_timeout_in_force_and_teaches_it_its_served_calls(

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 from consumers.ai.client import AIClient, Endpoint, RetryPolicy
+from tests.loopback_http import served
 from tests.recorded_tries import Tries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,11 +55,8 @@ def answering_url(wall: WallClock) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Answer)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/check"
-    server.shutdown()
-    server.server_close()
+    with served(Answer, "/v1/check") as url:
+        yield url
 
 
 class Latencies:
