@@ -36,7 +36,7 @@ TEST_RUN := $(if $(filter 1,$(TEST_WORKERS)),.venv/bin/pytest -q -rfEs --duratio
   ( .venv/bin/pytest -q -rfEs --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
     -m "not serial"; r=$$?; .venv/bin/pytest -q -rfEs --durations=5 -m serial $(SERIAL_MODULES) || r=1; exit $$r ))
 
-.PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats faults test test-unit test-fast lint airflow
+.PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats limit-matrix faults test test-unit test-fast lint airflow
 
 deps: venv jars postgres-server browser
 
@@ -111,6 +111,11 @@ bench-smoke:
 # The gate's statistics: false-promotion and false-rejection rates over many decisions (~30 min).
 gate-stats: up
 	$(DEV_ENV) && $(PY) -m bench.gate_stats
+
+# The adaptive concurrency limit against a simulated service over latency shapes, limit schedules
+# and caller stalls (bench/limit_matrix.py): no services, about a minute on two cores.
+limit-matrix: venv
+	$(PY) -m bench.limit_matrix
 
 # Fault injection (about 15 minutes): a three-broker stack of its own (ports +20000), steady load,
 # one fault after another (see bench/faults.py); the stack is stopped afterwards.

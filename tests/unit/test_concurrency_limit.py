@@ -3,26 +3,27 @@ with fixed, lognormal and Pareto latencies whose limit halves and comes back."""
 
 from __future__ import annotations
 
-import heapq
 import math
-import random
 import statistics
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
 
+from bench.limit_matrix import (
+    Z99,
+    Clock,
+    Draw,
+    busy_share,
+    completions,
+    fixed,
+    lognormal,
+    pareto,
+    recovered_after,
+    simulate,
+    stalls_between,
+)
 from consumers.ai.concurrency_limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
-from consumers.ai.rate_budget import REQUESTS, RateBudget, Spent
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def take(limit: AdaptiveLimit, n: int) -> list[Permit]:
@@ -498,172 +499,7 @@ def test_two_window_medians_over_twice_their_baseline_halve_the_limit() -> None:
     assert limit.limit == 16
 
 
-# -- against a simulated service
-
-Draw = Callable[[random.Random], float]
-Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
-
-
-def fixed(mean: float) -> Draw:
-    return lambda rng: mean * rng.uniform(0.9, 1.1)
-
-
-def lognormal(median: float, p99: float) -> Draw:
-    sigma = math.log(p99 / median) / Z99
-    return lambda rng: rng.lognormvariate(math.log(median), sigma)
-
-
-def pareto(median: float, alpha: float) -> Draw:
-    """Pareto with the given median: P(X > x) = (x_m / x)^alpha; alpha 2 has no variance."""
-    scale = median / 2 ** (1 / alpha)
-    return lambda rng: scale * rng.paretovariate(alpha)
-
-
-def simulate(schedule: list[tuple[float, int]], until: float, draw: Draw, lag: float = 0.005,
-             jitter: float = 0.5, retry_after: float | None = None, seed: int = 7,
-             per_minute: int | None = None, budget_retry_after: bool = True,
-             stalls: tuple[tuple[float, float], ...] = ()) -> dict:
-    """A service refusing past its concurrency limit (which follows `schedule`) as soon as a
-    call reaches it and serving the others in a latency drawn by `draw`, fed by a caller with
-    unlimited work through the limiter; returns what happened (`done`: when the caller got
-    each answer, `refused_at`: when the service refused each call, `busy`: the (start, end) of
-    each served call at the service).
-
-    `lag` is each way between the caller and the service (+-`jitter` of it, drawn per trip): a
-    call acquired at t reaches the service at t + lag; a call the service ends at t frees its
-    place there at t but is released by the caller at t + lag, so the caller's count of calls
-    in flight includes those on their way, as a real client's does. A 429 carries `retry_after`
-    (None: no Retry-After).
-
-    With `per_minute`, the service also meters requests per minute as a continuously refilled
-    bucket, checked first: a call past it is refused as a spent budget (with a Retry-After
-    until the next request unless not `budget_retry_after`), and every answer announces the
-    budget in OpenAI's headers. The caller spends a `RateBudget` learned from those before
-    each call, as the AI client does, and tells it of budget refusals instead of the limit.
-
-    `stalls` are spans in which the caller's process does not run (a loaded machine): it sends
-    nothing, and what the service answers meanwhile reaches it in the first 20 ms after the
-    span ends, while the service goes on."""
-    rng, trips = random.Random(seed), random.Random(seed + 4)
-    clock = Clock()
-    limit = AdaptiveLimit(clock=clock)
-    budget = RateBudget(clock=clock)
-    bucket = {"level": float(per_minute or 0), "at": 0.0}
-
-    def announced(t: float) -> dict[str, str]:
-        if not per_minute:
-            return {}
-        bucket["level"] = min(per_minute, bucket["level"] + (t - bucket["at"]) * per_minute / 60)
-        bucket["at"] = t
-        return {"x-ratelimit-limit-requests": str(per_minute),
-                "x-ratelimit-remaining-requests": str(int(bucket["level"])),
-                "x-ratelimit-reset-requests": f"{(per_minute - bucket['level']) * 60 / per_minute:.3f}s"}
-    events: list[tuple[float, int, str, Permit, bool]] = []
-    taken: dict[int, Spent] = {}  # each call's share of the budget, until it is back
-    state: dict = {"serving": 0, "calls": 0, "refused": 0, "spent": 0, "done": [], "refused_at": [],
-                   "busy": [], "wake": -math.inf}
-
-    def service_limit(t: float) -> int:
-        return [lim for at, lim in schedule if t >= at][-1]
-
-    def trip() -> float:
-        return lag * trips.uniform(1 - jitter, 1 + jitter)
-
-    def arrive(t: float, call: int, permit: Permit) -> None:
-        headers = announced(t)
-        if per_minute and bucket["level"] < 1:
-            state["refused"] += 1
-            state["spent"] += 1
-            wait = (1 - bucket["level"]) * 60 / per_minute if budget_retry_after else None
-            heapq.heappush(events, (t + 0.001 + trip(), call, "spent", permit, (wait, headers)))
-            return
-        if state["serving"] >= service_limit(t):
-            state["refused"] += 1
-            state["refused_at"].append(t)
-            heapq.heappush(events, (t + 0.001 + trip(), call, "refused", permit, False))
-            return
-        state["serving"] += 1
-        if per_minute:
-            bucket["level"] -= 1
-        end = t + draw(rng)
-        state["busy"].append((t, end))
-        heapq.heappush(events, (end, call, "free", permit, True))
-        heapq.heappush(events, (end + trip(), call, "answer", permit, True))
-
-    def send(t: float) -> None:
-        while limit.spare():
-            wait, spent = budget.try_take(0)
-            if spent is None:
-                if state["wake"] <= t:  # one wake-up pending at a time
-                    state["wake"] = t + wait
-                    heapq.heappush(events, (t + wait, 0, "wake", None, None))
-                return
-            permit = limit.sent(limit.acquire())
-            state["calls"] += 1
-            taken[state["calls"]] = spent
-            heapq.heappush(events, (t + trip(), state["calls"], "arrive", permit, False))
-
-    def stalled_until(t: float) -> float | None:
-        return next((end for start, end in stalls if start <= t < end), None)
-
-    send(0.0)
-    tick = 0.0
-    while events and events[0][0] < until:
-        t = events[0][0]
-        if t > tick + 0.01:  # time alone moves the limiter too (a probe out long enough)
-            tick = clock.now = min(t, tick + 0.01)
-            if stalled_until(tick) is None:
-                send(clock.now)
-            continue
-        t, call, what, permit, ok = heapq.heappop(events)
-        resumed = stalled_until(t)
-        if resumed is not None and what in ("answer", "refused", "spent", "wake"):
-            heapq.heappush(events, (resumed + trips.uniform(0, 0.02), call, what, permit, ok))
-            continue
-        clock.now = tick = t
-        if what == "arrive":
-            arrive(t, call, permit)
-        elif what == "free":
-            state["serving"] -= 1
-        elif what == "answer":
-            state["done"].append(t)
-            limit.release(permit, OK)
-            spent = taken.pop(call)
-            budget.ended(spent, answered=True)
-            budget.observe(announced(t), spent)
-        elif what == "spent":
-            limit.release(permit, NOT_SENT)  # a spent budget is no concurrency refusal
-            budget.ended(taken[call], answered=False)
-            retry_after_s, headers = ok
-            budget.refused(REQUESTS, retry_after_s, headers, taken.pop(call))
-        elif what == "refused":
-            limit.release(permit, OVERLOAD, retry_after)
-            budget.ended(taken.pop(call), answered=False)
-        if stalled_until(t) is None:
-            send(t)
-    return {**state, "limit": limit}
-
-
-def completions(done: list[float], start: float, end: float) -> int:
-    return sum(start <= t < end for t in done)
-
-
-def busy_share(busy: list[tuple[float, float]], start: float, end: float, service_limit: int) -> float:
-    """The share of the service's slot-seconds between `start` and `end` that served calls."""
-    held = sum(max(0.0, min(b, end) - max(a, start)) for a, b in busy)
-    return held / (service_limit * (end - start))
-
-
-def recovered_after(run: dict, change: float, service_limit: int, mean: float) -> float:
-    """Seconds from `change` until the service's slots are 90 % busy over a window of a mean
-    latency (the benchmark's recovery rule, counted at the service)."""
-    t = change
-    while t < change + 30 * mean:
-        if busy_share(run["busy"], t, t + mean, service_limit) >= 0.9:
-            return t - change
-        t += mean / 20
-    return math.inf
-
+# -- against a simulated service (bench/limit_matrix.py, which runs it over a matrix of shapes too)
 
 SHAPES = {  # a latency shape and its mean, as the benchmark's pipelines have them (real scale)
     "fixed 3 s": (fixed(3.0), 3.0),
@@ -695,16 +531,6 @@ def test_a_limit_that_halves_and_comes_back_is_followed_within_seconds(shape: st
     # and the calls sent in the round trip after each change. This is the bottleneck endpoint
     # alone; a pipeline's other calls (every request calls two or three endpoints) are not refused.
     assert run["refused"] <= 0.015 * run["calls"], (run["refused"], run["calls"])
-
-
-def stalls_between(until: float, seed: int) -> tuple[tuple[float, float], ...]:
-    """Stalls of 0.2 to 0.7 s every 1 to 3 s, as the benchmark's fleets met on two cores."""
-    rng, t, spans = random.Random(seed), 0.0, []
-    while t < until:
-        t += rng.uniform(1.0, 3.0)
-        spans.append((t, t + rng.uniform(0.2, 0.7)))
-        t = spans[-1][1]
-    return tuple(spans)
 
 
 @pytest.mark.parametrize("draw", [fixed(0.5), lognormal(0.3, 1.5)], ids=["fixed 0.5 s", "lognormal 0.3 s"])
