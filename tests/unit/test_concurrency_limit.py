@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bench.limit_matrix import (
+from bench.limit_simulation import (
     Z99,
     Clock,
     Draw,
@@ -499,7 +499,7 @@ def test_two_window_medians_over_twice_their_baseline_halve_the_limit() -> None:
     assert limit.limit == 16
 
 
-# -- against a simulated service (bench/limit_matrix.py, which runs it over a matrix of shapes too)
+# -- against a simulated service (bench/limit_simulation.py)
 
 SHAPES = {  # a latency shape and its mean, as the benchmark's pipelines have them (real scale)
     "fixed 3 s": (fixed(3.0), 3.0),

@@ -7,7 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from bench.limit_matrix import UNTIL, capacity, drift, fixed, refused_share, simulate, summary, used_share
+from bench.limit_matrix import UNTIL, drift, summary
+from bench.limit_simulation import capacity, fixed, refused_share, simulate, used_share
 from consumers.ai.concurrency_limit import AdaptiveLimit
 
 
