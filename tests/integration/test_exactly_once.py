@@ -29,10 +29,13 @@ def outbox(kafka: KafkaConnection, transactional_id: str) -> TransactionalOutbox
 
 
 def member(kafka: KafkaConnection, group: str, topic: str) -> Consumer:
-    """A group member with short clocks, polled until it holds the topic's partition."""
+    """A group member with a short session, polled until it holds the topic's partition. It is
+    not polled again while the tests start transactional producers beside it, which took over
+    3 s on a busy machine: its poll interval allows for that (past it, the member leaves and a
+    commit meant to pass is refused as from an unknown member)."""
     consumer = Consumer(kafka.client(**{"group.id": group, "enable.auto.commit": False,
                                         "auto.offset.reset": "earliest", "session.timeout.ms": 3000,
-                                        "heartbeat.interval.ms": 500, "max.poll.interval.ms": 3000}))
+                                        "heartbeat.interval.ms": 500, "max.poll.interval.ms": 60000}))
     consumer.subscribe([topic])
     deadline = time.monotonic() + 60
     while not consumer.assignment():
