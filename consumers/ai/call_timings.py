@@ -1,16 +1,19 @@
 """What an adaptive limit learns time from: the latencies of served calls and the round trips of
 refused ones. Latencies are heavy-tailed, so only medians over whole windows speak of the service
-(a mean follows the tail); a refusal's round trip is how long a probe's refusal may take to come
-back, so the limiter waits that long before it takes silence for admission."""
+(a mean follows the tail), and a window's median is compared with the baseline only past what its
+own spread explains; a refusal's round trip is how long a probe's refusal may take to come back,
+so the limiter waits that long before it takes silence for admission."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 
 WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
 BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
 GROWTH_TOLERANCE = 1.5  # a window median this far over the baseline: the service slowed
+NOISE_ERRORS = 3.0  # standard errors of a window's median its comparisons allow on top
 TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
 RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
 
@@ -23,6 +26,7 @@ class Latencies:
     def __init__(self) -> None:
         self.recent: deque[float] = deque(maxlen=WINDOW)
         self.medians: deque[float] = deque(maxlen=BASELINE_WINDOWS)
+        self._noise = 1.0  # the factor a window median spreads by: exp(NOISE_ERRORS x its error)
         self._fresh = 0  # latencies since the last window median
         self._windows = 0
 
@@ -38,6 +42,7 @@ class Latencies:
         if self._windows == 1:
             return False
         self.medians.append(self.median())
+        self._noise = math.exp(NOISE_ERRORS * median_error(self.recent))
         return True
 
     def median(self) -> float:
@@ -48,11 +53,22 @@ class Latencies:
         no queue)."""
         if len(self.medians) <= 2:
             return False
-        return min(self.medians[-1], self.medians[-2]) > tolerance * min(self.medians)
+        return min(self.medians[-1], self.medians[-2]) > tolerance * self._noise * min(self.medians)
 
     def slowed(self) -> bool:
         """The last window median over GROWTH_TOLERANCE of the baseline: no growth meanwhile."""
-        return bool(self.medians) and self.medians[-1] > GROWTH_TOLERANCE * min(self.medians)
+        return bool(self.medians) and self.medians[-1] > GROWTH_TOLERANCE * self._noise * min(self.medians)
+
+
+def median_error(latencies: deque[float]) -> float:
+    """The standard error of the median of `latencies` in log terms (a lognormal's: 1.25 times its
+    spread over the square root of their number), the spread read from the quartiles: a heavy
+    tail's window medians spread so far that the lowest of ten is half of what is typical, which
+    a fixed tolerance would take for a queue."""
+    if len(latencies) < 4 or min(latencies) <= 0:
+        return 0.0
+    low, _, high = statistics.quantiles(latencies, n=4)
+    return 1.2533 * math.log(high / low) / 1.349 / math.sqrt(len(latencies))
 
 
 class RoundTrips:

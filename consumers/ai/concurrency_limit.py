@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from consumers.ai.call_timings import WINDOW, Latencies, RoundTrips
 
 OK, OVERLOAD, NOT_SENT = "ok", "http_429", "not_sent"
-PROBE_EVERY = 3.0  # latencies between probes under the level to regain, at most, ...
-PROBE_EVERY_S = 1.5  # ... and seconds, at least: a limit that came back is found within them, ...
-LASTED_SHARE = 1 / 8  # ... or this share of the time the shrink has lasted: it may well last
-FIRST_PROBE_WAIT = 0.25  # latencies before the probe after a first refused one under it
-CEILING_EVERY = 12.0  # latencies between probes past it, once refused there time after time, ...
-CEILING_EVERY_S = 30.0  # ... and seconds: a service that grew is found within them
-CEILING_FIRST_WAIT = 4.0  # latencies before the probe after a first refused one there
+# A round: as many calls ended as the limit (a mean latency, whatever the tail): a refused probe
+# is one 429, so probes paced in rounds are a share of the calls that no tail can raise.
+PROBE_ROUNDS = 3.0  # rounds between probes under the level to regain: a 429 in 3 x limit calls
+PROBE_EVERY_S = 1.5  # seconds at most before the probe after a refusal at the level settled on
+FIRST_PROBE_WAIT = 0.25  # latencies before it, or after a refused step of more than one call
+CEILING_EVERY = 6.0  # rounds between probes past it, once refused there time after time, ...
+CEILING_EVERY_S = 30.0  # ... or seconds: a service that grew is found within them
+CEILING_FIRST_WAIT = 4.0  # rounds before the probe after a first refused one there
 STEP_SHARE = 1 / 16  # the largest step of a probe, as a share of the limit: what one may cost
 BACKOFF = 0.5  # the cut when the service shrank or queues
 ADMIT_TRIPS = 4  # a probe out this many 429 round trips unrefused was admitted
@@ -65,16 +66,18 @@ class _Probing:
     taken_from: int | None = None
     first: Permit | None = None
     probed_at: float = -math.inf
-    next_at: float = -math.inf
-    refused_wait: float = 0.0  # doubles with each refused probe, until the service shrinks
+    next_at: float = -math.inf  # no step before
+    next_after: int = 0  # ... nor before this many calls have ended, unless `latest` has come
+    latest: float = math.inf
+    refused_wait: float = 0.0  # doubles with each refused probe at the ceiling
     regain: int = 0  # the level the service answered before it last shrank
     halved: int = 0  # the level that halving cut to
-    shrank_at: float = -math.inf  # when: the longer a shrink has lasted, the rarer its probes
 
     def settle(self, level: int) -> None:
         """A new level settled on; no step out, the next three of one call each (a probe just
         past a cut may be admitted only because an answer in transit had freed its place)."""
         self.floor, self.step, self.taken_from, self.first = level, 0.25, None, None
+        self.next_after, self.latest = 0, math.inf
 
 
 @dataclass
@@ -104,7 +107,10 @@ class AdaptiveLimit:
         self._sent = 0  # calls sent and not back: what the endpoint may hold of ours
         self._waiting = 0
         self._ended_at = -math.inf  # when a call last ended
+        self._ended = 0  # calls ended so far: refused probes are paced in rounds of the limit's calls
         self._plateau = 0  # the highest level a served call was sent at
+        self._refused_level = math.inf  # the level of the last probe refused
+        self._growing = False  # a call was served there since: the service grew
         self._answered: deque[tuple[float, int]] = deque(maxlen=WINDOW)  # (sent, level) of served calls
         self._latencies = Latencies()
         self._trips = RoundTrips()
@@ -182,7 +188,7 @@ class AdaptiveLimit:
             now = self._clock()
             self._in_flight -= 1
             self._sent -= permit.sent
-            self._ended_at = now
+            self._ended_at, self._ended = now, self._ended + 1
             if outcome == OVERLOAD:
                 self._refused(permit, now, retry_after_s)
             elif outcome == OK:
@@ -199,6 +205,7 @@ class AdaptiveLimit:
         window_closed = self._latencies.add(now - permit.at)
         self._answered.append((permit.at, max(permit.level, self._sent + 1)))
         self._plateau = max(self._plateau, permit.level)
+        self._growing = self._growing or permit.level >= self._refused_level
         if permit is self._probing.first:
             self._admitted(now)
         if window_closed and self._latencies.queued(self.latency_tolerance):
@@ -221,6 +228,7 @@ class AdaptiveLimit:
             # Served there once, with calls in transit; refused now: not a level to take for
             # admitted by time alone.
             self._plateau = min(self._plateau, probe.level - 1)
+            self._refused_level = probe.level
             self._probing.probed_at = -math.inf  # one refusal pays for a probe
             self._probe_refused(now, retry_after_s, untried=permit.level - 1 > self._probing.floor)
         else:
@@ -228,13 +236,13 @@ class AdaptiveLimit:
 
     def _probe_refused(self, now: float, retry_after_s: float | None, untried: bool) -> None:
         """A probe's step went past what the service holds: back to the level settled on (the
-        step's other calls are stale by then), and the next probe waits twice longer than after
-        the last refused one: up to PROBE_EVERY under the level to regain (less the calls in
-        transit, which it counted), where a service that shrank comes back; up to CEILING_EVERY
-        with nothing to regain, where each probe that finds no growth costs a 429. Back more than
+        step's other calls are stale by then). Under the level to regain (less the calls in
+        transit, which it counted), where a service that shrank comes back, the next probe waits
+        PROBE_ROUNDS; with nothing to regain, where each probe that finds no growth costs a 429,
+        twice as long as after the last refused one there, up to CEILING_EVERY. Back more than
         halfway to the level to regain, nothing is left to regain (it may be a level counted with
         answers in transit, never held); a refused step of more than one call (`untried`) leaves
-        the levels under its top to probe soon (docs/adaptive.md says why, with figures)."""
+        the levels under its top to probe soon (docs/adaptive.md says why)."""
         self._cut(self._probing.floor, now)
         probing = self._probing
         if probing.regain and 2 * probing.floor > probing.halved + probing.regain:
@@ -242,15 +250,19 @@ class AdaptiveLimit:
             probing.refused_wait = max(probing.refused_wait, CEILING_FIRST_WAIT / 2)
         if untried:
             probing.next_at = now + max(retry_after_s or 0.0, FIRST_PROBE_WAIT * self._latency())
-            return
-        if probing.floor + self._in_transit() >= probing.regain:  # at the ceiling
-            first, most, longest = CEILING_FIRST_WAIT, CEILING_EVERY, CEILING_EVERY_S
+        elif probing.floor + self._in_transit() >= probing.regain:  # at the ceiling
+            probing.refused_wait = min(CEILING_EVERY, 2 * probing.refused_wait or CEILING_FIRST_WAIT)
+            self._wait(now, retry_after_s or 0.0, rounds=probing.refused_wait, longest=CEILING_EVERY_S)
         else:
-            first, most = FIRST_PROBE_WAIT, PROBE_EVERY
-            longest = max(PROBE_EVERY_S, LASTED_SHARE * (now - probing.shrank_at))
-        probing.refused_wait = min(most, 2 * probing.refused_wait or first)
-        wait = min(probing.refused_wait * self._latency(), longest)
-        probing.next_at = now + max(retry_after_s or 0.0, wait)
+            self._wait(now, retry_after_s or 0.0, rounds=PROBE_ROUNDS)
+
+    def _wait(self, now: float, seconds: float, rounds: float, longest: float = math.inf) -> None:
+        """The next step no sooner than `seconds` from now, nor before `rounds` of the limit's
+        calls have ended (a refused probe's 429 is then that share of the calls whatever the
+        latencies' tail), unless `longest` has passed."""
+        probing = self._probing
+        probing.next_at, probing.latest = now + seconds, now + longest
+        probing.next_after = self._ended + math.ceil(rounds * self._limit)
 
     def _after_probe(self, permit: Permit) -> bool:
         """`permit`'s call went out after the last probe, within a latency: at a full service the
@@ -274,7 +286,7 @@ class AdaptiveLimit:
     def _halve(self, now: float) -> None:
         """The service shrank: half the level it held (the level answered, less the calls in
         transit), probed from at once, and the level answered to regain."""
-        self._probing.regain, self._probing.shrank_at = self._episode.level, now
+        self._probing.regain = self._episode.level
         self._cut(BACKOFF * (self._episode.level - self._in_transit() + 1), now)
         self._probing.halved = int(self._limit)
         self._episode.began, self._probing.next_at, self._probing.refused_wait = -math.inf, now, 0.0
@@ -315,9 +327,9 @@ class AdaptiveLimit:
         probing.step = min(2 * probing.step, largest)
         if self._limit < mark:
             probing.step = min(probing.step, mark - self._limit)
-        elif self._trips.mean is not None:
+        elif self._trips.mean is not None and not self._growing:
             probing.step = 1.0
-        probing.next_at = now
+        probing.next_at, probing.next_after, probing.latest = now, 0, math.inf
 
     # -- time moves on
 
@@ -336,14 +348,17 @@ class AdaptiveLimit:
         before (a late refusal there would take the limit past anything it has shown)."""
         probe = self._probing.first
         return (probe is not None and now - probe.at >= self._admit_wait() and not self._stalled(now)
-                and (self._trips.mean is None or probe.level <= max(self._plateau, self._probing.regain)))
+                and (self._trips.mean is None or self._growing
+                     or probe.level <= max(self._plateau, self._probing.regain)))
 
     def _may_step(self, now: float) -> bool:
         """A step may be taken: none out, its time come, an answer seen (before one a step
         would be blind), the limit in use, and the service not slowed, unless the step is a
         return to a level it held: a window of heavy-tailed latencies over the baseline then
         held the limit under the service for seconds."""
-        return (self._probing.taken_from is None and now >= self._probing.next_at
+        probing = self._probing
+        return (probing.taken_from is None and now >= probing.next_at
+                and (self._ended >= probing.next_after or now >= probing.latest)
                 and bool(self._latencies.recent) and self._in_flight >= int(self._limit)
                 and (self._limit < self._probing.regain or not self._latencies.slowed()))
 
@@ -352,8 +367,12 @@ class AdaptiveLimit:
         probing = self._probing
         if probing.first is not None:
             return probing.first.at + self._admit_wait()
-        if probing.taken_from is None and probing.next_at > self._clock():
-            return probing.next_at
+        if probing.taken_from is None:
+            now = self._clock()
+            if probing.next_at > now:
+                return probing.next_at
+            if self._ended < probing.next_after and probing.latest > now:
+                return probing.latest
         return None
 
     def _stalled(self, now: float) -> bool:
@@ -390,6 +409,7 @@ class AdaptiveLimit:
         """A lower limit; tries sent from now on are told apart from those sent before."""
         self._set(value, now)
         self._generation += 1
+        self._growing = False
         self._probing.settle(int(self._limit))
 
     def _set(self, value: float, now: float) -> None:

@@ -171,20 +171,41 @@ def refuse_probes(clock: Clock, limit: AdaptiveLimit, waits: tuple[float, ...]) 
         limit.release(probe, OVERLOAD)
 
 
-def test_a_refused_probe_with_nothing_to_regain_waits_longer_each_time_up_to_30_s() -> None:
+def turn_over(clock: Clock, limit: AdaptiveLimit, permits: list[Permit], calls: int) -> None:
+    """The oldest `calls` calls served a millisecond apart, each replaced at once: rounds of the
+    limit's calls pass, the limit in use throughout."""
+    for _ in range(calls):
+        clock.now += 0.001
+        limit.release(permits.pop(0), OK)
+        permits += take(limit, 1)
+
+
+def test_a_refused_probe_with_nothing_to_regain_waits_rounds_of_calls_or_30_s() -> None:
     clock = Clock()
-    limit, _ = saturated(clock, 16, latency=3.0)
+    limit, permits = saturated(clock, 16, latency=3.0)
     probe = take(limit, 1)[0]  # at 17
     clock.now = 3.003
     limit.release(probe, OVERLOAD)  # the service holds 16: back to 16, 429 round trip 3 ms
     assert (limit.limit, limit.spare()) == (16, 0)
-    # Nothing to regain (the service never shrank): the next probe after four median latencies
-    # (12 s), then twice as long each time, up to 12 latencies (36 s) and no more than 30 s.
-    refuse_probes(clock, limit, (12.0, 24.0, 30.0, 30.0))
-    assert limit.limit == 16
+    # Nothing to regain (the service never shrank): the next probe once four rounds of 16 calls
+    # have ended (64), then six rounds (96) each time: one 429 in 96 calls, however long they take.
+    for calls in (64, 96, 96):
+        turn_over(clock, limit, permits, calls - 1)
+        assert (limit.spare(), limit.limit) == (0, 16), calls
+        turn_over(clock, limit, permits, 1)
+        assert (limit.spare(), limit.limit) == (1, 17), calls
+        probe = take(limit, 1)[0]
+        clock.now += 0.003
+        limit.release(probe, OVERLOAD)
+    # No call ends: 30 s at most, a service that grew is found within them.
+    refused_at = clock.now
+    clock.now = refused_at + 29.999
+    assert limit.spare() == 0
+    clock.now = refused_at + 30.0
+    assert limit.spare() == 1
 
 
-def test_a_refused_probe_under_the_level_to_regain_waits_1_5_s_at_most_until_the_shrink_lasts() -> None:
+def test_a_refused_probe_under_the_level_to_regain_waits_three_rounds_of_calls() -> None:
     clock = Clock()
     limit, permits = saturated(clock, 32, latency=2.0)  # 32 served, calls of 2 s
     for _ in range(4):
@@ -196,29 +217,17 @@ def test_a_refused_probe_under_the_level_to_regain_waits_1_5_s_at_most_until_the
     while limit.spare() == 0:  # calls end until fewer are out than the limit and its step
         limit.release(permits.pop(0), OK)
     assert (limit.limit, limit.spare()) == (16, 1)  # probed at once
-    probe = take(limit, 1)[0]
-    clock.now += 0.003
-    limit.release(probe, OVERLOAD)
-    # A limit that came back is found within 1.5 s: a quarter, a half latency (the median is
-    # 2.003 s: the calls that ended at 2.003), then 1.5 s.
-    refuse_probes(clock, limit, (0.501, 1.002, 1.5, 1.5, 1.5))
-    # Once the shrink has lasted longer than 12 s, an eighth of how long it has lasted, up to
-    # three latencies (6 s) once it has lasted 48 s.
-    waits = []
-    while clock.now < 2.003 + 70:
-        refused_at = clock.now
-        while limit.spare() == 0:
-            clock.now += 0.001
-        waits.append((refused_at - 2.003, clock.now - refused_at))
-        probe = take(limit, 1)[0]
+    permits += take(limit, 1)
+    # Each refused probe: back to 15, the next once three rounds of 15 calls have ended (45),
+    # one 429 in 45 calls for as long as the shrink lasts.
+    for _ in range(3):
         clock.now += 0.003
-        limit.release(probe, OVERLOAD)
-    for lasted, wait in waits:
-        expected = 1.5 if lasted <= 12 else 3.0 if 23 <= lasted <= 25 else 6.0 if lasted >= 48 else None
-        if expected is not None:
-            assert wait == pytest.approx(expected, abs=0.2), (lasted, wait)
-    assert waits[-1][1] == pytest.approx(3 * 2.003, abs=0.002)
-    assert limit.limit == 15
+        limit.release(permits.pop(), OVERLOAD)  # the probe, the last call sent
+        turn_over(clock, limit, permits, 44)
+        assert (limit.spare(), limit.limit) == (0, 15)
+        turn_over(clock, limit, permits, 1)
+        assert (limit.spare(), limit.limit) == (1, 16)
+        permits += take(limit, 1)
 
 
 def end_and_replace(clock: Clock, limit: AdaptiveLimit, permits: list[Permit], ended: list[float]) -> None:
@@ -236,7 +245,7 @@ def test_a_probe_refused_more_than_halfway_back_to_the_level_to_regain_leaves_no
     # A halving keeps the level answered as the one to regain, but that may be a level the fleet
     # counted with answers on their way back and the service never held (72 against 64 at a
     # short-latency endpoint). Refused once back more than halfway there, a probe has found what
-    # the service holds now: the next waits four latencies, as at the ceiling, not a quarter.
+    # the service holds now: the next waits four rounds, as at the ceiling, not three.
     clock = Clock()
     limit, permits = saturated(clock, 32, latency=2.0)
     ended = [2.0]  # the latencies served, the last of saturated's calls first
@@ -250,14 +259,15 @@ def test_a_probe_refused_more_than_halfway_back_to_the_level_to_regain_leaves_no
     assert limit.limit == 15
     while limit.limit < 26:  # back past (15 + 32) / 2
         end_and_replace(clock, limit, permits, ended)
-    refused_at = clock.now = clock.now + 0.003
+    clock.now += 0.003
     limit.release(permits.pop(), OVERLOAD)  # the probe, the last call sent: back to 25, all out
     assert (limit.spare(), limit.limit) == (0, 25)
-    latency = statistics.median(ended[-64:])  # of the replacements: 39 ms
-    clock.now = refused_at + 4 * latency - 0.001
-    assert (limit.spare(), limit.limit) == (0, 25), latency  # not a quarter latency, as under it
-    clock.now = refused_at + 4 * latency + 0.001
-    assert (limit.spare(), limit.limit) == (1, 26), latency
+    turn_over(clock, limit, permits, 3 * 25)
+    assert (limit.spare(), limit.limit) == (0, 25)  # not after three rounds, as under it
+    turn_over(clock, limit, permits, 25 - 1)
+    assert (limit.spare(), limit.limit) == (0, 25)
+    turn_over(clock, limit, permits, 1)
+    assert (limit.spare(), limit.limit) == (1, 26)
 
 
 def test_a_refused_step_of_two_calls_leaves_the_level_under_it_to_probe_soon() -> None:
@@ -352,12 +362,12 @@ def test_a_probe_past_the_highest_level_served_is_admitted_once_served() -> None
     probe = take(limit, 1)[0]
     clock.now = 1.003
     limit.release(probe, OVERLOAD)  # a 429 has measured the round trip: 3 ms; the next probe
-    clock.now = 5.003  # after four latencies
+    turn_over(clock, limit, permits, 4 * 16)  # after four rounds
     permits += take(limit, 1)  # the probe, at 17: no call was ever served at 17
-    clock.now = 5.2
+    clock.now += 0.2
     limit.release(permits.pop(0), OK)  # calls go on ending
     permits += take(limit, 1)
-    clock.now = 5.3  # unrefused for 100 round trips, but the answers on their way back may have
+    clock.now += 0.1  # unrefused for 100 round trips, but the answers on their way back may have
     assert (limit.spare(), limit.limit) == (0, 17)  # made its place: not admitted yet
     limit.release(permits.pop(-2), OK)  # served: admitted, 17 settled on
     permits += take(limit, 1)
@@ -368,19 +378,20 @@ def test_a_call_refused_right_after_a_probe_pays_for_the_probe() -> None:
     clock = Clock()
     limit, permits = saturated(clock, 16, latency=1.0)
     clock.now = 1.003
-    limit.release(take(limit, 1)[0], OVERLOAD)  # a probe at 17 refused: the next after 4 latencies
-    clock.now = 5.003
+    limit.release(take(limit, 1)[0], OVERLOAD)  # a probe at 17 refused: the next after 4 rounds
+    turn_over(clock, limit, permits, 4 * 16)
     permits += take(limit, 1)  # the next probe, at 17
-    clock.now = 5.004
-    limit.release(permits.pop(0), OK)  # two calls end (the median latency is now 5.004 s) and
-    limit.release(permits.pop(0), OK)  # one goes out after the probe, at 16: the probe took the
-    after = take(limit, 1)[0]  # place that one of those two had freed, their answers on their way
-    clock.now = 5.006
-    limit.release(after, OVERLOAD)  # refused: the probe's refusal, so the next probe waits twice
-    permits += take(limit, 1)  # as long, 8 x 5.004 s and at most 30 s (not the 1.5 s at most
-    clock.now = 35.005  # after a refusal at 16)
+    clock.now += 0.001
+    limit.release(permits.pop(0), OK)  # two calls end and one goes out after the probe, at 16:
+    limit.release(permits.pop(0), OK)  # the probe took the place that one of those two had
+    after = take(limit, 1)[0]  # freed, their answers on their way
+    clock.now += 0.002
+    refused_at = clock.now
+    limit.release(after, OVERLOAD)  # refused: the probe's refusal, so the next probe waits six
+    permits += take(limit, 1)  # rounds or 30 s (not the 1.5 s at most after a refusal at 16)
+    clock.now = refused_at + 29.999
     assert (limit.spare(), limit.limit) == (0, 16)
-    clock.now = 35.007
+    clock.now = refused_at + 30.001
     assert (limit.spare(), limit.limit) == (1, 17)
 
 
@@ -397,10 +408,11 @@ def test_a_probe_is_not_taken_for_admitted_while_no_call_ends() -> None:
 
 def test_a_retry_after_holds_the_next_probe() -> None:
     clock = Clock()
-    limit, _ = saturated(clock, 16, latency=1.0)
+    limit, permits = saturated(clock, 16, latency=1.0)
     probe = take(limit, 1)[0]
     clock.now = 1.003
-    limit.release(probe, OVERLOAD, retry_after_s=4.8)  # longer than the 4 latencies the next waits
+    limit.release(probe, OVERLOAD, retry_after_s=4.8)
+    turn_over(clock, limit, permits, 4 * 16)  # the four rounds the next probe waits, in 64 ms
     clock.now = 5.80
     assert limit.spare() == 0
     clock.now = 5.81
@@ -571,11 +583,10 @@ def test_a_start_whose_first_refusal_comes_back_late_climbs_little_past_the_serv
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_a_steady_service_is_probed_every_twelve_latencies_or_thirty_seconds(shape: str) -> None:
+def test_a_steady_service_is_probed_every_six_rounds_or_thirty_seconds(shape: str) -> None:
     draw, mean = SHAPES[shape]
     run = simulate([(0, 64)], until=60 * mean, draw=draw)
-    median = {"fixed 3 s": 3.0}.get(shape, 1.2)
-    every = min(12 * median, 30.0)  # 30 s for calls of 3 s, 14.4 s for a median of 1.2 s
+    every = min(6 * mean, 30.0)  # six rounds of 64 calls: six mean latencies, 18 s for calls of 3 s
     refused = [t for t in run["refused_at"] if t >= 10 * mean]
     assert 1 <= len(refused) <= (50 * mean) / (every * 0.9) + 2, len(refused)
     assert busy_share(run["busy"], 10 * mean, 60 * mean, 64) >= 0.97
