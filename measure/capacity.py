@@ -33,21 +33,20 @@ one window and the start of the next at once: two clock minutes' budget (`fixed_
 physical minimum (measure.figures) and served_check count it; the capacity, a rate, does not.
 
 utilization: the share of the binding limit the run used on the plateau (the steady band of
-measure.figures): the binding endpoint's call-seconds inside the band / (concurrency x band)
-for a concurrency; for a budget, the calls started inside the band (a meter counts a call when
-it arrives), or their tokens, over what the budget allows there: its rate x the band, plus what
-its allowance can still hold when the band begins (`allowance_left`: the allowance, less what
-the calls started before the band took beyond the refill since the first one). A band that
-begins while the first minute's allowance is being spent would otherwise read its rate exceeded
-(1.006 of a requests budget at time scale 0.25). Fixed windows of a clock minute are held to
-their rate alone: what a window let through before the band is not counted, and two windows'
-budget as their allowance would make a band of a few minutes read far below a window meter kept
-full, so a band whose ends fall mid-window may read past 1 by a share of one window's budget
-(1.003 through LiteLLM's proxy). In expectation it is steady_throughput_rps /
-capacity_rps; it counts calls rather than completions because completions of a fan-out join
-catch up inside the band (a post summarised early waits for its labels) and heavy-tailed calls
-make a completion slope noisy: text_moderation read 1.046 and 1.087 of a capacity its calls
-never exceeded. Counted on calls, a limit the service enforces keeps it at most 1.
+measure.figures): the binding endpoint's call-seconds inside the band / (concurrency x band) for
+a concurrency; for a budget, the calls started inside the band (a meter counts a call when it
+arrives), or their tokens, over what the budget allows there: its rate x the band, plus what its
+allowance can still hold when the band begins (`allowance_left`: the allowance, less what the
+calls started before the band took beyond the refill since the first one). A band that begins
+while the first minute's allowance is being spent would otherwise read its rate exceeded. Fixed
+windows of a clock minute are held to their rate alone: what a window let through before the
+band is not counted, and two windows' budget as their allowance would make a band of a few
+minutes read far below a window meter kept full, so a band whose ends fall mid-window may read
+past 1 by a share of one window's budget (docs/benchmarks.md#reading-the-figures). In
+expectation it is steady_throughput_rps / capacity_rps; it counts calls rather than completions
+because completions of a fan-out join catch up inside the band (a post summarised early waits
+for its labels) and heavy-tailed calls make a completion slope noisy, past 1 of a capacity its
+calls never exceeded. Counted on calls, a limit the service enforces keeps it at most 1.
 
 served_check: what the service served on the binding endpoint over a window that began with its
 budgets full, against the calls the binding limit allows over it: its rate x the window, plus a

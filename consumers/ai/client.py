@@ -204,9 +204,9 @@ class CallObserver(Protocol):
 class AIClient:
     """Calls one AI endpoint with retries; safe to share between threads.
 
-    Calls go through urllib3's connection pool directly: `requests` on top of it cost about
-    twice the CPU per call (1.8-2.0 ms against 0.8-0.9 ms, 64 threads calling the stand-in),
-    CPU that the stage's other work and the broker beside it share on a small machine."""
+    Calls go through urllib3's connection pool directly: `requests` on top of it costs CPU per
+    call that the stage's other work and the broker beside it share on a small machine
+    (docs/design.md#the-ai-client-calls-through-urllib3s-pool)."""
 
     def __init__(self, endpoint: Endpoint, policy: RetryPolicy | None = None,
                  pool_size: int = 64, seed: int | None = None, limiter: AdaptiveLimit | None = None,
