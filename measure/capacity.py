@@ -108,11 +108,6 @@ class Limits:
         names = list(stages)
         return cls({s: Endpoint(concurrency) for s in names}, {s: s for s in names})
 
-    def with_concurrency(self, endpoint: str, concurrency: int) -> Limits:
-        """The same limits with one endpoint's concurrency replaced (a limit schedule's piece)."""
-        changed = {**self.endpoints, endpoint: replace(self.endpoints[endpoint], concurrency=concurrency)}
-        return Limits(changed, self.stage_endpoint, self.time_scale, self.tokens_per_call)
-
 
 @dataclass(frozen=True)
 class Candidate:
