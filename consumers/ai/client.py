@@ -44,7 +44,7 @@ from urllib3.connection import HTTPConnection
 from consumers.ai.circuit import Circuit
 from consumers.ai.concurrency_limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit
 from consumers.ai.learned_timeout import LearnedTimeout
-from consumers.ai.rate_budget import REQUESTS, TOKENS, RateBudget
+from consumers.ai.rate_budget import REQUESTS, TOKENS, RateBudget, header_number
 
 
 @dataclass(frozen=True)
@@ -330,7 +330,7 @@ class AIClient:
                 return Reply(status, {}, BAD_ANSWER, headers=headers)
             return Reply(status, body, OK, headers=headers)
         if status == 429:
-            return Reply(status, {}, OVERLOAD, _retry_after(headers.get("retry-after")),
+            return Reply(status, {}, OVERLOAD, header_number(headers.get("retry-after")),
                          refusal_kind(data, headers), headers)
         return Reply(status, {}, "http_5xx" if status >= 500 else "http_4xx")
 
@@ -382,10 +382,3 @@ def _read_within(response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:
         raise
     finally:
         response.release_conn()
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None
