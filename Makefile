@@ -6,7 +6,7 @@
 SHELL := /bin/bash
 # Every Python process here (pytest's workers, the fleets, Airflow's CLI and services, Spark's
 # drivers) imports Airflow, PySpark or the runtime; with the bytecode cache off (a machine's
-# PYTHONDONTWRITEBYTECODE) each compiled them again, 20 s of each pytest worker's collection.
+# PYTHONDONTWRITEBYTECODE) each compiled them again (docs/getting-started.md, "The test suite").
 unexport PYTHONDONTWRITEBYTECODE
 PY := .venv/bin/python
 BROKERS ?= 1
@@ -20,10 +20,9 @@ MVN := mvn -q -B -s infra/maven-settings.xml
 UV := uv==0.13.9
 TEST_ENV := set -a && source .local/test/stack.env && set +a
 DEV_ENV := set -a && source .local/dev/stack.env && set +a
-# make test runs pytest on TEST_WORKERS workers (TEST_WORKERS=1: one process): on two the suite
-# took 24 minutes from a fresh clone instead of 34 on a quiet 2-core machine, and left a fifth of
-# the cores idle while tests waited on services; gate decisions and the UI's waits failed when
-# the machine was busy besides (see tests/conftest.py).
+# make test runs pytest on TEST_WORKERS workers (TEST_WORKERS=1: one process): fewer left cores
+# idle while tests waited on services, more made gate decisions and the UI's waits fail on a
+# busy machine (tests/conftest.py; the times: docs/getting-started.md, "The test suite").
 TEST_WORKERS ?= 3
 XDIST := -n 2 --dist loadscope --no-loadscope-reorder
 # ruff, the import contracts (pyproject.toml; plugins/ on the path, as Airflow puts it) and the
@@ -108,17 +107,17 @@ bench: up
 bench-smoke:
 	@$(MAKE) --no-print-directory bench BENCH_ARGS=--smoke
 
-# The gate's statistics: false-promotion and false-rejection rates over many decisions (~30 min).
+# The gate's statistics: false-promotion and false-rejection rates over many decisions.
 gate-stats: up
 	$(DEV_ENV) && $(PY) -m bench.gate_stats
 
 # The adaptive concurrency limit against a simulated service over latency shapes, limit schedules
-# and caller stalls (bench/limit_matrix.py): no services, about a minute on two cores.
+# and caller stalls (bench/limit_matrix.py): no services.
 limit-matrix: venv
 	$(PY) -m bench.limit_matrix
 
-# Fault injection (about 15 minutes): a three-broker stack of its own (ports +20000), steady load,
-# one fault after another (see bench/faults.py); the stack is stopped afterwards.
+# Fault injection: a three-broker stack of its own (ports +20000), steady load, one fault after
+# another (see bench/faults.py); the stack is stopped afterwards.
 faults: deps
 	@STACK=faults $(PY) -m infra.stack up --brokers 3; rc=$$?; \
 	if [ $$rc -eq 0 ]; then set -a && source .local/faults/stack.env && set +a && \
@@ -137,8 +136,8 @@ lint: venv
 test-unit: venv .local/jars/spark/.resolved
 	.venv/bin/pytest tests/unit -q
 
-# The lint and the unit tests on two workers: no services, under two minutes. The lint runs beside
-# the tests (both leave a core idle most of the time) and prints when they are done.
+# The lint and the unit tests on two workers: no services. The lint runs beside the tests (both
+# leave a core idle most of the time) and prints when they are done.
 test-fast: venv .local/jars/spark/.resolved
 	@mkdir -p .local; ( $(LINT) ) >.local/lint.out 2>&1 & lint=$$!; \
 	.venv/bin/pytest tests/unit -q $(XDIST); rc=$$?; \

@@ -159,7 +159,7 @@ def bench_limits(p: PresetParams, service: Mapping[str, Mapping[str, Any]] | Non
                   **(gateway or {}).get(name, {})}
         budgets = replace(endpoints[name], **{k: config[k] for k in BUDGET_SETTINGS if k in config})
         if (gateway or {}).get(name):  # the gateway's fixed windows, not the stand-in's buckets
-            budgets = capacity.fixed_windows(budgets, p.time_scale)
+            budgets = capacity.fixed_periods(budgets, p.time_scale)
         endpoints[name] = budgets
         if budgets.tokens_per_minute and "tokens_input" in counted and "tokens_output" in counted:
             per_call = capacity.tokens_per_call(budgets.tokens, counted.get("served", 0),

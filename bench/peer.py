@@ -114,8 +114,8 @@ def peer_figures(result: Mapping[str, Any], stage: str, endpoint: str, model: ai
     ok = [r for r in records if r["outcome"] == "ok"]
     tokens = capacity.tokens_per_call("total", len(ok), sum(r["tokens_input"] for r in ok),
                                       sum(r["tokens_output"] for r in ok))
-    limits = capacity.Limits({endpoint: capacity.fixed_windows(
-                                 capacity.Endpoint(result["workers"], model.rpm, model.tpm), 1.0)},
+    limits = capacity.Limits({endpoint: capacity.fixed_periods(
+                                 capacity.EndpointLimits(result["workers"], model.rpm, model.tpm), 1.0)},
                              {stage: endpoint}, tokens_per_call={endpoint: tokens} if tokens else {})
     service_s = {stage: statistics.fmean(r["call_s"] for r in ok)} if ok else {}
     times = [r["ended"] for r in ok]

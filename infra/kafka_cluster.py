@@ -36,11 +36,9 @@ from infra.tls import TlsFiles
 
 LOG4J_CONFIG = REPO / "infra" / "kafka" / "log4j2.properties"
 HEAP = "-Xmx768m"
-# The brokers collect with ZGC, whose pauses stay under a millisecond. With G1 a broker's young
-# collections paused it 36-69 ms every half minute under the benchmark's steady load, and every
-# produce and fetch in flight waited them out: the two slowest requests of one steady phase sat
-# in such a pause. G1 held to Kafka's launch-script goal of 20 ms paused 10-34 ms every 2-4 s
-# instead, which was worse. ZGC used the same broker CPU (28 % against 29 %). The tools keep G1.
+# The brokers collect with ZGC: G1's young pauses held every produce and fetch in flight, and
+# held to shorter pauses it paused more often (docs/design.md#the-brokers-collect-garbage-with-zgc).
+# The tools keep G1.
 BROKER_GC = "-XX:+UseZGC"
 TOOL_GC = "-XX:+UseG1GC"
 ADMIN = "admin"  # the super user: provisions topics and ACLs, and is the brokers' own identity

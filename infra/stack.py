@@ -32,12 +32,14 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.config.pipeline_spec import roles
@@ -99,19 +101,56 @@ def new_password() -> str:
     return secrets.token_urlsafe(24)
 
 
-def load_state(layout: Layout) -> dict:
+def load_state(layout: Layout) -> dict[str, Any]:
+    """The stack's state file as its JSON holds it (StackState's fields), empty before a start."""
     if layout.state_file.exists():
         return json.loads(layout.state_file.read_text())
     return {}
 
 
-def save_state(layout: Layout, state: dict) -> None:
+def save_state(layout: Layout, state: Mapping[str, Any]) -> None:
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.state_file.write_text(json.dumps(state, indent=2))
 
 
-def running(state: dict) -> bool:
-    return any(alive(pid) for pid in state.get("kafka", {}).values())
+@dataclass(frozen=True)
+class ConnectServer:
+    """The Spark Connect server's process and the master it runs on."""
+
+    pid: int
+    master: str
+
+
+@dataclass
+class StackState:
+    """What a stack's `up` started, kept between commands in its state file: the cluster's shape
+    and id (its KRaft storage is formatted for them) and each process's id (None or empty: not
+    started). `brokers` 0: the stack never started, or its storage is to be formatted anew."""
+
+    brokers: int = 0
+    security: str = PLAINTEXT
+    cluster_id: str | None = None
+    kafka: dict[int, int] = field(default_factory=dict)  # node -> pid
+    ai_service: int | None = None
+    gateway: int | None = None
+    spark: dict[str, int] = field(default_factory=dict)  # master and worker -> pid
+    spark_connect: ConnectServer | None = None
+
+    @classmethod
+    def load(cls, layout: Layout) -> StackState:
+        data = load_state(layout)
+        connect = data.get("spark_connect")
+        return cls(data.get("brokers", 0), data.get("security", PLAINTEXT), data.get("cluster_id"),
+                   {int(node): pid for node, pid in data.get("kafka", {}).items()},
+                   data.get("ai_service"), data.get("gateway"), dict(data.get("spark") or {}),
+                   ConnectServer(connect["pid"], connect["master"]) if connect else None)
+
+    def save(self, layout: Layout) -> None:
+        save_state(layout, {**asdict(self), "kafka": {str(node): pid for node, pid in self.kafka.items()}})
+
+
+def running(state: StackState) -> bool:
+    return any(alive(pid) for pid in state.kafka.values())
 
 
 def start_ai_service(layout: Layout) -> int:
@@ -199,16 +238,27 @@ def spark_connect_environment(layout: Layout, token: str | None) -> dict[str, st
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(spark_connect.connection(layout, token))}
 
 
+def gateway_connection(layout: Layout, key: str) -> str:
+    """The gateway as an Airflow connection: HTTP, its master key as the password."""
+    return json.dumps({"conn_type": "http", "host": "127.0.0.1", "port": layout.ai_gateway_port,
+                       "password": key})
+
+
+def llm_connection(layout: Layout, gateway_key: str | None) -> str:
+    """The `llm` connection the LLM pipeline's OpenAI-compatible models name: the stand-in serves
+    them, or the gateway in front of it when there is one."""
+    if gateway_key is None:
+        return f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true"
+    return gateway_connection(layout, gateway_key)
+
+
 def gateway_environment(layout: Layout, key: str | None) -> dict[str, str]:
     """With a gateway (`key` its master key): its URL and key, and the `ai_gateway` connection
-    (HTTP, the key as its password) for the endpoints of a spec that name it; the `llm`
-    connection the LLM pipeline's models name goes through it too."""
+    for the endpoints of a spec that name it."""
     if key is None:
         return {}
-    url = f"http://127.0.0.1:{layout.ai_gateway_port}"
-    connection = {"conn_type": "http", "host": "127.0.0.1", "port": layout.ai_gateway_port, "password": key}
-    return {"AI_GATEWAY_URL": url, "AI_GATEWAY_KEY": key, "AIRFLOW_CONN_AI_GATEWAY": json.dumps(connection),
-            "AIRFLOW_CONN_LLM": json.dumps(connection)}
+    return {"AI_GATEWAY_URL": f"http://127.0.0.1:{layout.ai_gateway_port}", "AI_GATEWAY_KEY": key,
+            "AIRFLOW_CONN_AI_GATEWAY": gateway_connection(layout, key)}
 
 
 def environment(layout: Layout, brokers: int, security: str, credentials: Credentials,
@@ -246,9 +296,7 @@ def environment(layout: Layout, brokers: int, security: str, credentials: Creden
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(spark_connection(layout, spark)),
         **spark_connect_environment(layout, credentials.spark_connect),
         "AIRFLOW_CONN_AI_SERVICE": f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true",
-        # The OpenAI-compatible models the LLM pipeline names: the stand-in serves them, or the
-        # gateway in front of it when there is one (below).
-        "AIRFLOW_CONN_LLM": f"http://127.0.0.1:{layout.ai_service_port}/?stand_in=true",
+        "AIRFLOW_CONN_LLM": llm_connection(layout, credentials.gateway),
         **gateway_environment(layout, credentials.gateway),
         "PYTHONPATH": f"{REPO}:{REPO / 'plugins'}",
         # spark-submit and the fleet commands come from the project's environment.
@@ -278,143 +326,139 @@ def airflow_db_prepare(layout: Layout, env: dict[str, str]) -> None:
                                f"{result.stdout[-3000:]}{result.stderr[-3000:]}")
 
 
-def ensure_spark(layout: Layout, state: dict, spark: str, token: str | None) -> None:
+def ensure_spark(layout: Layout, state: StackState, spark: str, token: str | None) -> None:
     """Write the stack's Spark configuration; start or stop the standalone cluster to match; run
     the Connect server on the stack's master, started again when that master is new."""
     spark_cluster.write_conf(layout, spark)
     master = spark_cluster.master_url(layout, spark)
-    connect = state.get("spark_connect") or {}
-    pids = state.get("spark", {})
-    up_now = spark_cluster.running(pids, layout)
-    restart = connect.get("master") != master or (spark == spark_cluster.CLUSTER and not up_now)
+    connect = state.spark_connect
+    up_now = spark_cluster.running(state.spark, layout)
+    restart = (connect is None or connect.master != master
+               or (spark == spark_cluster.CLUSTER and not up_now))
     if restart:
-        spark_connect.stop(connect.get("pid"))
+        spark_connect.stop(connect.pid if connect else None)
     if spark == spark_cluster.CLUSTER and not up_now:
         print(f"starting a Spark standalone master and worker on {master}")
-        spark_cluster.stop(pids)  # whichever half survived
-        state["spark"] = spark_cluster.start(layout)
-    elif spark == spark_cluster.LOCAL and pids:
-        spark_cluster.stop(pids)
-        state["spark"] = {}
-    if token and (restart or not alive(connect.get("pid"))):
+        spark_cluster.stop(state.spark)  # whichever half survived
+        state.spark = spark_cluster.start(layout)
+    elif spark == spark_cluster.LOCAL and state.spark:
+        spark_cluster.stop(state.spark)
+        state.spark = {}
+    if token and (restart or not alive(connect.pid if connect else None)):
         print(f"starting a Spark Connect server on 127.0.0.1:{layout.spark_connect_port} ({master})")
-        state["spark_connect"] = {"pid": spark_connect.start(layout, master, token), "master": master}
-    save_state(layout, state)
+        state.spark_connect = ConnectServer(spark_connect.start(layout, master, token), master)
+    state.save(layout)
 
 
-def ensure_gateway(layout: Layout, state: dict, gateway: str, key: str | None) -> None:
+def ensure_gateway(layout: Layout, state: StackState, gateway: str, key: str | None) -> None:
     """Start LiteLLM's proxy in front of the stand-in when asked and not running (again, should it
     have died, as the stand-in is), stop it when not asked."""
-    pid = state.get("gateway")
-    if gateway == ai_gateway.LITELLM and not alive(pid):
+    if gateway == ai_gateway.LITELLM and key is not None and not alive(state.gateway):
         print(f"starting LiteLLM's proxy on 127.0.0.1:{layout.ai_gateway_port} in front of the AI stand-in")
-        state["gateway"] = ai_gateway.start(ai_gateway.folder(layout), layout.ai_gateway_port,
-                                            f"http://127.0.0.1:{layout.ai_service_port}", key)
-    elif gateway == ai_gateway.NONE and pid:
-        terminate(pid, grace_s=10)
-        state["gateway"] = None
-    save_state(layout, state)
+        state.gateway = ai_gateway.start(ai_gateway.folder(layout), layout.ai_gateway_port,
+                                         f"http://127.0.0.1:{layout.ai_service_port}", key)
+    elif gateway == ai_gateway.NONE and state.gateway:
+        terminate(state.gateway, grace_s=10)
+        state.gateway = None
+    state.save(layout)
 
 
 def up(layout: Layout, brokers: int, security: str, spark: str, gateway: str) -> None:
-    state = load_state(layout)
+    """Start what of the stack is not running, the same steps whether it runs or not. A stack
+    that runs keeps its shape; one that does not is checked for taken ports first, and its
+    KRaft storage is formatted anew for another shape, security or SCRAM passwords."""
+    state = StackState.load(layout)
     saved = Credentials.saved(layout)
     credentials = saved.completed(security, gateway)
-    if running(state):
-        if state["brokers"] != brokers:
-            raise SystemExit(f"the {layout.name} stack already runs {state['brokers']} broker(s); "
+    resumed = running(state)
+    if resumed:
+        if state.brokers != brokers:
+            raise SystemExit(f"the {layout.name} stack already runs {state.brokers} broker(s); "
                              "`make down` first to change the broker count")
-        if state.get("security", PLAINTEXT) != security:
-            raise SystemExit(f"the {layout.name} stack already runs {state.get('security', PLAINTEXT)}; "
+        if state.security != security:
+            raise SystemExit(f"the {layout.name} stack already runs {state.security}; "
                              f"`make down` first to start it {security}")
-        write_env(layout, environment(layout, brokers, security, credentials, spark))
-        postgres_server.require_password(layout, credentials.postgres)
-        for node in map(int, state["kafka"]):
-            if not alive(state["kafka"][str(node)]):
-                state["kafka"][str(node)] = kafka_cluster.start_node(layout, node)
-        if not alive(state.get("ai_service")):
-            state["ai_service"] = start_ai_service(layout)
-        save_state(layout, state)
-        ensure_gateway(layout, state, gateway, credentials.gateway)
-        migrate(layout.database_url())  # migrations added since the stack started
-        supervisor.start(stack_paths(layout))
-        ensure_spark(layout, state, spark, credentials.spark_connect)
-        print(f"{layout.name} stack already running")
-        return
-    check_ports_free(layout, brokers, spark, gateway)
-    layout.root.mkdir(parents=True, exist_ok=True)
-    changed = bool(state) and (state["brokers"], state.get("security", PLAINTEXT)) != (brokers, security)
-    if changed or credentials.kafka != saved.kafka:
-        # A different cluster shape or security, or new SCRAM passwords, need fresh KRaft storage.
-        for node in range(1, 4):
-            subprocess.run(["rm", "-rf", str(kafka_cluster.node_dir(layout, node))], check=True)
-        state = {}
+    else:
+        check_ports_free(layout, brokers, spark, gateway)
+        layout.root.mkdir(parents=True, exist_ok=True)
+        changed = bool(state.brokers) and (state.brokers, state.security) != (brokers, security)
+        fresh_storage = changed or credentials.kafka != saved.kafka
+        for directory in (kafka_cluster.node_dir(layout, node) for node in range(1, 4)):
+            if fresh_storage and directory.exists():
+                shutil.rmtree(directory)
+        # Nothing of it runs: only the cluster's id is kept, for the storage formatted with it.
+        state = StackState(brokers, security, None if fresh_storage else state.cluster_id)
     # The passwords are kept before any server is given them.
     env = environment(layout, brokers, security, credentials, spark)
     write_env(layout, env)
 
-    print(f"starting PostgreSQL on 127.0.0.1:{layout.postgres_port}")
+    if not postgres_server.running(layout):
+        print(f"starting PostgreSQL on 127.0.0.1:{layout.postgres_port}")
     postgres_server.init(layout, credentials.postgres)
     postgres_server.start(layout)
     postgres_server.require_password(layout, credentials.postgres)
-    migrate(layout.database_url())
-    # Airflow's metadata database needs PostgreSQL only, so it is prepared while the rest starts,
-    # and the brokers' storage is formatted side by side: each mostly waits on a process starting.
+    migrate(layout.database_url())  # on a running stack: the migrations added since it started
+    # Airflow's metadata database needs PostgreSQL only, so a new stack's is prepared while the
+    # rest starts, and the brokers' storage is formatted side by side: each mostly waits on a
+    # process starting.
     with ThreadPoolExecutor() as pool:
-        print("preparing the Airflow metadata database")
-        airflow_ready = pool.submit(airflow_db_prepare, layout, env)
-        start_services(layout, brokers, security, credentials, spark, gateway, state, pool)
-        airflow_ready.result()
-    print(f"stack {layout.name} up; addresses and credentials in {layout.env_file}")
+        airflow_ready = None if resumed else pool.submit(airflow_db_prepare, layout, env)
+        if airflow_ready is not None:
+            print("preparing the Airflow metadata database")
+        start_services(layout, state, credentials, spark, gateway, pool)
+        if airflow_ready is not None:
+            airflow_ready.result()
+    print(f"{layout.name} stack already running" if resumed
+          else f"stack {layout.name} up; addresses and credentials in {layout.env_file}")
 
 
-def start_services(layout: Layout, brokers: int, security: str, credentials: Credentials, spark: str,
-               gateway: str, state: dict, pool: ThreadPoolExecutor) -> None:
-    """The brokers (their storage formatted on `pool`), the stand-in, the gateway if asked,
-    supervisord and Spark, in that order."""
-    print(f"starting {brokers} Kafka broker(s) on {layout.bootstrap_servers(brokers)} ({security})")
-    secured = (kafka_cluster.Secured(credentials.kafka, tls.ensure(layout.tls_dir))
-               if security == SASL_SSL else None)
-    cluster_id = state.get("cluster_id") or kafka_cluster.new_cluster_id()
-    nodes = range(1, brokers + 1)
-    for formatted in [pool.submit(kafka_cluster.format_storage, layout, node, brokers, cluster_id, secured)
-                      for node in nodes]:
-        formatted.result()
-    pids = {node: kafka_cluster.start_node(layout, node) for node in nodes}
-    state.clear()
-    state.update({"brokers": brokers, "security": security, "cluster_id": cluster_id, "kafka": pids})
-    save_state(layout, state)
-    kafka_cluster.wait_registered(layout, pids, brokers)
+def start_services(layout: Layout, state: StackState, credentials: Credentials, spark: str,
+                   gateway: str, pool: ThreadPoolExecutor) -> None:
+    """The brokers not running (their storage formatted on `pool`), the stand-in, the gateway if
+    asked, supervisord and Spark, in that order; each only when it does not run."""
+    stopped = [node for node in range(1, state.brokers + 1) if not alive(state.kafka.get(node))]
+    if stopped:
+        print(f"starting {len(stopped)} Kafka broker(s) of {layout.bootstrap_servers(state.brokers)} "
+              f"({state.security})")
+        secured = (kafka_cluster.Secured(credentials.kafka, tls.ensure(layout.tls_dir))
+                   if state.security == SASL_SSL else None)
+        state.cluster_id = state.cluster_id or kafka_cluster.new_cluster_id()
+        for formatted in [pool.submit(kafka_cluster.format_storage, layout, node, state.brokers,
+                                      state.cluster_id, secured) for node in stopped]:
+            formatted.result()
+        state.kafka.update({node: kafka_cluster.start_node(layout, node) for node in stopped})
+        state.save(layout)
+        kafka_cluster.wait_registered(layout, state.kafka, state.brokers)
 
-    print(f"starting the AI service stand-in on 127.0.0.1:{layout.ai_service_port}")
-    state["ai_service"] = start_ai_service(layout)
-    save_state(layout, state)
+    if not alive(state.ai_service):
+        print(f"starting the AI service stand-in on 127.0.0.1:{layout.ai_service_port}")
+        state.ai_service = start_ai_service(layout)
+        state.save(layout)
     ensure_gateway(layout, state, gateway, credentials.gateway)
 
     paths = stack_paths(layout)
-    print(f"starting supervisord ({paths.socket}); deployed fleets start again")
+    if not supervisor.Client(paths).alive():
+        print(f"starting supervisord ({paths.socket}); deployed fleets start again")
     supervisor.start(paths)
 
     ensure_spark(layout, state, spark, credentials.spark_connect)
 
 
 def down(layout: Layout) -> None:
-    state = load_state(layout)
+    state = StackState.load(layout)
     # The gateway's port is checked after the stop only when it ran: 4000 is a common port.
-    gateway = ai_gateway.LITELLM if state.get("gateway") else ai_gateway.NONE
+    gateway = ai_gateway.LITELLM if state.gateway else ai_gateway.NONE
     # First, while Kafka runs: the fleets finish their work, commit and leave their groups.
     supervisor.shutdown(stack_paths(layout))
-    terminate(state.get("gateway"), state.get("ai_service"), grace_s=10)
-    spark_connect.stop((state.get("spark_connect") or {}).get("pid"))  # before its master
-    spark_cluster.stop(state.get("spark", {}))
-    kafka_cluster.stop_nodes(*state.get("kafka", {}).values())
+    terminate(state.gateway, state.ai_service, grace_s=10)
+    spark_connect.stop(state.spark_connect.pid if state.spark_connect else None)  # before its master
+    spark_cluster.stop(state.spark)
+    kafka_cluster.stop_nodes(*state.kafka.values())
     postgres_server.stop(layout)
-    if state:
-        state["kafka"], state["ai_service"], state["gateway"], state["spark"] = {}, None, None, {}
-        state["spark_connect"] = None
-        save_state(layout, state)
+    if layout.state_file.exists():  # nothing runs; the shape stays, its storage formatted for it
+        StackState(state.brokers, state.security, state.cluster_id).save(layout)
     left = [f"{name} port {port}" for name, port
-            in ports(layout, state.get("brokers", 3), spark_cluster.CLUSTER, gateway).items()
+            in ports(layout, state.brokers or 3, spark_cluster.CLUSTER, gateway).items()
             if port_in_use(port)]
     if left:
         raise SystemExit("still listening after stop: " + ", ".join(left))
@@ -426,7 +470,7 @@ def started(layout: Layout, brokers: int, security: str, spark: str, gateway: st
     """The stack up for the block: started here and stopped after it, unless it was running
     already (then it is left as it was). For a stack that only some work needs, so that its
     idle brokers and JVMs do not share the cores with everything else."""
-    was_running = running(load_state(layout))
+    was_running = running(StackState.load(layout))
     up(layout, brokers, security, spark, gateway)
     try:
         yield
@@ -436,24 +480,24 @@ def started(layout: Layout, brokers: int, security: str, spark: str, gateway: st
 
 
 def status(layout: Layout) -> int:
-    state = load_state(layout)
-    for node, pid in sorted(state.get("kafka", {}).items()):
+    state = StackState.load(layout)
+    for node, pid in sorted(state.kafka.items()):
         print(f"kafka node {node}: pid {pid} {'up' if alive(pid) else 'down'}")
     pg = port_in_use(layout.postgres_port)
     print(f"postgres: {'up' if pg else 'down'} on {layout.postgres_port}")
-    print(f"AI service: {'up' if alive(state.get('ai_service')) else 'down'} on {layout.ai_service_port}")
-    if state.get("gateway"):
-        print(f"AI gateway (LiteLLM): {'up' if alive(state['gateway']) else 'down'} on "
+    print(f"AI service: {'up' if alive(state.ai_service) else 'down'} on {layout.ai_service_port}")
+    if state.gateway:
+        print(f"AI gateway (LiteLLM): {'up' if alive(state.gateway) else 'down'} on "
               f"{layout.ai_gateway_port}, log {ai_gateway.log_file(ai_gateway.folder(layout))}")
-    if state.get("spark"):
+    if state.spark:
         workers = spark_cluster.status(layout).get("workers", [])
-        print(f"Spark master: {'up' if spark_cluster.running(state['spark'], layout) else 'down'} on "
+        print(f"Spark master: {'up' if spark_cluster.running(state.spark, layout) else 'down'} on "
               f"{spark_cluster.master_url(layout, spark_cluster.CLUSTER)}, {len(workers)} worker(s), "
               f"status {spark_cluster.status_url(layout)}")
-    connect = state.get("spark_connect") or {}
+    connect = state.spark_connect
     if connect:
-        print(f"Spark Connect: {'up' if alive(connect['pid']) else 'down'} on "
-              f"127.0.0.1:{layout.spark_connect_port} ({connect['master']}), "
+        print(f"Spark Connect: {'up' if alive(connect.pid) else 'down'} on "
+              f"127.0.0.1:{layout.spark_connect_port} ({connect.master}), "
               f"log {spark_connect.log_file(layout)}")
     paths = stack_paths(layout)
     client = supervisor.Client(paths)
@@ -465,18 +509,16 @@ def status(layout: Layout) -> int:
 
 
 def stop_broker(layout: Layout, node: int) -> None:
-    state = load_state(layout)
-    kafka_cluster.stop_nodes(state["kafka"].get(str(node)))
+    kafka_cluster.stop_nodes(StackState.load(layout).kafka.get(node))
     print(f"kafka node {node} stopped")
 
 
 def start_broker(layout: Layout, node: int) -> None:
-    state = load_state(layout)
-    if not alive(state["kafka"].get(str(node))):
-        state["kafka"][str(node)] = kafka_cluster.start_node(layout, node)
-        save_state(layout, state)
-    pids = {int(k): v for k, v in state["kafka"].items()}
-    kafka_cluster.wait_registered(layout, pids, state["brokers"])
+    state = StackState.load(layout)
+    if not alive(state.kafka.get(node)):
+        state.kafka[node] = kafka_cluster.start_node(layout, node)
+        state.save(layout)
+    kafka_cluster.wait_registered(layout, state.kafka, state.brokers)
     print(f"kafka node {node} running")
 
 

@@ -28,26 +28,25 @@ A budget also lets an allowance through at once, beside its rate (a candidate's 
 requests): a continuously refilled bucket (the stand-in's, OpenAI's, Anthropic's) starts full
 with a minute's budget, so N calls through a bucket of depth D refilled at r a second take at
 least (N - D) / r seconds, not N / r: 3000 calls at 600 a minute at time scale 0.25 (40/s) take
-60 s, not 75. Fixed windows of a clock minute (LiteLLM's proxy and Router) may pass the end of
-one window and the start of the next at once: two clock minutes' budget (`fixed_windows`). The
+60 s, not 75. Fixed periods of a clock minute (LiteLLM's proxy and Router) may pass the end of
+one period and the start of the next at once: two clock minutes' budget (`fixed_periods`). The
 physical minimum (measure.figures) and served_check count it; the capacity, a rate, does not.
 
 utilization: the share of the binding limit the run used on the plateau (the steady band of
-measure.figures): the binding endpoint's call-seconds inside the band / (concurrency x band)
-for a concurrency; for a budget, the calls started inside the band (a meter counts a call when
-it arrives), or their tokens, over what the budget allows there: its rate x the band, plus what
-its allowance can still hold when the band begins (`allowance_left`: the allowance, less what
-the calls started before the band took beyond the refill since the first one). A band that
-begins while the first minute's allowance is being spent would otherwise read its rate exceeded
-(1.006 of a requests budget at time scale 0.25). Fixed windows of a clock minute are held to
-their rate alone: what a window let through before the band is not counted, and two windows'
-budget as their allowance would make a band of a few minutes read far below a window meter kept
-full, so a band whose ends fall mid-window may read past 1 by a share of one window's budget
-(1.003 through LiteLLM's proxy). In expectation it is steady_throughput_rps /
-capacity_rps; it counts calls rather than completions because completions of a fan-out join
-catch up inside the band (a post summarised early waits for its labels) and heavy-tailed calls
-make a completion slope noisy: text_moderation read 1.046 and 1.087 of a capacity its calls
-never exceeded. Counted on calls, a limit the service enforces keeps it at most 1.
+measure.figures): the binding endpoint's call-seconds inside the band / (concurrency x band) for
+a concurrency; for a budget, the calls started inside the band (a meter counts a call when it
+arrives), or their tokens, over what the budget allows there: its rate x the band, plus what its
+allowance can still hold when the band begins (`allowance_left`: the allowance, less what the
+calls started before the band took beyond the refill since the first one). A band that begins
+while the first minute's allowance is being spent would otherwise read its rate exceeded. Fixed
+periods of a clock minute are held to their rate alone: what a period let through before the
+band is not counted, and two periods' budget as their allowance would make a band of a few
+minutes read far below a period meter kept full, so a band whose ends fall mid-period may read
+past 1 by a share of one period's budget (docs/benchmarks.md#reading-the-figures). In
+expectation it is steady_throughput_rps / capacity_rps; it counts calls rather than completions
+because completions of a fan-out join catch up inside the band (a post summarised early waits
+for its labels) and heavy-tailed calls make a completion slope noisy, past 1 of a capacity its
+calls never exceeded. Counted on calls, a limit the service enforces keeps it at most 1.
 
 served_check: what the service served on the binding endpoint over a window that began with its
 budgets full, against the calls the binding limit allows over it: its rate x the window, plus a
@@ -71,7 +70,7 @@ TOKEN_KINDS = ("input", "output", "total")
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class EndpointLimits:
     """One AI endpoint's limits: calls at once, and budgets per real-scale minute (None: none)."""
 
     concurrency: int
@@ -81,15 +80,15 @@ class Endpoint:
     # The budgets' worth, in minutes, the meter may let through at once (see the module
     # docstring): 1 for a continuously refilled bucket that starts full.
     allowance_minutes: float = BUCKET
-    fixed_window: bool = False  # a meter of clock minutes (`fixed_windows`), not a refilled bucket
+    fixed_period: bool = False  # a meter of clock minutes (`fixed_periods`), not a refilled bucket
 
 
-def fixed_windows(endpoint: Endpoint, time_scale: float) -> Endpoint:
-    """`endpoint` metered in fixed windows of a clock minute (LiteLLM's proxy and Router): the end
-    of one window and the start of the next may pass at once, each a clock minute's budget,
+def fixed_periods(endpoint: EndpointLimits, time_scale: float) -> EndpointLimits:
+    """`endpoint` metered in fixed periods of a clock minute (LiteLLM's proxy and Router): the end
+    of one period and the start of the next may pass at once, each a clock minute's budget,
     which is 1 / time_scale of the run's minutes' (a run's minute lasts 60 x time_scale wall
     seconds): an allowance of 2 / time_scale run minutes."""
-    return replace(endpoint, allowance_minutes=2.0 / time_scale, fixed_window=True)
+    return replace(endpoint, allowance_minutes=2.0 / time_scale, fixed_period=True)
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ class Limits:
     """Every endpoint's limits, the endpoint each AI stage calls, the run's time scale and the
     measured tokens per call of the endpoints (of the kind their budget counts)."""
 
-    endpoints: Mapping[str, Endpoint]
+    endpoints: Mapping[str, EndpointLimits]
     stage_endpoint: Mapping[str, str]
     time_scale: float = 1.0
     tokens_per_call: Mapping[str, float] = field(default_factory=dict)
@@ -107,12 +106,7 @@ class Limits:
         """One endpoint per stage, named after it, each with `concurrency` and no budgets: what a
         caller that knows only the run's concurrency limit can say."""
         names = list(stages)
-        return cls({s: Endpoint(concurrency) for s in names}, {s: s for s in names})
-
-    def with_concurrency(self, endpoint: str, concurrency: int) -> Limits:
-        """The same limits with one endpoint's concurrency replaced (a limit schedule's piece)."""
-        changed = {**self.endpoints, endpoint: replace(self.endpoints[endpoint], concurrency=concurrency)}
-        return Limits(changed, self.stage_endpoint, self.time_scale, self.tokens_per_call)
+        return cls({s: EndpointLimits(concurrency) for s in names}, {s: s for s in names})
 
 
 @dataclass(frozen=True)
@@ -296,12 +290,12 @@ def utilization(cap: Capacity, limits: Limits, work: Mapping[str, BandWork],
     minute = 60 * limits.time_scale
     if binding.dimension == "requests_per_minute" and e.requests_per_minute:
         rate = e.requests_per_minute / minute
-        left = 0.0 if e.fixed_window else allowance_left(e.requests_per_minute, rate, before, since_first)
+        left = 0.0 if e.fixed_period else allowance_left(e.requests_per_minute, rate, before, since_first)
         return started / (rate * band_s + left)
     tokens = limits.tokens_per_call.get(binding.endpoint)
     if e.tokens_per_minute and tokens:
         rate = e.tokens_per_minute / minute
-        left = 0.0 if e.fixed_window else allowance_left(e.tokens_per_minute, rate, before * tokens,
+        left = 0.0 if e.fixed_period else allowance_left(e.tokens_per_minute, rate, before * tokens,
                                                                  since_first)
         return started * tokens / (rate * band_s + left)
     return None

@@ -354,7 +354,7 @@ def utilization_in_force(times: Sequence[float], calls: Iterable[tuple[float, fl
     # Calls in flight, counted at most up to the slots in force at each instant: a call is
     # timed by its caller, from its send to its answer's arrival, so the calls on their way
     # there and back overlap the ones the service holds, and summed plainly they read a full
-    # service at 1.009 (a 3 s call timed some 25 ms longer than the service held it).
+    # service above 1 (docs/design.md#utilisation-counts-no-more-calls-than-the-slots-in-force).
     edges = sorted([(max(a, start), 1) for a, b in calls if b > start and a < end]
                    + [(min(b, end), -1) for a, b in calls if b > start and a < end]
                    + [(at, 0) for at, _ in limits if start < at < end])

@@ -46,9 +46,6 @@ from spark.session import job_session
 RECORD_COLUMNS = ("topic", "partition", "offset", "bytes", "key", "ts_ms")
 # A record's place in [0, 1) for the key sample: the low 53 bits of a hash, as a double holds them.
 UNIFORM_MASK = (1 << 53) - 1
-# What --distinct-keys costs, measured by bench/spark_partition_load.py (docs/analysis.md).
-DISTINCT_KEYS_COST = ("about 1.7x the job's time: on 10 M records here the best of three runs took "
-                      "12.5-12.7 s against 7.3-7.6 s without it")
 # DataSketches HLL of the keys (--distinct-keys): a hashed coupon per key up to about 196k
 # distinct keys per partition, beyond that 2^21 registers (a relative standard error of about
 # 0.07 %); at most 2 MiB a sketch.
@@ -351,7 +348,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--distinct-keys", action="store_true",
                         help="also count distinct keys per partition (a DataSketches HLL sketch per time "
                              "bucket). Off by default: it takes the aggregation off generated code, "
-                             f"{DISTINCT_KEYS_COST}")
+                             "which makes the job slower (docs/analysis.md, \"Speed against Kafka's "
+                             "own consumer\")")
     parser.add_argument("--sizing-json",
                         help="JSON object (or a file holding one): topic -> the partition-sizing inputs "
                              "for the rate it must carry (target, produce_per_partition, and "

@@ -42,9 +42,9 @@ import urllib3
 from urllib3.connection import HTTPConnection
 
 from consumers.ai.circuit import Circuit
-from consumers.ai.concurrency_limit import NOT_SENT, AdaptiveLimit
+from consumers.ai.concurrency_limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit
 from consumers.ai.learned_timeout import LearnedTimeout
-from consumers.ai.rate_budget import REQUESTS, TOKENS, RateBudget
+from consumers.ai.rate_budget import REQUESTS, TOKENS, RateBudget, header_number
 
 
 @dataclass(frozen=True)
@@ -204,9 +204,9 @@ class CallObserver(Protocol):
 class AIClient:
     """Calls one AI endpoint with retries; safe to share between threads.
 
-    Calls go through urllib3's connection pool directly: `requests` on top of it cost about
-    twice the CPU per call (1.8-2.0 ms against 0.8-0.9 ms, 64 threads calling the stand-in),
-    CPU that the stage's other work and the broker beside it share on a small machine."""
+    Calls go through urllib3's connection pool directly: `requests` on top of it costs CPU per
+    call that the stage's other work and the broker beside it share on a small machine
+    (docs/design.md#the-ai-client-calls-through-urllib3s-pool)."""
 
     def __init__(self, endpoint: Endpoint, policy: RetryPolicy | None = None,
                  pool_size: int = 64, seed: int | None = None, limiter: AdaptiveLimit | None = None,
@@ -245,7 +245,7 @@ class AIClient:
             if observer is not None:
                 observer.ended(Try(attempt, started, started + took, outcome, reply.status, own=counted,
                                    usage=Usage.of(reply.body, reply.headers)))
-            if outcome == "ok":
+            if outcome == OK:
                 return reply.body
             reason = f"{outcome} from {self.endpoint.url} (try {attempt})"
             if outcome == BAD_ANSWER:
@@ -294,16 +294,16 @@ class AIClient:
             started, sent = time.time(), time.monotonic()
             reply = self._post(payload)
             took = time.monotonic() - sent
-            if reply.outcome == "ok":
+            if reply.outcome == OK:
                 self.timeout.served(took)
         finally:
             if limiter is not None and permit is not None:
-                counts = reply.outcome != "http_429" or reply.refusal == CONCURRENCY
+                counts = reply.outcome != OVERLOAD or reply.refusal == CONCURRENCY
                 limiter.release(permit, reply.outcome if counts else NOT_SENT, reply.retry_after_s)
             if budget is not None and spent is not None:
-                budget.ended(spent, answered=reply.outcome == "ok")
+                budget.ended(spent, answered=reply.outcome == OK)
         if budget is not None and spent is not None and estimate is not None:
-            if reply.outcome == "ok":
+            if reply.outcome == OK:
                 budget.observe(reply.headers, spent)
                 budget.settle(spent, estimate, reply.body)
             elif reply.refusal in (REQUESTS, TOKENS):
@@ -328,9 +328,9 @@ class AIClient:
                 body = json.loads(data)
             except (UnicodeDecodeError, json.JSONDecodeError):
                 return Reply(status, {}, BAD_ANSWER, headers=headers)
-            return Reply(status, body, "ok", headers=headers)
+            return Reply(status, body, OK, headers=headers)
         if status == 429:
-            return Reply(status, {}, "http_429", _retry_after(headers.get("retry-after")),
+            return Reply(status, {}, OVERLOAD, header_number(headers.get("retry-after")),
                          refusal_kind(data, headers), headers)
         return Reply(status, {}, "http_5xx" if status >= 500 else "http_4xx")
 
@@ -382,10 +382,3 @@ def _read_within(response: urllib3.BaseHTTPResponse, deadline: float) -> bytes:
         raise
     finally:
         response.release_conn()
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return float(value) if value is not None else None
-    except ValueError:
-        return None

@@ -13,16 +13,16 @@ Meters come in two kinds, told apart by what the answers announce:
 - A continuously refilled bucket (OpenAI's, Anthropic's): `x-ratelimit-{limit,remaining,reset}-*`,
   the refill read off as (limit - remaining) / reset, which holds at any time scale. A declared
   budget (per real-scale minute, so a time scale shortens the minute) is taken for one too.
-- A fixed window (a gateway's clock minute, LiteLLM's proxy): a limit and what remains, no reset.
+- A fixed period (a gateway's clock minute, LiteLLM's proxy): a limit and what remains, no reset.
   The meter counts each try as it arrives, refused ones too, and starts again when its minute
-  turns, while what it announces counts answers. What remains, less this window's tries not
-  answered yet, is spent evenly over what is left of the window; then the budget holds until the
-  window turns. When it turns is learned from the answers: what remains going back up between
+  turns, while what it announces counts answers. What remains, less this period's tries not
+  answered yet, is spent evenly over what is left of the period; then the budget holds until the
+  period turns. When it turns is learned from the answers: what remains going back up between
   two answers marks a turn, and a minute's limit repeats every 60 s of the real clock whatever
   the time scale.
 
 A budget refusal empties its budget until its `Retry-After`, without one until a refilled
-bucket covers the try or a window turns.
+budget covers the try or a period turns.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ REQUESTS, TOKENS = "requests", "tokens"
 OUTPUT_WEIGHT = 0.1  # each answer's weight in the running mean of answer tokens
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-WINDOW_S = 60.0  # a meter that announces no reset counts minutes of the real clock
-RISE = 1 / 32  # of a window's size: more remaining than our answers leave by this is a turn
-MARGIN = 0.01  # of a window: the least of its end kept free of tries (their way to the meter)
+PERIOD_S = 60.0  # a meter that announces no reset counts minutes of the real clock
+RISE = 1 / 32  # of a period's size: more remaining than our answers leave by this is a turn
+MARGIN = 0.01  # of a period: the least of its end kept free of tries (their way to the meter)
 
 
 def tokens_of(text: str) -> int:
@@ -82,7 +82,7 @@ class Estimate:
 
 @dataclass(frozen=True)
 class Spent:
-    """What one try took of each budget, and the window of each it was taken in."""
+    """What one try took of each budget, and the period of each it was taken in."""
 
     needs: Mapping[str, float]
     generations: Mapping[str, int]
@@ -90,21 +90,21 @@ class Spent:
 
 
 @dataclass
-class Bucket:
-    """A continuously refilled budget: `size` per `window_s`; `level` what is left now."""
+class RefilledBudget:
+    """A continuously refilled budget: `size` per `period_s`; `level` what is left now."""
 
     size: float
-    window_s: float
+    period_s: float
     level: float
     at: float  # when `level` was counted: it refills from then on
     held_until: float = -math.inf
     refusals: int = 0  # budget refusals since the last answer
-    generation: int = 0  # a refilled bucket has no windows: every try is of the one
+    generation: int = 0  # a refilled budget has no periods: every try is of the one
     turns_seen: int = 0
 
     def refill(self, now: float) -> None:
         if now > self.at:
-            self.level = min(self.size, self.level + (now - self.at) * self.size / self.window_s)
+            self.level = min(self.size, self.level + (now - self.at) * self.size / self.period_s)
             self.at = now
 
     def wait_for(self, need: float, now: float) -> float:
@@ -112,7 +112,7 @@ class Bucket:
         self.refill(now)
         short = min(need, self.size) - self.level
         short = short if short > 1e-9 else 0.0  # (a refill timed to the need lands a rounding short)
-        return max(self.held_until - now, short * self.window_s / self.size)
+        return max(self.held_until - now, short * self.period_s / self.size)
 
     def spend(self, need: float, now: float) -> None:
         self.level -= need
@@ -135,13 +135,13 @@ class Bucket:
         self.refill(now)
         self.size = limit
         if reset_s and remaining < limit:
-            self.window_s = reset_s * limit / (limit - remaining)
+            self.period_s = reset_s * limit / (limit - remaining)
         self.level = min(remaining, max(self.level, remaining - sent_since))
 
     def refused(self, retry_after_s: float | None, now: float, generation: int) -> None:
         """Empty until the `Retry-After`. Without one, it holds the time a try's refill takes (a
         request's, or a hundredth of the tokens), twice as long after each refusal in a row up
-        to a quarter of the window, and refills only a try meanwhile: a few 429s instead of one
+        to a quarter of the period, and refills only a try meanwhile: a few 429s instead of one
         per refill should the meter not refill as announced."""
         self.refill(now)
         self.level = min(self.level, 0.0)
@@ -149,48 +149,48 @@ class Bucket:
         if retry_after_s is not None:
             self.held_until = max(self.held_until, now + retry_after_s)
             return
-        a_try = max(self.window_s / self.size, self.window_s / 100)
+        a_try = max(self.period_s / self.size, self.period_s / 100)
         self.held_until = max(self.held_until,
-                              now + min(self.window_s / 4, a_try * 2 ** (self.refusals - 1)))
+                              now + min(self.period_s / 4, a_try * 2 ** (self.refusals - 1)))
         self.at = max(self.at, self.held_until - a_try)
 
 
 @dataclass
-class Window:
-    """A budget metered per fixed window (see the module docstring): `size` a window; the
+class PeriodBudget:
+    """A budget metered per fixed period (see the module docstring): `size` a period; the
     current one ends by `ends`, maybe up to `margin` earlier, and nothing is sent in between
-    (it might count in the next window); `level` what is left of it to us."""
+    (it might count in the next period); `level` what is left of it to us."""
 
     size: float
-    window_s: float
+    period_s: float
     ends: float
     level: float
-    taken: float  # this window's tries
+    taken: float  # this period's tries
     out: float  # ... of them not answered yet
-    answered: float = 0.0  # answers since the window began, as the meter's announcements count them
+    answered: float = 0.0  # answers since the period began, as the meter's announcements count them
     margin: float = 0.0
     answered_at: float = -math.inf
     next_at: float = -math.inf  # the pace: when the next try may go
     held_until: float = -math.inf
     generation: int = 0
     turns_seen: int = 0  # turns learned from the answers
-    spill: float = 0.0  # tries of an earlier window answered in this one
+    spill: float = 0.0  # tries of an earlier period answered in this one
     last: float = 0.0  # what the last answered try took
 
     def turn(self, now: float) -> None:
-        """The window has turned by `now`: a fresh one."""
+        """The period has turned by `now`: a fresh one."""
         if now >= self.ends:
-            self.ends += (math.floor((now - self.ends) / self.window_s) + 1) * self.window_s
+            self.ends += (math.floor((now - self.ends) / self.period_s) + 1) * self.period_s
             self.begin()
 
     def begin(self) -> None:
-        """A fresh window; this one's tries still out are the last one's."""
+        """A fresh period; this one's tries still out are the last one's."""
         self.generation += 1
         self.level, self.taken, self.out, self.spill, self.answered = self.size, 0.0, 0.0, 0.0, 0.0
 
     def wait_for(self, need: float, now: float) -> float:
         """Seconds until `need` can be taken: at the pace that spends the level evenly by the
-        window's end, or once it turns when the level is short or its end is near."""
+        period's end, or once it turns when the level is short or its end is near."""
         self.turn(now)
         if self.level < min(need, self.size) - 1e-9 or now >= self.ends - self.margin:
             return max(self.held_until, self.ends) - now
@@ -204,7 +204,7 @@ class Window:
         self.out += need
 
     def ended(self, generation: int, need: float, answered: bool) -> None:
-        """A try is back: no longer out; answered in a later window than it was counted in, the
+        """A try is back: no longer out; answered in a later period than it was counted in, the
         answers announced here count it, the meter does not."""
         if generation == self.generation:
             self.out = max(0.0, self.out - need)
@@ -222,12 +222,12 @@ class Window:
 
     def announced(self, limit: float, remaining: float, reset_s: float | None, now: float,
                   sent_since: float) -> None:
-        """What remains there, less this window's tries still out (counted here: `sent_since`
-        adds nothing). More remaining than our answers since the window began leave (others'
+        """What remains there, less this period's tries still out (counted here: `sent_since`
+        adds nothing). More remaining than our answers since the period began leave (others'
         answers only leave less), beyond what answers overtaking each other explain, is a turn
-        since the last answer: the next ends a window after now, maybe as much earlier as the
-        turn may have come before now. A turn where nothing was sent (the window's last
-        `margin`) leaves our tries out to the last window; an earlier one, unknown which of
+        since the last answer: the next ends a period after now, maybe as much earlier as the
+        turn may have come before now. A turn where nothing was sent (the period's last
+        `margin`) leaves our tries out to the last period; an earlier one, unknown which of
         them went before it, to this one."""
         self.turn(now)
         self.size = limit
@@ -239,16 +239,16 @@ class Window:
                 self.spill = self.last  # this answer's try, sent before the turn
             else:
                 self.taken, self.spill = self.out, 0.0
-            self.ends = now + self.window_s
+            self.ends = now + self.period_s
             self.turns_seen += 1
-            self.margin = min(max(now - since, MARGIN * self.window_s), self.window_s / 4)
+            self.margin = min(max(now - since, MARGIN * self.period_s), self.period_s / 4)
             self.answered = limit - remaining
         self.level = min(self.size - self.taken, remaining - self.out + self.spill)
         self.answered_at = now
 
     def refused(self, retry_after_s: float | None, now: float, generation: int) -> None:
-        """The meter's window is spent: nothing more until it turns (or the `Retry-After`). A
-        refusal from a window already over says nothing of this one."""
+        """The meter's period is spent: nothing more until it turns (or the `Retry-After`). A
+        refusal from a period already over says nothing of this one."""
         self.turn(now)
         if generation != self.generation:
             return
@@ -267,14 +267,14 @@ class RateBudget:
         self._minute_s = minute_s
         self._lock = threading.Lock()
         now = clock()
-        self._buckets: dict[str, Bucket | Window] = {
-            kind: Bucket(size, minute_s, size, now)
+        self._budgets: dict[str, RefilledBudget | PeriodBudget] = {
+            kind: RefilledBudget(size, minute_s, size, now)
             for kind, size in ((REQUESTS, requests_per_minute), (TOKENS, tokens_per_minute)) if size}
         self._output_mean: float | None = None
         self._out = {REQUESTS: 0.0, TOKENS: 0.0}  # taken by tries not back yet
         self._taken = {REQUESTS: 0.0, TOKENS: 0.0}  # taken by all tries so far
         # (at, kind, budget per minute, a turn learned) when a budget learned from the answers
-        # changes or its window's turn is learned, until collected; `at` a reading of `clock`
+        # changes or its period's turn is learned, until collected; `at` a reading of `clock`
         self.changes: deque[tuple[float, str, float, bool]] = deque(maxlen=history)
         self._noted: dict[str, tuple[float, int]] = {}
 
@@ -282,7 +282,7 @@ class RateBudget:
     def known(self) -> dict[str, float]:
         """The budgets known now, per minute of the endpoint's clock."""
         with self._lock:
-            return {kind: b.size for kind, b in self._buckets.items()}
+            return {kind: b.size for kind, b in self._budgets.items()}
 
     def estimate(self, payload: Mapping[str, Any]) -> Estimate:
         """A try's tokens before it is sent: its text, and `max_tokens` or the answers' mean."""
@@ -308,15 +308,15 @@ class RateBudget:
         with self._lock:
             now = self._clock()
             needs = {REQUESTS: 1.0, TOKENS: float(tokens)}
-            wait = max((b.wait_for(needs[kind], now) for kind, b in self._buckets.items()), default=0.0)
+            wait = max((b.wait_for(needs[kind], now) for kind, b in self._budgets.items()), default=0.0)
             if wait > 0:
                 return wait, None
-            for kind, bucket in self._buckets.items():
-                bucket.spend(needs[kind], now)
+            for kind, budget in self._budgets.items():
+                budget.spend(needs[kind], now)
             for kind, need in needs.items():
                 self._out[kind] += need
                 self._taken[kind] += need
-            return 0.0, Spent(needs, {kind: b.generation for kind, b in self._buckets.items()},
+            return 0.0, Spent(needs, {kind: b.generation for kind, b in self._budgets.items()},
                               dict(self._taken))
 
     def ended(self, spent: Spent, answered: bool) -> None:
@@ -324,9 +324,9 @@ class RateBudget:
         with self._lock:
             for kind, need in spent.needs.items():
                 self._out[kind] -= need
-                bucket = self._buckets.get(kind)
-                if bucket is not None:
-                    bucket.ended(spent.generations.get(kind, 0), need, answered)
+                budget = self._budgets.get(kind)
+                if budget is not None:
+                    budget.ended(spent.generations.get(kind, 0), need, answered)
 
     def settle(self, spent: Spent, estimate: Estimate, answer: Mapping[str, Any]) -> None:
         """The answer is in: its tokens (`usage`, or its text's length) replace the estimate."""
@@ -341,31 +341,31 @@ class RateBudget:
         with self._lock:
             self._output_mean = output if self._output_mean is None else \
                 self._output_mean + OUTPUT_WEIGHT * (output - self._output_mean)
-            bucket = self._buckets.get(TOKENS)
-            if bucket is not None:
-                bucket.credit(estimate.total - actual, spent.generations.get(TOKENS, 0))
+            budget = self._budgets.get(TOKENS)
+            if budget is not None:
+                budget.credit(estimate.total - actual, spent.generations.get(TOKENS, 0))
 
     def observe(self, headers: Mapping[str, str], spent: Spent) -> None:
         """What the endpoint announced with the answer to the try that took `spent`: a budget's
-        size, what is left, and when it is full again (a refilled bucket) or nothing of that (a
-        fixed window)."""
+        size, what is left, and when it is full again (a refilled budget) or nothing of that (a
+        fixed period)."""
         with self._lock:
             now = self._clock()
             for kind in (REQUESTS, TOKENS):
-                limit = _number(headers.get(f"x-ratelimit-limit-{kind}"))
-                remaining = _number(headers.get(f"x-ratelimit-remaining-{kind}"))
+                limit = header_number(headers.get(f"x-ratelimit-limit-{kind}"))
+                remaining = header_number(headers.get(f"x-ratelimit-remaining-{kind}"))
                 if not limit or remaining is None:
                     continue
                 reset = duration_s(headers.get(f"x-ratelimit-reset-{kind}"))
-                if kind not in self._buckets:  # (a window seen now ends by a window from now)
+                if kind not in self._budgets:  # (a period seen now ends by a period from now)
                     out = self._out[kind]
-                    self._buckets[kind] = (  # a full bucket announces a reset of "0s": still a bucket
-                        Bucket(limit, self._minute_s, limit, now) if reset is not None else
-                        Window(limit, WINDOW_S, ends=now + WINDOW_S, level=limit - out, taken=out, out=out,
-                               answered=limit - remaining))
-                bucket = self._buckets[kind]
-                bucket.announced(limit, remaining, reset, now, self._taken[kind] - spent.marks[kind])
-                noted = (round(bucket.size * WINDOW_S / bucket.window_s, 1), bucket.turns_seen)
+                    self._budgets[kind] = (  # a full bucket announces a reset of "0s": still a bucket
+                        RefilledBudget(limit, self._minute_s, limit, now) if reset is not None else
+                        PeriodBudget(limit, PERIOD_S, ends=now + PERIOD_S, level=limit - out, taken=out,
+                                     out=out, answered=limit - remaining))
+                budget = self._budgets[kind]
+                budget.announced(limit, remaining, reset, now, self._taken[kind] - spent.marks[kind])
+                noted = (round(budget.size * PERIOD_S / budget.period_s, 1), budget.turns_seen)
                 if noted != self._noted.get(kind):
                     turned = kind in self._noted and noted[1] != self._noted[kind][1]
                     self._noted[kind] = noted
@@ -377,13 +377,15 @@ class RateBudget:
         `Retry-After`, or its refill or turn (see the budgets' `refused`)."""
         self.observe(headers, spent)
         with self._lock:
-            bucket = self._buckets.get(kind)
-            if bucket is None:
+            budget = self._budgets.get(kind)
+            if budget is None:
                 return  # a budget never announced: the client's backoff spaces the tries
-            bucket.refused(retry_after_s, self._clock(), spent.generations.get(kind, 0))
+            budget.refused(retry_after_s, self._clock(), spent.generations.get(kind, 0))
 
 
-def _number(value: str | None) -> float | None:
+def header_number(value: str | None) -> float | None:
+    """A header's value as a number (`Retry-After`'s seconds, a budget's limit), None when it is
+    absent or not one."""
     try:
         return float(value) if value is not None else None
     except ValueError:

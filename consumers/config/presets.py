@@ -33,10 +33,8 @@ NAMES = ("baseline", "tuned", "flow", "flow-kip848", "flow-exactly-once", "flow-
 ADAPTIVE_CEILING = 256  # calls in flight per AI stage, far above the published limits
 # Records in flight per AI call allowed. A record holds its place in the window for its call and
 # then while its result is written and its sends are acknowledged (Little's law: records in
-# flight = rate x that whole time). With acks=all on three brokers beside everything else on two
-# cores, the acknowledgements took longer than a check call: at twice the concurrency 106 of a
-# check fleet's 128 records waited on them and 10 were in AI calls (`durable` at 0.53-0.69 of
-# the capacity, 0.84 and 0.98 at four times).
+# flight = rate x that whole time), and with acks=all on three brokers the acknowledgements can
+# outlast a call (docs/design.md#a-flow-window-holds-four-records-per-ai-call).
 FLOW_WINDOW_FACTOR = 4
 
 

@@ -81,12 +81,9 @@ PROFILES: dict[str, Profile] = {
         "durability",
         "the production default: RF=3, min ISR=2, acks=all, idempotence, no unclean election",
         TopicSettings(replication_factor=3, min_insync_replicas=2),
-        # A millisecond's linger, not 5: a stage sends at its AI's pace, tens to hundreds of
-        # records a second over tens of partitions, so a batch waited its whole 5 ms for records
-        # that never came, on each of a request's three hops. With no linger at all, `durable`
-        # (three brokers, the reference machine) fell to 0.66 and 0.81 of the capacity against
-        # 0.98 with 5 ms. Flow's steady overhead p50: 35 ms with 5 ms, 24-26 ms with 1, at which
-        # `durable` ran at 0.99.
+        # A millisecond's linger, not 5: a stage sends at its AI's pace, so a batch waited its
+        # whole linger for records that never came, on each of a request's three hops; with no
+        # linger at all `durable` lost capacity (docs/design.md#durability-lingers-a-millisecond).
         # Keyless records stay sticky as before (10 ms per partition, twice the old linger).
         producer={**_DURABLE_PRODUCER, "linger.ms": 1, "sticky.partitioning.linger.ms": 10,
                   "compression.type": "lz4"},
@@ -140,11 +137,8 @@ def producer_config(profile: str, kafka: KafkaConnection, *, partitioner: str = 
     broker acquires whole batches for a share member (the pinned client cannot ask for
     `share.acquire.mode=record_limit`), so a member asking for 8 records was handed all 32 of a
     batch, and another member found nothing until they were done
-    (tests/integration/test_share_group.py). In one benchmark burst a member held 26 records of
-    one partition and worked them in four rounds of calls while the others had nothing left:
-    the last 5 % of `share` took 15 s. Most of a burst's batches are smaller than a window, so
-    four alternated `share` runs, two capped, ended at 1.12-1.19 x the physical minimum either
-    way: the cap removes that case, not the usual tail.
+    (tests/integration/test_share_group.py). The cap removes that case, not a burst's usual
+    tail (docs/design.md#a-share-stages-producers-cap-their-batches).
     """
     if batch_records is not None:
         overrides = {"batch.num.messages": batch_records, **overrides}

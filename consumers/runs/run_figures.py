@@ -93,8 +93,8 @@ def limits_of(spec: PipelineSpec, concurrency: int | None = None, time_scale: fl
     run set one limit for every endpoint, as the stand-in is configured) and per-minute budgets,
     and the endpoint each AI stage calls."""
     return capacity.Limits(
-        {name: capacity.Endpoint(concurrency or e.concurrency, e.requests_per_minute, e.tokens_per_minute,
-                                 e.tokens) for name, e in spec.endpoints.items()},
+        {name: capacity.EndpointLimits(concurrency or e.concurrency, e.requests_per_minute,
+                                       e.tokens_per_minute, e.tokens) for name, e in spec.endpoints.items()},
         {name: s.work.endpoint for name, s in spec.stages.items() if isinstance(s.work, HttpWork)},
         time_scale, tokens_per_call or {})
 

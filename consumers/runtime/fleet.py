@@ -58,10 +58,9 @@ MEMBER_KINDS: dict[str, type[StageMember]] = {"baseline": BatchMember, "bounded"
 CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}  # the gauge's values
 
 CHANGES_RECORD_INTERVAL_S = 1.0  # how often an adaptive limit's and a circuit's changes are written
-# A record's transactions take a millisecond on an idle machine, but tens of them when the
-# machine is saturated, and an AI stage's workers come back from their calls in waves: with 16
-# connections the generate workers spent most of a burst waiting for one (sampled profile), and
-# 48 raised `durable`'s utilisation from 0.57-0.64 to 0.76-0.87.
+# A record's transactions take far longer on a saturated machine than on an idle one, and an AI
+# stage's workers come back from their calls in waves, so a smaller pool kept them waiting for a
+# connection (docs/design.md#a-fleet-holds-48-database-connections).
 DB_CONNECTIONS = 48
 
 
@@ -189,8 +188,8 @@ class Fleet:
         """The coordinator's view agrees: the group is stable and gives each member of this fleet
         that holds partitions what it holds. A member's own assignment can stay the same for a
         second while the group's next rebalance is under way: a steady load started then met
-        members that stopped fetching for it (its first records waited 1.2 s, and commits were
-        refused with ILLEGAL_GENERATION). A group the coordinator cannot describe yet (it is
+        members that stopped fetching for it (its first records waited, and commits were refused
+        with ILLEGAL_GENERATION). A group the coordinator cannot describe yet (it is
         loading, or moving with a broker's restart) is not settled: asked again until the deadline."""
         group_id = self.settings.member.group_id
         try:

@@ -2,10 +2,10 @@
 
 For a process that is a fleet or a load source and nothing else, once it is built: the
 collector's oldest generation otherwise walks every object alive since start-up (modules,
-settings, clients), and a spawned child holds its parent's imports too. In a benchmark run a
-fleet's full collections took 50-315 ms while none of its member threads could run, and the
-load source's 22-27 ms between stamping a request and sending it. What the process allocates
-afterwards is collected as before.
+settings, clients), and a spawned child holds its parent's imports too, so a full collection
+stopped every member thread, and the load source between stamping a request and sending it
+(docs/design.md#fleets-freeze-their-start-up-heap). What the process allocates afterwards is
+collected as before.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ others have left.
 Each member reports its own count (its offset tracker's, which is the truth) whenever it asks,
 so a count cannot drift. What a member takes is held for it at once, before it starts the
 records: two members asking together then never start more than the pool's size between them
-(they did when asking only read the room left: 17 and 18 calls in flight for a pool of 16 on a
-loaded machine).
+(they did on a loaded machine when asking only read the room left).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Per-minute request and token budgets for the AI stand-in, metered as providers meter them.
 
-Providers meter several budgets at once (ARCHITECTURE.md section 10): OpenAI requests and
-tokens per minute, Anthropic as continuously refilled buckets. Each budget here is such a
-bucket: it holds the per-minute value and refills at value/60 per real-scale second, so a
-burst of a whole minute's allowance passes at once and then one request per refill interval.
+Providers meter several budgets at once: OpenAI requests and tokens per minute, Anthropic as
+continuously refilled buckets. Each budget here is such a bucket: it holds the per-minute value
+and refills at value/60 per real-scale second, so a burst of a whole minute's allowance passes
+at once and then one request per refill interval.
 Tokens are counted from text length (`consumers.ai.rate_budget.tokens_of`, the clients' estimate
 too), not with a tokenizer: the stand-in needs the load's shape, not a model's exact count.
 
@@ -94,10 +94,6 @@ class Budgets:
     def __init__(self, requests_per_minute: int | None, tokens_per_minute: int | None, now: float) -> None:
         self.requests = Bucket(requests_per_minute, now) if requests_per_minute else None
         self.tokens = Bucket(tokens_per_minute, now) if tokens_per_minute else None
-
-    @property
-    def metering(self) -> bool:
-        return self.requests is not None or self.tokens is not None
 
     def _buckets(self) -> list[tuple[str, Bucket]]:
         pairs = (("requests", self.requests), ("tokens", self.tokens))

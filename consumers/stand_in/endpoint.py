@@ -44,7 +44,7 @@ class Refusal:
         return {"rejected_429": "concurrency", "rate_limited_tokens": "tokens"}.get(self.counter, "requests")
 
 
-class Endpoint:
+class SimulatedEndpoint:
     """Counters, concurrency slots, rate-limit buckets and RNG of one endpoint, behind one lock.
 
     `clock` is injectable so the buckets can be checked against hand-computed times.

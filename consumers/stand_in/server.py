@@ -35,9 +35,9 @@ class _Handler(BaseHTTPRequestHandler):
     """Routes HTTP requests to the stand-in; keep-alive so clients can pool connections.
 
     Nagle's algorithm is off: an answer goes out as two writes (headers, then body), and with
-    Nagle on, the body waits for the client's delayed ACK of the headers, about 40 ms on Linux.
-    That added 42 ms to every call here (a 10 ms call took 52 ms) and took 5 % off the AI
-    capacity of a 900 ms generation; a real endpoint answers without such a stall."""
+    Nagle on, the body waits for the client's delayed ACK of the headers, about 40 ms on Linux,
+    on every call (docs/design.md#the-stand-in-answers-without-nagles-algorithm); a real endpoint
+    answers without such a stall."""
 
     server: AIServiceServer
     protocol_version = "HTTP/1.1"

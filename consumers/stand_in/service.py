@@ -20,7 +20,7 @@ from consumers.stand_in.config import (
     ServiceConfig,
     check_time_scale,
 )
-from consumers.stand_in.endpoint import COUNTERS, TOKEN_COUNTERS, Endpoint, Refusal
+from consumers.stand_in.endpoint import COUNTERS, TOKEN_COUNTERS, Refusal, SimulatedEndpoint
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class StandIn:
     """The service's state and behaviour, independent of HTTP so it stays easy to reason about."""
 
     def __init__(self, config: ServiceConfig) -> None:
-        self.endpoints = {name: Endpoint(name, endpoint, config.seed)
+        self.endpoints = {name: SimulatedEndpoint(name, endpoint, config.seed)
                           for name, endpoint in config.endpoints.items()}
         self._time_scale = config.time_scale
         self._token = config.token
@@ -97,7 +97,7 @@ class StandIn:
             reply = replace(reply, headers={**reply.headers, **endpoint.budget_headers(scale)})
         return reply
 
-    def _serve(self, endpoint: Endpoint, config: EndpointConfig, scale: float, call: Call) -> Reply:
+    def _serve(self, endpoint: SimulatedEndpoint, config: EndpointConfig, scale: float, call: Call) -> Reply:
         """The latency, then the outcome; an answer also takes its time per output token, and its
         actual tokens replace the estimate charged (a failed call keeps its charge, as providers count
         failed requests too). A hang is an answer that takes `hang_s`: served, and counted as served,

@@ -27,7 +27,7 @@ from consumers.ai.concurrency_limit import AdaptiveLimit
 from consumers.config.pipeline_spec import EndpointSpec, load
 from consumers.stand_in.cli import config_from_args, parser
 from consumers.stand_in.config import ConfigError, EndpointConfig, ServiceConfig
-from consumers.stand_in.endpoint import Endpoint, Refusal, sample_latency
+from consumers.stand_in.endpoint import Refusal, SimulatedEndpoint, sample_latency
 from consumers.stand_in.server import serve
 from tests.recorded_tries import Tries
 
@@ -300,7 +300,7 @@ def test_stats_reset_zeroes_counters_and_peak(start: Start) -> None:
 def test_a_limit_schedule_changes_the_limit_at_its_scaled_times() -> None:
     clock = FakeClock()
     schedule = [[10, 1], [20, 2]]  # JSON's lists, as PUT /v1/config brings them
-    endpoint = Endpoint("check", replace(CONFIGS["check"], limit=2, limit_schedule=schedule), seed=1,
+    endpoint = SimulatedEndpoint("check", replace(CONFIGS["check"], limit=2, limit_schedule=schedule), seed=1,
                         clock=clock)
     scale = 0.5  # 10 real-scale seconds pass in 5 wall seconds
     assert [isinstance(endpoint.admit(scale), EndpointConfig) for _ in range(3)] == [True, True, False]
@@ -398,7 +398,7 @@ class FakeClock:
 
 def test_rate_limit_is_a_token_bucket_with_retry_after_until_the_next_token() -> None:
     clock = FakeClock()
-    endpoint = Endpoint("check", replace(CONFIGS["check"], rate_limit_rps=2.0, rate_burst=3), seed=1,
+    endpoint = SimulatedEndpoint("check", replace(CONFIGS["check"], rate_limit_rps=2.0, rate_burst=3), seed=1,
                         clock=clock)
     outcomes = [endpoint.admit(1.0) for _ in range(5)]
     assert [isinstance(o, EndpointConfig) for o in outcomes] == [True, True, True, False, False]
@@ -415,7 +415,7 @@ def test_rate_limit_is_a_token_bucket_with_retry_after_until_the_next_token() ->
 
 def test_rate_limit_follows_the_time_scale() -> None:
     clock = FakeClock()
-    endpoint = Endpoint("check", replace(CONFIGS["check"], rate_limit_rps=2.0), seed=1, clock=clock)
+    endpoint = SimulatedEndpoint("check", replace(CONFIGS["check"], rate_limit_rps=2.0), seed=1, clock=clock)
     assert isinstance(endpoint.admit(0.5), EndpointConfig)
     assert endpoint.admit(0.5) == Refusal("rate_limited", 0.25)  # 2/s at 0.5x is 4 per wall second
     clock.now = 0.25
@@ -425,7 +425,7 @@ def test_rate_limit_follows_the_time_scale() -> None:
 def test_a_request_refused_for_concurrency_keeps_its_token() -> None:
     clock = FakeClock()
     config = replace(CONFIGS["generate"], latency_s=3.0, limit=1, rate_limit_rps=1.0, rate_burst=2)
-    endpoint = Endpoint("generate", config, seed=1, clock=clock)
+    endpoint = SimulatedEndpoint("generate", config, seed=1, clock=clock)
     assert isinstance(endpoint.admit(1.0), EndpointConfig)
     assert endpoint.admit(1.0) == Refusal("rejected_429", 3.0)  # Retry-After defaults to the latency
     endpoint.release()
@@ -643,8 +643,8 @@ def test_a_try_is_recorded_as_sent_once_it_holds_its_permit_and_timed_from_its_s
 
 def test_a_requests_budget_admits_a_full_bucket_then_one_call_per_refill() -> None:
     clock = FakeClock()
-    endpoint = Endpoint("check", replace(CONFIGS["check"], limit=100, requests_per_minute=60), seed=1,
-                        clock=clock)
+    endpoint = SimulatedEndpoint("check", replace(CONFIGS["check"], limit=100, requests_per_minute=60),
+                                 seed=1, clock=clock)
     scale = 0.5  # 60 per minute is 1 per real-scale second: 2 per wall second at 0.5x
     assert all(isinstance(endpoint.admit(scale), EndpointConfig) for _ in range(60))
     refused = endpoint.admit(scale)
@@ -664,7 +664,7 @@ def test_a_requests_budget_admits_a_full_bucket_then_one_call_per_refill() -> No
 def test_a_tokens_budget_charges_the_estimate_and_is_corrected_to_the_answer() -> None:
     clock = FakeClock()
     config = replace(CONFIGS["check"], tokens_per_minute=600)  # 10 tokens per second at 1x
-    endpoint = Endpoint("check", config, seed=1, clock=clock)
+    endpoint = SimulatedEndpoint("check", config, seed=1, clock=clock)
     assert isinstance(endpoint.admit(1.0, input_tokens=100, output_tokens=400), EndpointConfig)
     assert endpoint.budget_headers(1.0) == {"x-ratelimit-limit-tokens": "600",
                                             "x-ratelimit-remaining-tokens": "100",
@@ -689,7 +689,7 @@ def test_a_reset_starts_a_measurement_with_the_budgets_and_the_rate_limit_full()
     clock = FakeClock()
     config = replace(CONFIGS["check"], limit=100, requests_per_minute=2, tokens_per_minute=60,
                      rate_limit_rps=1.0, rate_burst=1)
-    endpoint = Endpoint("check", config, seed=1, clock=clock)
+    endpoint = SimulatedEndpoint("check", config, seed=1, clock=clock)
     assert isinstance(endpoint.admit(1.0, 20, 20), EndpointConfig)  # 1 request, 40 tokens, the burst
     assert endpoint.admit(1.0, 20, 20) == Refusal("rate_limited_tokens", 20.0)  # 40 needed, 20 there
     endpoint.reset()  # nothing refilled on the clock: it is the reset that fills them
@@ -705,14 +705,14 @@ def test_a_reset_starts_a_measurement_with_the_budgets_and_the_rate_limit_full()
 
 def test_a_budget_refusal_carries_no_retry_after_when_configured_so() -> None:
     config = replace(CONFIGS["check"], requests_per_minute=1, retry_after_on_budget=False)
-    endpoint = Endpoint("check", config, seed=1, clock=FakeClock())
+    endpoint = SimulatedEndpoint("check", config, seed=1, clock=FakeClock())
     assert isinstance(endpoint.admit(1.0), EndpointConfig)
     assert endpoint.admit(1.0) == Refusal("rate_limited_requests", None)
 
 
 def test_a_request_refused_for_concurrency_takes_nothing_from_the_budgets() -> None:
     config = replace(CONFIGS["check"], limit=1, requests_per_minute=60, tokens_per_minute=60)
-    endpoint = Endpoint("check", config, seed=1, clock=FakeClock())
+    endpoint = SimulatedEndpoint("check", config, seed=1, clock=FakeClock())
     assert isinstance(endpoint.admit(1.0, 5, 5), EndpointConfig)
     refused = endpoint.admit(1.0, 5, 5)
     assert refused == Refusal("rejected_429", 0.5) and isinstance(refused, Refusal)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from bench import figures
@@ -29,12 +27,11 @@ def test_the_physical_minimum_and_the_stand_ins_count_follow_the_binding_limit()
     # latency (lognormal, median 0.3 s, p99 5 x the median: sigma = ln 5 / 2.3263, mean = median x
     # exp(sigma^2 / 2)); join calls nothing after summarize. moderate's own bound, 80 / 6.4 = 12.5 s
     # + summarize's mean after it (1.2 x 1.2704 = 1.5245 s), and classify's, 20 s + 0.381 s, are lower.
-    sigma = math.log(5) / 2.3263478740408408
-    minimum = 0.3 * math.exp(sigma ** 2 / 2) + 40
-    assert minimum == pytest.approx(40.381, abs=1e-3)
-    assert got["physical_minimum_s"] == pytest.approx(minimum, abs=1e-3)
+    # sigma = 1.609438 / 2.326348 = 0.691830, sigma^2 / 2 = 0.239315, exp of it 1.270378:
+    # 40 + 0.3 x 1.270378 = 40.381113 s, and 50 / 40.381113 = 1.238203
+    assert got["physical_minimum_s"] == pytest.approx(40.3811, abs=1e-3)
     assert got["minimum_limit"] == "summarize.concurrency"
-    assert got["span_over_minimum"] == pytest.approx(50 / minimum, abs=1e-4)
+    assert got["span_over_minimum"] == pytest.approx(1.2382, abs=1e-4)
     # the stand-in served 80 summarize calls over the 50 s span: 1.6/s of the 2/s its 4 slots allow
     assert got["served_on_binding"] == {"endpoint": "summarize", "served": 80, "window_s": 50.0,
                                         "served_rps": 1.6, "limit_calls_rps": 2.0,

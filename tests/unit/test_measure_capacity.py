@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 
 from measure import capacity
-from measure.capacity import BandWork, Endpoint, Limits
+from measure.capacity import BandWork, EndpointLimits, Limits
 
 # A text_moderation-like run: 100 posts settled, 20 blocked at moderate (rejected), 80 completed
 # after summarize and classify answered in parallel. Each endpoint's own concurrency.
-FAN_OUT = Limits({"moderate": Endpoint(4), "summarize": Endpoint(20), "classify": Endpoint(16)},
+FAN_OUT = Limits({"moderate": EndpointLimits(4), "summarize": EndpointLimits(20),
+                  "classify": EndpointLimits(16)},
                  {"moderate": "moderate", "summarize": "summarize", "classify": "classify"})
 FAN_OUT_SERVICE = {"moderate": 0.5, "summarize": 2.0, "classify": 1.0}
 FAN_OUT_CALLS = {"moderate": 100, "summarize": 80, "classify": 80}
@@ -54,14 +55,14 @@ DRAFT_CALLS = {"draft": 2.0}
 
 @pytest.mark.parametrize(("endpoint", "tokens", "rps", "binding"), [
     # concurrency: 8 / (0.5 s x 2) = 8 rps; 1200 requests a minute allow 1200 / 60 / 2 = 10
-    (Endpoint(8, requests_per_minute=1200), {}, 8.0, "draft.concurrency"),
+    (EndpointLimits(8, requests_per_minute=1200), {}, 8.0, "draft.concurrency"),
     # 600 requests a minute: 600 / 60 / 2 = 5 rps, under the concurrency's 8
-    (Endpoint(8, requests_per_minute=600), {}, 5.0, "draft.requests_per_minute"),
+    (EndpointLimits(8, requests_per_minute=600), {}, 5.0, "draft.requests_per_minute"),
     # 60,000 tokens a minute at 250 tokens a call: 60000 / 60 / (250 x 2) = 2 rps, under 5 and 8
-    (Endpoint(8, requests_per_minute=600, tokens_per_minute=60_000, tokens="output"), {"draft": 250.0},
+    (EndpointLimits(8, requests_per_minute=600, tokens_per_minute=60_000, tokens="output"), {"draft": 250.0},
      2.0, "draft.tokens_per_minute"),
 ])
-def test_each_limit_binds_in_turn(endpoint: Endpoint, tokens: dict[str, float], rps: float,
+def test_each_limit_binds_in_turn(endpoint: EndpointLimits, tokens: dict[str, float], rps: float,
                                   binding: str) -> None:
     limits = Limits({"draft": endpoint}, DRAFT, tokens_per_call=tokens)
     got = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
@@ -72,14 +73,14 @@ def test_each_limit_binds_in_turn(endpoint: Endpoint, tokens: dict[str, float], 
 def test_budgets_are_per_real_scale_minute() -> None:
     # at time scale 0.1 a minute lasts 6 wall-clock seconds: 600 / 6 s / 2 calls = 50 rps, so
     # the concurrency's 8 rps binds
-    limits = Limits({"draft": Endpoint(8, requests_per_minute=600)}, DRAFT, time_scale=0.1)
+    limits = Limits({"draft": EndpointLimits(8, requests_per_minute=600)}, DRAFT, time_scale=0.1)
     got = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
     assert (got.rps, got.binding_limit) == (pytest.approx(8.0), "draft.concurrency")
     assert got.as_dict()["candidates"]["draft.requests_per_minute"] == 50.0
 
 
 def test_a_tokens_budget_without_tokens_per_call_is_named_unmeasured() -> None:
-    limits = Limits({"draft": Endpoint(8, tokens_per_minute=1000)}, DRAFT)
+    limits = Limits({"draft": EndpointLimits(8, tokens_per_minute=1000)}, DRAFT)
     got = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
     assert (got.rps, got.binding_limit) == (pytest.approx(8.0), "draft.concurrency")
     assert got.unmeasured == ["draft.tokens_per_minute"]
@@ -89,7 +90,7 @@ def test_stages_sharing_an_endpoint_add_their_work() -> None:
     # outline (1 s, once) and polish (0.5 s, twice) on one endpoint of 10 slots: 2 s of slot
     # time per request, 10 / 2 = 5 rps; its 900 requests a minute: 900 / 60 / 3 calls = 5 rps too,
     # and the concurrency, listed first, is named on a tie
-    limits = Limits({"llm": Endpoint(10, requests_per_minute=900)}, {"outline": "llm", "polish": "llm"})
+    limits = Limits({"llm": EndpointLimits(10, requests_per_minute=900)}, {"outline": "llm", "polish": "llm"})
     got = capacity.capacity(limits, {"outline": 1.0, "polish": 0.5}, {"outline": 1.0, "polish": 2.0})
     assert (got.rps, got.binding_limit) == (pytest.approx(5.0), "llm.concurrency")
 
@@ -125,17 +126,17 @@ def test_band_work_counts_call_seconds_inside_and_calls_started_inside_and_befor
 
 @pytest.mark.parametrize(("endpoint", "tokens", "expected"), [
     # concurrency 10 over a 10 s band: 100 slot-seconds, 90 of them in calls
-    (Endpoint(10), {}, 0.9),
+    (EndpointLimits(10), {}, 0.9),
     # 300 requests a minute = 5 a second: 50 in the band, 40 calls started in it (the first
     # minute's 300 and the 50 refilled until the band were spent before it: nothing left)
-    (Endpoint(10, requests_per_minute=300), {}, 0.8),
+    (EndpointLimits(10, requests_per_minute=300), {}, 0.8),
     # 60,000 tokens a minute (binding: 60000 / 60 / (125 x 2) = 4 rps against the concurrency's
     # 10) = 1000 a second: 10,000 in the band; 40 calls x 125 tokens = 5000 (560 calls x 125 =
     # 70,000 tokens before it: the bucket's 60,000 and the 10,000 refilled, nothing left)
-    (Endpoint(10, tokens_per_minute=60_000), {"draft": 125.0}, 0.5),
+    (EndpointLimits(10, tokens_per_minute=60_000), {"draft": 125.0}, 0.5),
 ])
 def test_utilization_is_the_binding_limits_share_used_in_the_band(
-        endpoint: Endpoint, tokens: dict[str, float], expected: float) -> None:
+        endpoint: EndpointLimits, tokens: dict[str, float], expected: float) -> None:
     limits = Limits({"draft": endpoint}, DRAFT, tokens_per_call=tokens)
     cap = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
     work = {"draft": BandWork(busy_s=90.0, started=40, before=560, first_s=0.0)}
@@ -148,7 +149,7 @@ def test_a_budgets_utilization_counts_what_its_allowance_held_when_the_band_bega
     # 200 calls started before the band (10 -> 20 s): the bucket held at most 300 + 5 x 10 - 200
     # = 150 at 10 s, and the band allows 5 x 10 + 150 = 200 calls; 80 started in it: 0.4 (80 /
     # 50 = 1.6 of the rate alone).
-    limits = Limits({"draft": Endpoint(64, requests_per_minute=300)}, DRAFT)
+    limits = Limits({"draft": EndpointLimits(64, requests_per_minute=300)}, DRAFT)
     cap = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
     assert cap.binding_limit == "draft.requests_per_minute"
     work = {"draft": BandWork(busy_s=30.0, started=80, before=200, first_s=0.0)}
@@ -172,7 +173,7 @@ def test_served_check_sets_the_services_count_beside_the_binding_limit() -> None
 def test_served_check_counts_a_budgets_initial_allowance() -> None:
     # draft's 600 requests a minute at time scale 0.25 (a 15 s minute): 40 calls/s, and a bucket
     # of 600 full when the window begins. 2 calls a request: 20 requests/s, 300 requests at once.
-    limits = Limits({"draft": Endpoint(64, requests_per_minute=600)}, DRAFT, time_scale=0.25)
+    limits = Limits({"draft": EndpointLimits(64, requests_per_minute=600)}, DRAFT, time_scale=0.25)
     cap = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
     assert (cap.binding_limit, cap.binding.allowance if cap.binding else None) == (
         "draft.requests_per_minute", pytest.approx(300.0))
@@ -187,21 +188,23 @@ def test_a_tokens_budget_lower_than_every_other_limit_is_named_binding() -> None
     # Only a tokens budget beside the slots: 8 / (0.5 s x 2) = 8 rps against 30,000 tokens a minute
     # at 200 total tokens a call: 30000 / 60 / (200 x 2) = 1.25 rps; its bucket holds 30000 / 400 =
     # 75 requests' tokens.
-    limits = Limits({"draft": Endpoint(8, tokens_per_minute=30_000)}, DRAFT, tokens_per_call={"draft": 200.0})
+    limits = Limits({"draft": EndpointLimits(8, tokens_per_minute=30_000)}, DRAFT,
+                    tokens_per_call={"draft": 200.0})
     got = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
     assert (got.rps, got.binding_limit) == (pytest.approx(1.25), "draft.tokens_per_minute")
     assert got.binding is not None and got.binding.allowance == pytest.approx(75.0)
     assert got.unmeasured == []
     # With a requests budget too, above it (600 a minute: 5 rps), the tokens still bind.
-    both = Limits({"draft": Endpoint(8, requests_per_minute=600, tokens_per_minute=30_000)}, DRAFT,
+    both = Limits({"draft": EndpointLimits(8, requests_per_minute=600, tokens_per_minute=30_000)}, DRAFT,
                   tokens_per_call={"draft": 200.0})
     assert capacity.capacity(both, DRAFT_SERVICE, DRAFT_CALLS).binding_limit == "draft.tokens_per_minute"
 
 
-def test_a_fixed_windows_utilization_is_held_to_its_rate_alone() -> None:
+def test_a_fixed_periods_utilization_is_held_to_its_rate_alone() -> None:
     # 300 requests a clock minute at time scale 1: 5 a second, 50 over the 10 s band; 40 calls
-    # started in it: 0.8, whatever the windows let through before it (nothing started before).
-    limits = Limits({"draft": capacity.fixed_windows(Endpoint(64, requests_per_minute=300), 1.0)}, DRAFT)
+    # started in it: 0.8, whatever the periods let through before it (nothing started before).
+    limits = Limits({"draft": capacity.fixed_periods(EndpointLimits(64, requests_per_minute=300), 1.0)},
+                    DRAFT)
     cap = capacity.capacity(limits, DRAFT_SERVICE, DRAFT_CALLS)
     assert cap.binding_limit == "draft.requests_per_minute"
     work = {"draft": BandWork(busy_s=30.0, started=40, before=0, first_s=5.0)}

@@ -198,7 +198,7 @@ def test_a_budgets_initial_allowance_passes_at_once() -> None:
 
 
 # genai_image's reference burst at real scale: check (0.5 s) then generate (3 s), 64 slots each.
-REFERENCE = capacity.Limits({"check": capacity.Endpoint(64), "generate": capacity.Endpoint(64)},
+REFERENCE = capacity.Limits({"check": capacity.EndpointLimits(64), "generate": capacity.EndpointLimits(64)},
                             {"check": "check", "generate": "generate"})
 REFERENCE_CHAINS = {"check": (0.0, 3.0), "generate": (0.5, 0.0)}  # AI seconds before and after each call
 
@@ -220,23 +220,23 @@ def test_the_physical_minimum_is_the_longest_over_the_limits() -> None:
 def test_a_budget_that_binds_gives_the_minimum_with_its_allowance_and_its_own_call() -> None:
     # One stage `draft` on an endpoint of 64 slots, 0.4 s calls, 600 requests a minute at time scale
     # 0.25 (a 15 s minute: 40 calls/s, a bucket of 600 full at the start); 0.1 s of AI calls before.
-    limits = capacity.Limits({"draft": capacity.Endpoint(64, requests_per_minute=600)}, {"draft": "draft"},
-                             time_scale=0.25)
+    limits = capacity.Limits({"draft": capacity.EndpointLimits(64, requests_per_minute=600)},
+                             {"draft": "draft"}, time_scale=0.25)
     got = figures.physical_minimum(3000, limits, {"draft": 0.4}, {"draft": 1.0}, {"draft": (0.1, 0.0)})
     # concurrency: 3000 / (64 / 0.4 s = 160 rps) = 18.75 s, + 0.1 s: 18.85 s;
     # budget: 0.1 s, 600 at once, 2400 at 40/s = 60 s, then the last call's 0.4 s: 60.5 s.
     assert got == (pytest.approx(60.5), "draft.requests_per_minute")
     # tokens: 60,000 a minute at time scale 1 with 250 tokens a call: 1000 tokens/s = 4 calls/s,
     # a bucket of 240 calls; 1000 calls: 760 / 4 = 190 s, + 0.1 before and 0.4 s of the last call
-    tokens = capacity.Limits({"draft": capacity.Endpoint(64, tokens_per_minute=60_000)}, {"draft": "draft"},
-                             tokens_per_call={"draft": 250.0})
+    tokens = capacity.Limits({"draft": capacity.EndpointLimits(64, tokens_per_minute=60_000)},
+                             {"draft": "draft"}, tokens_per_call={"draft": 250.0})
     got = figures.physical_minimum(1000, tokens, {"draft": 0.4}, {"draft": 1.0}, {"draft": (0.1, 0.0)})
     assert got == (pytest.approx(190.5), "draft.tokens_per_minute")
     # fixed windows of a clock minute (a gateway's) at time scale 0.25: 600 a clock minute is
-    # 150 a run's minute (15 s): 10 calls/s; two windows' 1200 may pass at once. 3000 calls:
+    # 150 a run's minute (15 s): 10 calls/s; two periods' 1200 may pass at once. 3000 calls:
     # 1800 / 10 = 180 s, + 0.5 s.
-    windows = capacity.Limits({"draft": capacity.fixed_windows(capacity.Endpoint(64, requests_per_minute=150),
-                                                               0.25)},
+    windows = capacity.Limits({"draft": capacity.fixed_periods(
+                                  capacity.EndpointLimits(64, requests_per_minute=150), 0.25)},
                               {"draft": "draft"}, time_scale=0.25)
     got = figures.physical_minimum(3000, windows, {"draft": 0.4}, {"draft": 1.0}, {"draft": (0.1, 0.0)})
     assert got == (pytest.approx(180.5), "draft.requests_per_minute")

@@ -123,7 +123,7 @@ def test_a_fault_s_panel_shades_its_window_and_marks_the_recovery() -> None:
     assert list(load.get_ydata()) == [18.8, 18.8]
     assert list(recovered.get_xdata()) == [53.0, 53.0]  # the fault's end + 3 s
     assert list(pre_fault.get_ydata()) == [18.0, 18.0]
-    assert list(threshold.get_ydata()) == pytest.approx([18.0 * fault_report.RECOVERY_SHARE] * 2)
+    assert list(threshold.get_ydata()) == pytest.approx([16.2, 16.2])  # 0.9 of the pre-fault 18
     assert fig.get_suptitle() == "Completions per second under each fault"
 
 

@@ -10,7 +10,16 @@ from collections import Counter
 import pytest
 
 from consumers.ai.client import CONCURRENCY, refusal_kind
-from consumers.ai.rate_budget import REQUESTS, TOKENS, Bucket, Estimate, RateBudget, Spent, Window, duration_s
+from consumers.ai.rate_budget import (
+    REQUESTS,
+    TOKENS,
+    Estimate,
+    PeriodBudget,
+    RateBudget,
+    RefilledBudget,
+    Spent,
+    duration_s,
+)
 
 
 class Clock:
@@ -62,8 +71,8 @@ def test_announced_budgets_are_learned_with_their_refill_from_the_reset() -> Non
     budget.observe({"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "30",
                     "x-ratelimit-reset-requests": "7.5s"}, budget.take(0))
     assert budget.known == {REQUESTS: 60}
-    assert budget._buckets[REQUESTS].window_s == pytest.approx(15.0)
-    assert budget._buckets[REQUESTS].level == 30
+    assert budget._budgets[REQUESTS].period_s == pytest.approx(15.0)
+    assert budget._budgets[REQUESTS].level == 30
 
 
 def openai(remaining: int) -> dict[str, str]:
@@ -76,7 +85,7 @@ def test_what_the_meter_never_charged_comes_back_with_an_answer_to_a_later_try()
     budget = RateBudget(clock=Clock())  # the clock stands still: nothing refills
     first = budget.take(0)
     budget.observe(openai(59), first)
-    level = budget._buckets[REQUESTS]
+    level = budget._budgets[REQUESTS]
     b, c, d = budget.take(0), budget.take(0), budget.take(0)
     assert level.level == 56
     # c and d are refused as too many at once: the meter charged neither and holds 58.
@@ -97,7 +106,7 @@ def test_a_budget_refusal_empties_the_bucket_until_its_retry_after() -> None:
     clock = Clock()
     budget = RateBudget(requests_per_minute=60, clock=clock)
     budget.refused(REQUESTS, 2.0, {}, budget.take(0))
-    bucket = budget._buckets[REQUESTS]
+    bucket = budget._budgets[REQUESTS]
     assert bucket.wait_for(1, clock.now) == pytest.approx(2.0)  # held, though 1 s would refill one
     clock.now = 2.0
     assert bucket.wait_for(1, clock.now) == 0
@@ -131,43 +140,43 @@ def gateway(limit: int, remaining: int) -> dict[str, str]:
     return {"x-ratelimit-limit-requests": str(limit), "x-ratelimit-remaining-requests": str(remaining)}
 
 
-def test_a_budget_announced_with_a_reset_is_a_refilled_bucket_and_without_one_a_fixed_window() -> None:
+def test_a_budget_announced_with_a_reset_is_a_refilled_bucket_and_without_one_a_fixed_period() -> None:
     budget = RateBudget(clock=Clock())
     budget.observe({**gateway(120, 100), "x-ratelimit-limit-tokens": "60000",
                     "x-ratelimit-remaining-tokens": "50000", "x-ratelimit-reset-tokens": "10s"},
                    budget.take(0))
-    assert isinstance(budget._buckets[REQUESTS], Window)
-    assert isinstance(budget._buckets[TOKENS], Bucket)
+    assert isinstance(budget._budgets[REQUESTS], PeriodBudget)
+    assert isinstance(budget._budgets[TOKENS], RefilledBudget)
 
 
 def test_a_full_bucket_announcing_a_reset_of_nothing_is_still_a_refilled_bucket() -> None:
     budget = RateBudget(clock=Clock())  # a first answer from an idle meter: full, so full again in 0 s
     budget.observe({"x-ratelimit-limit-tokens": "16000", "x-ratelimit-remaining-tokens": "16000",
                     "x-ratelimit-reset-tokens": "0s"}, budget.take(0))
-    assert isinstance(budget._buckets[TOKENS], Bucket)
+    assert isinstance(budget._budgets[TOKENS], RefilledBudget)
 
 
-def test_a_fixed_window_is_spent_evenly_and_its_turn_learned_from_the_answers() -> None:
+def test_a_fixed_period_is_spent_evenly_and_its_turn_learned_from_the_answers() -> None:
     clock = Clock()
     budget = RateBudget(clock=clock)
     first = budget.take(0)  # nothing known yet: it goes at once
     clock.now = 1.0
     budget.ended(first, answered=True)
     budget.observe(gateway(120, 60), first)
-    window = budget._buckets[REQUESTS]
-    assert isinstance(window, Window)
-    # 60 left of a window seen at 1 s, which ends by 61 s at the latest: one try a second.
+    period = budget._budgets[REQUESTS]
+    assert isinstance(period, PeriodBudget)
+    # 60 left of a period seen at 1 s, which ends by 61 s at the latest: one try a second.
     assert budget.try_take(0)[0] == 0
     assert budget.try_take(0)[0] == pytest.approx(1.0)
     clock.now = 2.0
     second = budget.take(0)
     clock.now = 10.0
     budget.ended(second, answered=True)
-    # 119 remaining where our two answers since would leave 58: the window turned after the
+    # 119 remaining where our two answers since would leave 58: the period turned after the
     # answer at 1 s, by 10 s. The next ends by 70 s, maybe 9 s earlier: no try goes after 61 s.
-    # The try still out (sent at 1 s) is counted to the new window: 118 left.
+    # The try still out (sent at 1 s) is counted to the new period: 118 left.
     budget.observe(gateway(120, 119), second)
-    assert (window.ends, window.margin, window.level) == (70.0, 9.0, 118.0)
+    assert (period.ends, period.margin, period.level) == (70.0, 9.0, 118.0)
     assert list(budget.changes) == [(1.0, REQUESTS, 120.0, False), (10.0, REQUESTS, 120.0, True)]
     third = budget.take(0)
     clock.now = 20.0
@@ -175,13 +184,13 @@ def test_a_fixed_window_is_spent_evenly_and_its_turn_learned_from_the_answers() 
     budget.refused(REQUESTS, None, {}, third)  # spent after all (others' calls): held until it turns
     assert budget.try_take(0)[0] == pytest.approx(50.0)
     clock.now = 70.0
-    assert budget.try_take(0)[0] == 0 and window.level == 119
+    assert budget.try_take(0)[0] == 0 and period.level == 119
 
 
-def test_a_refusal_from_a_window_already_over_says_nothing_of_the_current_one() -> None:
+def test_a_refusal_from_a_period_already_over_says_nothing_of_the_current_one() -> None:
     clock = Clock()
     budget = RateBudget(clock=clock)
-    budget.observe(gateway(120, 119), budget.take(0))  # a window that ends by 60 s
+    budget.observe(gateway(120, 119), budget.take(0))  # a period that ends by 60 s
     late = budget.take(0)
     clock.now = 60.5
     budget.ended(late, answered=False)

@@ -5,6 +5,7 @@ and the circuit rule (plugins/pipeline_ops/triage.py), and the watcher's one eve
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -87,8 +88,11 @@ def test_an_alarm_fails_the_task_naming_the_pipelines(caplog: pytest.LogCaptureF
     assert [r.levelname for r in caplog.records] == ["ERROR"]
 
 
-def test_no_alarm_below_the_threshold() -> None:
-    raise_alarms({"letters": 81, "threshold": 100, "alarms": {}})
+def test_no_alarm_below_the_threshold(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    assert raise_alarms({"letters": 81, "threshold": 100, "alarms": {}}) is None
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "81 new dead letter(s), no pipeline past the threshold of 100")]
 
 
 def test_a_window_opens_on_the_first_record_and_again_window_s_after_it() -> None:
