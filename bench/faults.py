@@ -3,51 +3,10 @@
     python -m bench.faults                          # every fault (make faults: a stack of its own)
     python -m bench.faults --faults broker-kill,oversize
 
-Faults, in order (bench/fault_injection.py): kill -9 of the broker leading most partitions,
-restarted after 30 s; that broker frozen with SIGSTOP for 20 s; kill -9 of each AI stage's
-fleet in turn (check, then generate), which supervisord restarts; PostgreSQL stopped for 15 s;
-the AI service answering 10 % 500s, 5 % hangs past the client's timeout and 429 bursts; one
-record over the producer's size limit on each input topic; an outage of the generate endpoint
-(every call answered 500 for 60 s, wall seconds whatever the time scale), and the same with
-every call hanging past the client's timeout; a team's Python stage raising on 1 % of the
-requests (chosen by key), run in a pipeline of the harness's own (bench/fault_pipeline.py,
-written with the shipped specs into results/<run id>/pipelines, the run's PIPELINES_DIR).
-Figures per fault (bench/fault_figures.py, on top of bench/figures.py): produced, completed,
-dead-lettered by reason, lost, duplicate results, duplicate AI calls by our rows and by the
-service's own count, output events a read_committed reader sees twice, uncommitted records per
-group, each fleet's process id at the start and the end, and seconds from the fault's end (when
-the harness undoes it; a fleet kill ends with the kill, supervisord's restart being the
-recovery) back to 90 % of the pre-fault completion rate; for the raising stage, how the
-requests it raises on ended. The run writes results/<run id>/faults.json and faults.png and
-exits 1 when any fault fails (lost, duplicate results, output events seen twice, AI calls the
-service served twice beyond a fleet kill's in-flight window and the hangs it held past the
-timeout, duplicate calls by our rows other than the service's, dead letters for a reason the
-fault did not inject, records left uncommitted, an outage's recovery over 10 s, a fleet process
-that exited under a fault it must survive, a raising request not dead-lettered exactly once with
-its exception, or a fault that could not be measured).
-
-Why this setup:
-- The durability profile (RF 3, min ISR 2, acks=all, idempotent producers) with the
-  `flow-exactly-once` preset (each stage's outputs and offsets in one Kafka transaction) on 16
-  partitions: the configuration that is meant to survive a broker and a fleet's death, so the
-  one whose guarantees are worth testing. Every phase reads every topic the stages write with
-  Kafka's own console consumer, `read_committed`, and an exactly-once phase fails on an event
-  seen twice. `--preset flow` (make faults PRESET=flow) runs the faults with outputs sent as
-  each record is done instead.
-- AI time scale 0.25 and 16 concurrent calls per endpoint: capacity 16 / (3 s x 0.25) = 21.3
-  requests/s, the reference scenario's ceiling (64 / 3 s) with calls four times shorter and
-  four times fewer in flight. On this 2-core machine that keeps the fleets' threads and the
-  per-request platform work (replicated Kafka writes, a dozen database transactions) small
-  beside the AI time; it bounds the fleet kill's in-flight window at 16 calls; the consumer
-  group clocks scale with it (an 11 s session timeout, so a killed fleet's members expire
-  within the phase); and 0.75 s calls make one-second completion counts smooth where 3 s
-  calls would arrive in waves.
-- Load at 88 % of the capacity (18.8 requests/s): busy enough that every fault builds a
-  backlog, with the headroom left to work it off while the load goes on.
-- One run per fault (fresh run id, topics, consumer groups, fleets; AI counters reset): each
-  fault's figures are its own and the after-effects of one (a rebalance, a backlog, a fleet
-  left in a bad state) are not billed to the next, for about 20 s of topic and fleet set-up
-  per fault.
+Each fault gets a fresh run of its own: bench/fault_injection.py injects and undoes it,
+bench/fault_figures.py measures it and judges the phase. The run writes
+results/<run id>/faults.json and faults.png and exits 1 when any fault fails. The faults, the
+set-up and why it is this one, the figures and what fails a fault: docs/faults.md.
 """
 
 from __future__ import annotations
@@ -92,7 +51,7 @@ SOURCE_EXIT_S = 60.0  # a source still running this long after its last schedule
 
 @dataclass(frozen=True)
 class Settings:
-    """The run's shape (see the module docstring for the choices)."""
+    """The run's shape (docs/faults.md#the-set-up says why)."""
 
     time_scale: float = 0.25
     concurrency: int = 16  # per AI endpoint

@@ -153,12 +153,9 @@ def burst_timeout_s(p: presets.PresetParams) -> float:
 
 
 def warm_up(p: presets.PresetParams, bench_id: str, stack: Stack) -> None:
-    """Half a burst of `flow` through a stack before its first scenario, measured by no one.
-
-    A broker's first minutes of traffic run on code the JVM has not compiled yet: the main
-    stack is warmed by the scenarios before `flow`, while `durable`'s three brokers met their
-    burst cold (0.78 of the capacity in two such runs, 0.94-0.99 once warm).
-    """
+    """Half a burst of `flow` through a stack before its first scenario, measured by no one: a
+    broker's first minutes of traffic run on code its JVM has not compiled yet
+    (docs/benchmarks.md#the-scenarios)."""
     warm = replace(p, burst=max(10, p.burst // 2))
     configure_ai(stack.ai_url, warm.stand_in_settings())
     console.rule(f"[bold]warm-up of {stack.kafka.bootstrap}")
@@ -298,12 +295,8 @@ def scenario_stack(name: str, main: Stack, durable_stack: str) -> Iterator[Stack
 @contextmanager
 def durable(layout: Layout) -> Iterator[Stack]:
     """A three-broker local stack for `durable` alone: started here and stopped after it, unless
-    it was running already. Idle, its three brokers took 15 % of a core on this 2-core machine
-    (controller and replica fetches, heartbeats), and every other scenario, the Kafka-level
-    figures and the Spark measurement used to run beside them. On one 10 M-record topic, the best
-    of three ConsumerPerformance runs read 1.19 and 1.43 M records/s in two rounds with the idle
-    stack up, 1.60 and 1.64 M in two with it down; partition_load's best warm job took 11.5 and
-    14.1 s up, 10.7-12.6 s in four sessions down."""
+    it was running already, since its brokers slow every other measurement even idle
+    (docs/benchmarks.md#the-scenarios)."""
     with local_stack.started(layout, DURABLE_BROKERS, PLAINTEXT, LOCAL, ai_gateway.NONE):
         stack = Stack.from_environment(layout.saved_env())
         if stack is None:
