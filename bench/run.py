@@ -31,7 +31,7 @@ import platform
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,6 @@ from spark.session import session
 
 console = Console()
 STATS_INTERVAL_MS = 2000
-SCENARIOS = (*presets.NAMES, "durable")
 DURABLE_BROKERS = 3
 STEADY_SHARE = 0.8  # of the AI capacity: a load the pipeline keeps up with
 CONNECTION_ENV = "AIRFLOW_CONN_"  # how the stack hands Airflow its connections
@@ -130,6 +129,67 @@ def limit_schedule(p: presets.PresetParams) -> list[list[float]]:
             for share, limit in LIMIT_SCHEDULE]
 
 
+@dataclass
+class Bench:
+    """What the scenarios of one run share: its parameters and id, the main stack, the stacks
+    warmed so far, and what the command line asked of them."""
+
+    params: presets.PresetParams
+    bench_id: str
+    main: Stack
+    durable_stack: str  # the local stack started for a scenario that needs more brokers
+    steady: frozenset[str]  # the scenarios that first take a steady load
+    keep_topics: bool
+    peer_requests: int  # 0: the burst
+    warmed: set[str] = field(default_factory=set)  # the stacks' bootstrap addresses
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A pipeline scenario: the preset it deploys, the brokers it needs (on a main stack of
+    fewer, it runs on a local stack of its own) and whether its bottleneck's limit follows
+    LIMIT_SCHEDULE during the burst."""
+
+    name: str
+    preset: str
+    brokers: int = 1
+    moving_limit: bool = False
+
+    def schedule(self, p: presets.PresetParams) -> list[list[float]]:
+        """The bottleneck's `limit_schedule` over the burst (empty: the limit holds)."""
+        return limit_schedule(p) if self.moving_limit else []
+
+    def run(self, bench: Bench) -> dict[str, Any]:
+        with scenario_stack(self, bench.main, bench.durable_stack) as where:
+            p = replace(bench.params, replication_factor=min(3, where.brokers))
+            if where.kafka.bootstrap not in bench.warmed:
+                warm_up(p, bench.bench_id, where)
+                bench.warmed.add(where.kafka.bootstrap)
+            return run_scenario(self, p, bench.bench_id, where, self.name in bench.steady, bench.keep_topics)
+
+
+@dataclass(frozen=True)
+class RouterPeer:
+    """The peer (bench/peer.py): the burst's requests of the chat stage through LiteLLM's Router,
+    straight to the stand-in, without Kafka."""
+
+    name: str = PEER
+
+    def run(self, bench: Bench) -> dict[str, Any]:
+        console.rule(f"[bold]{self.name}")
+        configure_ai(bench.main.ai_url, bench.params.stand_in_settings())
+        p = bench.params
+        return run_router_peer(p.spec, bench.main.ai_url, bench.peer_requests or p.burst, p.concurrency,
+                               f"{bench.bench_id}-{self.name}")
+
+
+# Every preset is a scenario of its name; `durable` is `flow` on three brokers.
+SCENARIOS = {name: Scenario(name, name) for name in presets.NAMES} | {
+    "flow-adaptive": Scenario("flow-adaptive", "flow-adaptive", moving_limit=True),
+    "durable": Scenario("durable", "flow", brokers=DURABLE_BROKERS)}
+CHOICES: dict[str, Scenario | RouterPeer] = {**SCENARIOS, PEER: RouterPeer()}  # the peer only when named
+
+
 def steady_phase(pipeline: Pipeline, p: presets.PresetParams, timeout_s: float,
                  gateway: Mapping[str, Mapping[str, int]]) -> dict[str, Any]:
     """STEADY_SHARE of the capacity through the running pipeline under a run id of its own."""
@@ -167,11 +227,11 @@ def warm_up(p: presets.PresetParams, bench_id: str, stack: Stack) -> None:
     remove_pipeline(pipeline.topics, stack.kafka)
 
 
-def run_scenario(name: str, p: presets.PresetParams, bench_id: str, stack: Stack, steady: bool = False,
-                 keep_topics: bool = False) -> dict[str, Any]:
-    preset = "flow" if name == "durable" else name
-    config = replace(presets.build(preset, p), stats_interval_ms=STATS_INTERVAL_MS)
-    schedule = limit_schedule(p) if name == "flow-adaptive" else []
+def run_scenario(scenario: Scenario, p: presets.PresetParams, bench_id: str, stack: Stack,
+                 steady: bool = False, keep_topics: bool = False) -> dict[str, Any]:
+    name = scenario.name
+    config = replace(presets.build(scenario.preset, p), stats_interval_ms=STATS_INTERVAL_MS)
+    schedule = scenario.schedule(p)
     configure_ai(stack.ai_url, p.stand_in_settings())
     endpoints = stack.endpoints(p.spec)
     timeout_s = burst_timeout_s(p)
@@ -282,10 +342,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 @contextmanager
-def scenario_stack(name: str, main: Stack, durable_stack: str) -> Iterator[Stack]:
-    """The stack a scenario runs on: the main one, or for `durable` on a main stack of fewer than
-    three brokers, durable_stack's."""
-    if name == "durable" and main.brokers < DURABLE_BROKERS:
+def scenario_stack(scenario: Scenario, main: Stack, durable_stack: str) -> Iterator[Stack]:
+    """The stack a scenario runs on: the main one, or on a main stack of fewer brokers than the
+    scenario needs, durable_stack's."""
+    if main.brokers < scenario.brokers:
         with durable(Layout(durable_stack)) as stack:
             yield stack
     else:
@@ -311,7 +371,9 @@ def main(argv: list[str] | None = None) -> Path:
         args.burst, args.perf_records, args.pause_seconds = 80, 50_000, 2.0
         args.spark_records, args.spark_repeat = min(args.spark_records, 100_000), 1
         args.scale = min(args.scale, 0.05)
-    names = args.scenarios.split(",")
+    unknown = [n for n in args.scenarios.split(",") if n not in CHOICES]
+    if unknown:
+        raise SystemExit(f"unknown scenarios {unknown}; choose from {list(CHOICES)}")
     main_stack = Stack.from_environment(os.environ)
     if main_stack is None:
         raise SystemExit("the stack's addresses are not set: run `make up` and source "
@@ -320,24 +382,10 @@ def main(argv: list[str] | None = None) -> Path:
                                   time_scale=args.scale, burst=args.burst or 20 * args.concurrency,
                                   flow_members=args.flow_members, pipeline=args.pipeline,
                                   endpoint_settings=args.stand_in)
-    steady = set(args.steady.split(",")) if args.steady else set()
-    bench_id = new_run_id("bench")
-    results: dict[str, dict[str, Any]] = {}
-    warmed: set[str] = set()  # the stacks' bootstrap addresses
-    for name in names:
-        if name == PEER:  # no Kafka: the requests go straight to the stand-in
-            console.rule(f"[bold]{name}")
-            configure_ai(main_stack.ai_url, params.stand_in_settings())
-            count = args.peer_requests or params.burst
-            results[name] = run_router_peer(params.spec, main_stack.ai_url, count,
-                                            params.concurrency, f"{bench_id}-{name}")
-            continue
-        with scenario_stack(name, main_stack, args.durable_stack) as where:
-            p = replace(params, replication_factor=min(3, where.brokers))
-            if where.kafka.bootstrap not in warmed:
-                warm_up(p, bench_id, where)
-                warmed.add(where.kafka.bootstrap)
-            results[name] = run_scenario(name, p, bench_id, where, name in steady, args.keep_topics)
+    bench = Bench(params, new_run_id("bench"), main_stack, args.durable_stack,
+                  frozenset(args.steady.split(",")) if args.steady else frozenset(), args.keep_topics,
+                  args.peer_requests)
+    results = {name: CHOICES[name].run(bench) for name in args.scenarios.split(",")}
     rf = min(3, main_stack.brokers)
     console.rule("[bold]Kafka-level throughput")
     producer = kafka_throughput.compare(main_stack.kafka.default, args.perf_records, 512,
@@ -353,7 +401,7 @@ def main(argv: list[str] | None = None) -> Path:
                                                  partitions=params.partitions, replication=rf,
                                                  workload=spark_partition_load.Workload(repeat=args.spark_repeat))
     summary = {
-        "run_id": bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
+        "run_id": bench.bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
         "versions": versions(), "params": {**asdict(params), "replication_factor": rf},
         "scenarios": {n: {k: v for k, v in r.items() if k not in ("completion_times", "load_started")}
                       for n, r in results.items()},
@@ -364,7 +412,7 @@ def main(argv: list[str] | None = None) -> Path:
                        {n: r["load_started"] for n, r in results.items()})
     report.print_table(summary, console)
     console.print(f"results in {out} (plots: completions.png, requests_per_partition.png"
-                  f"{', adaptive.png' if 'flow-adaptive' in results else ''})")
+                  f"{', adaptive.png' if any('adaptive' in r for r in results.values()) else ''})")
     return out
 
 
