@@ -29,7 +29,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from bench import fault_pipeline, fault_report
 from bench.fault_figures import PhaseRun, collect, verdict
 from bench.fault_fleets import SupervisedFleets, remove_leftovers
-from bench.fault_injection import FAULTS, Fault, Target, Window, configure_ai
+from bench.fault_injection import FAULTS, Fault, Target, configure_ai
+from bench.fault_record import FaultRun, Injection, Load, PhaseFigures, PhaseRecord
 from bench.interrupt import unwind_on_sigterm
 from bench.report import run_dir
 from consumers.config import events, pipeline_spec, presets
@@ -134,36 +135,30 @@ class Phase:
         elapsed = time.time() - self.load_started if self.load_started else None
         self._say(f"{self.fault.name}: {step}", elapsed)
 
-    def run(self) -> dict[str, Any]:
-        allowed = self.fault.allowed_service_duplicates(self.config)
-        record: dict[str, Any] = {"fault": self.fault.name, **self.fault.describe(), "run_id": self.run_id,
-                                  "allowed_service_duplicates": allowed,
-                                  "exactly_once": self.config.exactly_once}
+    def run(self) -> PhaseRecord:
+        record = self.fault.record(self.run_id, self.config)
         source: subprocess.Popen[str] | None = None
         try:
             self.prepare()
             started = self.fleet_pids()
             source = self.load()
-            window = self.inject()
-            record.update(fault_start=window.start, fault_end=window.end, detail=window.detail,
-                          fault_s=round(window.end - window.start, 1))
-            record.update(self.finish_load(source))
-            self.drain(record["produced"])
+            record.injection = injection = self.inject()
+            record.load = load = self.finish_load(source, injection)
+            self.drain(load.produced)
             ended = self.fleet_pids()
-            record["fleet_pids"] = {s: {"start": pid, "end": ended[s]} for s, pid in started.items()}
+            record.fleet_pids = {s: {"start": pid, "end": ended[s]} for s, pid in started.items()}
             self.fleets.stop()
             self._finish_run()
-            record.update(self.figures(window.start, window.end, window.detail.get("records", []),
-                                       record["produced"], record["load_ended"]))
+            record.figures = self.figures(load, injection)
         except Exception as exc:  # noqa: BLE001 - one fault that cannot run must not stop the others
-            record["error"] = f"{exc.__class__.__name__}: {exc}"
-            console.print(f"[red]{self.fault.name}: {record['error']}")
+            record.error = f"{exc.__class__.__name__}: {exc}"
+            console.print(f"[red]{self.fault.name}: {record.error}")
         finally:
             if source is not None and source.poll() is None:
                 source.terminate()
                 source.wait(30)
             self.teardown()
-        record["failures"] = verdict(record)
+        record.failures = verdict(record)
         return record
 
     def fleet_pids(self) -> dict[str, int]:
@@ -208,36 +203,35 @@ class Phase:
             time.sleep(min(1.0, left))
         return source
 
-    def inject(self) -> Window:
+    def inject(self) -> Injection:
         """The fault, in force for as long as it lasts (the load goes on in its own process)."""
         target = Target(self.layout, self.kafka.default, self.env["AI_SERVICE_URL"],
                         self.run_id, self.config, self.fleets, self.s.load_rps, self.say)
         return self.fault.inject(target)
 
-    def finish_load(self, source: subprocess.Popen[str]) -> dict[str, Any]:
+    def finish_load(self, source: subprocess.Popen[str], injection: Injection) -> Load:
         """The load's end is its schedule's (the source may take longer to exit); what the source
-        says it sent, and what Kafka holds: the figures count what Kafka holds."""
+        says it sent, and what Kafka holds without the fault's own records: the figures count
+        what Kafka holds."""
         ended = self.load_started + self.s.pre_s + self.fault.planned_s + self.s.post_s
         while source.poll() is None and time.time() < ended + SOURCE_EXIT_S:
             self.say("load after the fault" if time.time() < ended else "waiting for the source to exit")
             time.sleep(1.0)
-        result: dict[str, Any] = {"load_started": self.load_started, "load_ended": ended,
-                                  "source_acked": None}
+        acked, error = None, None
         if source.poll() is None:
             source.terminate()
-            result["source_error"] = (f"still running {SOURCE_EXIT_S:.0f} s after its last scheduled send, "
-                                      f"terminated: see source-{self.fault.name}.log")
+            error = (f"still running {SOURCE_EXIT_S:.0f} s after its last scheduled send, "
+                     f"terminated: see source-{self.fault.name}.log")
         source.wait(30)
         if source.returncode == 0:
-            result["source_acked"] = len(json.loads(self.source_report.read_text())["request_ids"])
-        elif "source_error" not in result:
-            result["source_error"] = f"exit code {source.returncode}: see source-{self.fault.name}.log"
-        if "source_error" in result:
-            console.print(f"[yellow]{self.fault.name}: load source: {result['source_error']}")
-        injected_on_measured = 1 if self.fault.name == "oversize" else 0
-        measured = self.kafka.default.partition_counts(self.topics.name(self.config.spec.load.measure))
-        result["produced"] = sum(measured) - injected_on_measured
-        return result
+            acked = len(json.loads(self.source_report.read_text())["request_ids"])
+        elif error is None:
+            error = f"exit code {source.returncode}: see source-{self.fault.name}.log"
+        if error is not None:
+            console.print(f"[yellow]{self.fault.name}: load source: {error}")
+        measured = self.topics.name(self.config.spec.load.measure)
+        produced = sum(self.kafka.default.partition_counts(measured)) - injection.on(measured)
+        return Load(self.load_started, ended, produced, acked, error)
 
     def drain(self, produced: int) -> None:
         deadline = time.monotonic() + self.s.drain_s
@@ -253,11 +247,9 @@ class Phase:
             self.say(f"draining: {max(settled, 0)} of {produced} settled{note}")
             time.sleep(1.0)
 
-    def figures(self, fault_start: float, fault_end: float, injected: list, produced: int,
-                load_ended: float) -> dict[str, Any]:
+    def figures(self, load: Load, injection: Injection) -> PhaseFigures:
         self.say("computing figures")
-        phase = PhaseRun(self.run_id, produced, self.load_started, load_ended, fault_start, fault_end,
-                         self.s.concurrency, [tuple(r) for r in injected], self.fault.allowed_dead_letters,
+        phase = PhaseRun(self.run_id, load, injection, self.s.concurrency, self.fault.allowed_dead_letters,
                          self.fault.pipeline, self.fault.poison)
         stats = self.service_stats()
         return collect(self.env["DATABASE_URL"], self.kafka.default, phase, stats,
@@ -300,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.faults.split(",") if n not in by_name]
     if unknown:
         raise SystemExit(f"unknown faults {unknown}; choose from {list(by_name)}")
+    faults = [by_name[name] for name in args.faults.split(",")]
     env = {k: os.environ[k] for k in FLEET_ENV if k in os.environ}
     kafka = KafkaAccess.from_environment()
     if kafka is None or len(env) < len(FLEET_ENV) or int(os.environ.get("KAFKA_BROKERS", "1")) < 3:
@@ -308,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     layout, s = current(), Settings(preset=args.preset)
     run_id = new_run_id("faults")
     out = run_dir(run_id)
-    if any(by_name[name].pipeline not in pipeline_spec.available() for name in args.faults.split(",")):
+    if any(fault.pipeline not in pipeline_spec.available() for fault in faults):
         # the harness, the source and the fleets (pipeline_ops.fleets.program passes it on) all read it
         os.environ["PIPELINES_DIR"] = str(fault_pipeline.write_folder(out / "pipelines"))
     paths = stack_paths(layout)
@@ -316,43 +309,38 @@ def main(argv: list[str] | None = None) -> int:
     client = supervisor.start(paths)
     for name in remove_leftovers(client):
         console.print(f"[yellow]removed {name}, left running by an earlier fault run")
-    phases = []
+    phases: list[PhaseRecord] = []
     console.print(f"fault run {run_id}: load {s.load_rps} rps against an AI capacity of "
                   f"{s.capacity_rps:.1f} rps (time scale {s.time_scale}, {s.concurrency} calls per endpoint)")
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=console) as progress:
-            overall = progress.add_task("faults", total=len(args.faults.split(",")))
-            for name in args.faults.split(","):
-                fault = by_name[name]
+            overall = progress.add_task("faults", total=len(faults))
+            for fault in faults:
                 total = s.pre_s + fault.planned_s + s.post_s
-                task = progress.add_task(name, total=total)
+                task = progress.add_task(fault.name, total=total)
 
                 def say(text: str, elapsed: float | None, task: Any = task, total: float = total) -> None:
                     progress.update(task, description=text,
                                     completed=min(elapsed, total) if elapsed is not None else 0)
 
-                phases.append(Phase(fault, s, kafka, env, layout, client, f"{run_id}-{name}", out, say).run())
+                running = Phase(fault, s, kafka, env, layout, client, f"{run_id}-{fault.name}", out, say)
+                phases.append(running.run())
                 progress.update(task, completed=total,
-                                description=f"{name}: {'pass' if not phases[-1]['failures'] else 'FAIL'}")
+                                description=f"{fault.name}: {'pass' if not phases[-1].failures else 'FAIL'}")
                 progress.advance(overall)
     finally:
         if started_supervisord:
             supervisor.shutdown(paths)
-    summary = {"run_id": run_id, "time_scale": s.time_scale, "capacity_rps": round(s.capacity_rps, 2),
-               "load_rps": s.load_rps, "settings": asdict(s), "config": s.config().to_dict(),
-               "passed": all(not p["failures"] for p in phases), "phases": phases}
-    folder = fault_report.write(summary)
-    fault_report.print_table(summary, console)
-    for phase in phases:
-        if phase["fault"].startswith("fleet-kill-"):
-            console.print(f"{phase['fault']}: in-flight window {phase['allowed_service_duplicates']} calls "
-                          f"(the most the service may serve twice); served twice: "
-                          f"{phase.get('service_duplicates', '-')}, by our rows: "
-                          f"{phase.get('duplicate_ai_calls', '-')}; output events seen twice "
-                          f"(read_committed): {phase.get('duplicate_outputs', '-')}")
+    run = FaultRun(run_id, s.time_scale, round(s.capacity_rps, 2), s.load_rps, asdict(s),
+                   s.config().to_dict(), phases)
+    folder = fault_report.write(run)
+    fault_report.print_table(run, console)
+    for fault, phase in zip(faults, phases, strict=True):
+        if (note := fault.closing_note(phase)) is not None:
+            console.print(note)
     console.print(f"results in {folder} (faults.json, faults.png)")
-    return 0 if summary["passed"] else 1
+    return 0 if run.passed else 1
 
 
 if __name__ == "__main__":
