@@ -29,8 +29,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -42,77 +41,17 @@ from rich.console import Console
 from bench import figures, kafka_throughput, machine_noise, pause_benchmark, report, spark_partition_load
 from bench.interrupt import unwind_on_sigterm
 from bench.peer import PEER, run_router_peer
+from bench.stacks import DURABLE_BROKERS, Stack, scenario_stack
 from consumers.config import pipeline_spec, presets
-from consumers.config.candidate import Endpoints
-from consumers.config.kafka_connection import KafkaAccess
-from consumers.config.pipeline_spec import PipelineSpec
 from consumers.runs.pipeline_run import Pipeline, new_run_id, remove_pipeline, running_pipeline
-from infra import ai_gateway
-from infra import stack as local_stack
-from infra.layout import PLAINTEXT, Layout
-from infra.spark_cluster import LOCAL
 from spark.session import session
 
 console = Console()
 STATS_INTERVAL_MS = 2000
-DURABLE_BROKERS = 3
 STEADY_SHARE = 0.8  # of the AI capacity: a load the pipeline keeps up with
-CONNECTION_ENV = "AIRFLOW_CONN_"  # how the stack hands Airflow its connections
 # flow-adaptive: the bottleneck's limit as a share of the concurrency, from a share of the time
 # the burst needs at full capacity on (real-scale seconds, scaled like every other duration).
 LIMIT_SCHEDULE = ((0.4, 0.5), (0.8, 1.0))
-
-
-@dataclass(frozen=True)
-class Stack:
-    """Where scenarios run: a local stack's Kafka, PostgreSQL and AI stand-in, and its AI
-    gateway when it has one (the Airflow connections that point at the gateway say which
-    endpoints are called through it)."""
-
-    kafka: KafkaAccess
-    database_url: str
-    ai_url: str
-    brokers: int
-    gateway_url: str | None = None
-    gateway_key: str | None = None
-    gateway_connections: frozenset[str] = frozenset()
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> Stack | None:
-        kafka = KafkaAccess.from_environment(environ)
-        if kafka is None or not environ.get("DATABASE_URL") or not environ.get("AI_SERVICE_URL"):
-            return None
-        gateway = environ.get("AIRFLOW_CONN_AI_GATEWAY")
-        through = frozenset(name[len(CONNECTION_ENV):].lower() for name, value in environ.items()
-                            if gateway and name.startswith(CONNECTION_ENV) and value == gateway)
-        return cls(kafka, environ["DATABASE_URL"], environ["AI_SERVICE_URL"],
-                   int(environ.get("KAFKA_BROKERS", "1")), environ.get("AI_GATEWAY_URL"),
-                   environ.get("AI_GATEWAY_KEY"), through)
-
-    def endpoints(self, spec: PipelineSpec) -> Endpoints:
-        """Each endpoint of `spec` on the stand-in, or through the gateway with its key."""
-        endpoints = Endpoints.on(self.ai_url, spec)
-        for name in self.through_gateway(spec):
-            endpoints.urls[name] = f"{self.gateway_url}{spec.endpoints[name].path}"
-            endpoints.keys[name] = self.gateway_key or ""
-        return endpoints
-
-    def through_gateway(self, spec: PipelineSpec) -> list[str]:
-        return [name for name, e in spec.endpoints.items()
-                if self.gateway_url and e.connection in self.gateway_connections]
-
-    def gateway_budgets(self, p: presets.PresetParams) -> dict[str, dict[str, int]]:
-        """The per-minute limits the gateway sets on the models it serves to `p`'s endpoints, in
-        the run's minutes: the gateway meters the clock's (60 s), the run's durations are scaled
-        by its time scale, so N a clock minute is N x time scale a run's minute."""
-        models = {m.name: m for m in ai_gateway.MODELS}
-        budgets = {}
-        for name in self.through_gateway(p.spec):
-            model = models.get(p.spec.endpoints[name].model or "")
-            if model is not None:
-                budgets[name] = {"requests_per_minute": max(1, round(model.rpm * p.time_scale)),
-                                 "tokens_per_minute": max(1, round(model.tpm * p.time_scale))}
-        return budgets
 
 
 def configure_ai(base_url: str, settings: dict[str, Any]) -> None:
@@ -160,7 +99,7 @@ class Scenario:
         return limit_schedule(p) if self.moving_limit else []
 
     def run(self, bench: Bench) -> dict[str, Any]:
-        with scenario_stack(self, bench.main, bench.durable_stack) as where:
+        with scenario_stack(self.brokers, bench.main, bench.durable_stack) as where:
             p = replace(bench.params, replication_factor=min(3, where.brokers))
             if where.kafka.bootstrap not in bench.warmed:
                 warm_up(p, bench.bench_id, where)
@@ -339,29 +278,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep-topics", action="store_true", help="keep the scenarios' topics for inspection")
     p.add_argument("--smoke", action="store_true", help="a small run that checks the output")
     return p.parse_args(argv)
-
-
-@contextmanager
-def scenario_stack(scenario: Scenario, main: Stack, durable_stack: str) -> Iterator[Stack]:
-    """The stack a scenario runs on: the main one, or on a main stack of fewer brokers than the
-    scenario needs, durable_stack's."""
-    if main.brokers < scenario.brokers:
-        with durable(Layout(durable_stack)) as stack:
-            yield stack
-    else:
-        yield main
-
-
-@contextmanager
-def durable(layout: Layout) -> Iterator[Stack]:
-    """A three-broker local stack for `durable` alone: started here and stopped after it, unless
-    it was running already, since its brokers slow every other measurement even idle
-    (docs/benchmarks.md#the-scenarios)."""
-    with local_stack.started(layout, DURABLE_BROKERS, PLAINTEXT, LOCAL, ai_gateway.NONE):
-        stack = Stack.from_environment(layout.saved_env())
-        if stack is None:
-            raise SystemExit(f"the {layout.name} stack started but wrote no addresses to {layout.env_file}")
-        yield stack
 
 
 def main(argv: list[str] | None = None) -> Path:
