@@ -68,6 +68,21 @@ def limit_schedule(p: presets.PresetParams) -> list[list[float]]:
             for share, limit in LIMIT_SCHEDULE]
 
 
+@dataclass(frozen=True)
+class ScenarioResult:
+    """A scenario's figures, as summary.json holds them, and the completions its plots draw."""
+
+    figures: dict[str, Any]
+    completion_times: list[float]
+    load_started: float
+
+    @classmethod
+    def of(cls, found: Mapping[str, Any]) -> ScenarioResult:
+        """What a scenario's run found, its series apart."""
+        return cls({k: v for k, v in found.items() if k not in ("completion_times", "load_started")},
+                   found["completion_times"], found["load_started"])
+
+
 @dataclass
 class Bench:
     """What the scenarios of one run share: its parameters and id, the main stack, the stacks
@@ -98,13 +113,14 @@ class Scenario:
         """The bottleneck's `limit_schedule` over the burst (empty: the limit holds)."""
         return limit_schedule(p) if self.moving_limit else []
 
-    def run(self, bench: Bench) -> dict[str, Any]:
+    def run(self, bench: Bench) -> ScenarioResult:
         with scenario_stack(self.brokers, bench.main, bench.durable_stack) as where:
             p = replace(bench.params, replication_factor=min(3, where.brokers))
             if where.kafka.bootstrap not in bench.warmed:
                 warm_up(p, bench.bench_id, where)
                 bench.warmed.add(where.kafka.bootstrap)
-            return run_scenario(self, p, bench.bench_id, where, self.name in bench.steady, bench.keep_topics)
+            return ScenarioResult.of(run_scenario(self, p, bench.bench_id, where, self.name in bench.steady,
+                                                  bench.keep_topics))
 
 
 @dataclass(frozen=True)
@@ -114,12 +130,12 @@ class RouterPeer:
 
     name: str = PEER
 
-    def run(self, bench: Bench) -> dict[str, Any]:
+    def run(self, bench: Bench) -> ScenarioResult:
         console.rule(f"[bold]{self.name}")
         configure_ai(bench.main.ai_url, bench.params.stand_in_settings())
         p = bench.params
-        return run_router_peer(p.spec, bench.main.ai_url, bench.peer_requests or p.burst, p.concurrency,
-                               f"{bench.bench_id}-{self.name}")
+        return ScenarioResult.of(run_router_peer(p.spec, bench.main.ai_url, bench.peer_requests or p.burst,
+                                                 p.concurrency, f"{bench.bench_id}-{self.name}"))
 
 
 # Every preset is a scenario of its name; `durable` is `flow` on three brokers.
@@ -319,16 +335,16 @@ def main(argv: list[str] | None = None) -> Path:
     summary = {
         "run_id": bench.bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
         "versions": versions(), "params": {**asdict(params), "replication_factor": rf},
-        "scenarios": {n: {k: v for k, v in r.items() if k not in ("completion_times", "load_started")}
-                      for n, r in results.items()},
-        "ratios": ratios(results), "producer_vs_perftest": producer, "pause_benchmark": pause,
+        "scenarios": {n: r.figures for n, r in results.items()},
+        "ratios": ratios({n: r.figures for n, r in results.items()}), "producer_vs_perftest": producer,
+        "pause_benchmark": pause,
         "spark_partition_load": spark,
     }
-    out = report.write(summary, {n: r["completion_times"] for n, r in results.items()},
-                       {n: r["load_started"] for n, r in results.items()})
+    out = report.write(summary, {n: r.completion_times for n, r in results.items()},
+                       {n: r.load_started for n, r in results.items()})
     report.print_table(summary, console)
     console.print(f"results in {out} (plots: completions.png, requests_per_partition.png"
-                  f"{', adaptive.png' if any('adaptive' in r for r in results.values()) else ''})")
+                  f"{', adaptive.png' if any('adaptive' in r.figures for r in results.values()) else ''})")
     return out
 
 
