@@ -46,6 +46,7 @@ import psycopg2
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from bench import figures
+from bench.fault_record import InjectedRecord, Injection, Load, PhaseFigures, PhaseRecord, PoisonOutcomes
 from bench.report import per_second
 from consumers.config import pipeline_spec
 from consumers.config.events import Topics
@@ -145,7 +146,7 @@ class Poison:
 
 
 def poison_outcomes(request_ids: Iterable[str], poison: Poison, letters: Iterable[tuple[str, str]],
-                    topic_letters: Mapping[str, int], completed: set[str]) -> dict[str, int]:
+                    topic_letters: Mapping[str, int], completed: set[str]) -> PoisonOutcomes:
     """How the requests a pipeline fails by design ended (see the module docstring): `letters`
     are the (request id, reason) rows of `dead_letters`, `topic_letters` the dead-letter topic's
     records per request id, `completed` the requests whose status is completed."""
@@ -157,11 +158,11 @@ def poison_outcomes(request_ids: Iterable[str], poison: Poison, letters: Iterabl
     twice = {r for r in set(reasons) | set(topic_letters)
              if len(reasons.get(r, [])) > 1 or topic_letters.get(r, 0) > 1}
     once = {r for r in expected - twice if reasons.get(r) == [poison.reason(r)]}
-    return {"expected": len(expected), "dead_lettered_once": len(once),
-            "missing": len(expected - set(reasons)), "twice": len(twice),
-            "wrong_reason": len({r for r in expected - twice if r in reasons} - once),
-            "unexpected": len((set(reasons) | set(topic_letters)) - expected),
-            "good_not_completed": len(ids - expected - completed)}
+    return PoisonOutcomes(expected=len(expected), dead_lettered_once=len(once),
+                          missing=len(expected - set(reasons)), twice=len(twice),
+                          wrong_reason=len({r for r in expected - twice if r in reasons} - once),
+                          unexpected=len((set(reasons) | set(topic_letters)) - expected),
+                          good_not_completed=len(ids - expected - completed))
 
 
 def exited_fleets(fleet_pids: Mapping[str, Mapping[str, int]]) -> list[str]:
@@ -169,55 +170,53 @@ def exited_fleets(fleet_pids: Mapping[str, Mapping[str, int]]) -> list[str]:
     return [stage for stage, pids in fleet_pids.items() if not pids["end"] or pids["end"] != pids["start"]]
 
 
-POISON_BREACHES = (("missing", "expected dead letters missing"),
-                   ("twice", "requests dead-lettered more than once"),
-                   ("wrong_reason", "dead letters without the work's exception"),
-                   ("unexpected", "requests dead-lettered that the work does not fail"),
-                   ("good_not_completed", "requests the work does not fail left uncompleted"))
-
-
-def verdict(record: Mapping[str, Any]) -> list[str]:
-    """Why a phase failed (empty: it passed), from its record (its figures and the bounds its
-    fault set): lost requests, duplicate results, AI calls the service served twice beyond what
-    the fault allows (and one more per call the service held past the client's timeout: its retry
-    is paid again), our rows' count of them other than the service's, dead letters for a reason
-    the phase did not inject, records left uncommitted, a recovery slower than the fault's bound,
-    a fleet process that exited under a fault it must survive, requests failed by design that did
-    not end as designed, or a harness error (the fault could not be measured)."""
-    failures = []
-    if record.get("error"):
-        failures.append(f"not measured: {record['error']}")
-    if record.get("lost", 0) > 0:
-        failures.append(f"{record['lost']} lost")
-    if record.get("duplicate_results", 0) > 0:
-        failures.append(f"{record['duplicate_results']} duplicate results")
-    if record.get("exactly_once") and record.get("duplicate_outputs", 0) > 0:
-        failures.append(f"{record['duplicate_outputs']} output events seen twice by a read_committed reader")
-    if "service_duplicates" in record and record.get("duplicate_ai_calls") != record["service_duplicates"]:
-        failures.append(f"{record.get('duplicate_ai_calls')} duplicate AI calls by our rows, "
-                        f"{record['service_duplicates']} by the service")
-    served_twice = record.get("service_duplicates", 0)
-    allowed = record.get("allowed_service_duplicates", 0) + record.get("service_hangs", 0)
-    if served_twice > allowed:
-        failures.append(f"{served_twice} AI calls served twice (allowed {allowed})")
-    if record.get("unexpected_dead_letters", 0) > 0:
-        failures.append(f"{record['unexpected_dead_letters']} dead letters for a reason not injected")
-    uncommitted = sum(record.get("uncommitted", {}).values())
-    if uncommitted > 0:
-        failures.append(f"{uncommitted} records uncommitted after the run")
-    bound = record.get("max_recovery_s")
-    if bound is not None and "recovery_s" in record:
-        if record["recovery_s"] is None:
-            failures.append(f"not back to {RECOVERY_SHARE:.0%} of the pre-fault rate within the load")
-        elif record["recovery_s"] > bound:
-            failures.append(f"recovery {record['recovery_s']} s (bound {bound:g} s)")
-    if record.get("fleets_stay_up"):
-        pids = record.get("fleet_pids", {})
+def verdict(record: PhaseRecord) -> list[str]:
+    """Why a phase failed (empty: it passed), from its figures and the bounds its fault set:
+    lost requests, duplicate results, AI calls the service served twice beyond what the fault
+    allows (and one more per call the service held past the client's timeout: its retry is paid
+    again), our rows' count of them other than the service's, dead letters for a reason the phase
+    did not inject, records left uncommitted, a recovery slower than the fault's bound, a fleet
+    process that exited under a fault it must survive, requests failed by design that did not end
+    as designed, or a harness error (the fault could not be measured)."""
+    failures = [] if record.error is None else [f"not measured: {record.error}"]
+    f = record.figures
+    if f is not None:
+        failures.extend(figure_breaches(record, f))
+    if record.fleets_stay_up and record.fleet_pids is not None:
+        pids = record.fleet_pids
         failures.extend(f"fleet {stage} exited (pid {pids[stage]['start']} at the start, "
                         f"{pids[stage]['end']} at the end)" for stage in exited_fleets(pids))
-    for figure, what in POISON_BREACHES:
-        if record.get("poison", {}).get(figure, 0) > 0:
-            failures.append(f"{record['poison'][figure]} {what}")
+    if f is not None and f.poison is not None:
+        failures.extend(f.poison.breaches())
+    return failures
+
+
+def figure_breaches(record: PhaseRecord, f: PhaseFigures) -> list[str]:
+    """The breaches `verdict` reads from a measured phase's figures, up to its recovery."""
+    failures = []
+    if f.lost > 0:
+        failures.append(f"{f.lost} lost")
+    if f.duplicate_results > 0:
+        failures.append(f"{f.duplicate_results} duplicate results")
+    if record.exactly_once and f.duplicate_outputs > 0:
+        failures.append(f"{f.duplicate_outputs} output events seen twice by a read_committed reader")
+    if f.duplicate_ai_calls != f.service_duplicates:
+        failures.append(f"{f.duplicate_ai_calls} duplicate AI calls by our rows, "
+                        f"{f.service_duplicates} by the service")
+    allowed = record.allowed_service_duplicates + f.service_hangs
+    if f.service_duplicates > allowed:
+        failures.append(f"{f.service_duplicates} AI calls served twice (allowed {allowed})")
+    if f.unexpected_dead_letters > 0:
+        failures.append(f"{f.unexpected_dead_letters} dead letters for a reason not injected")
+    uncommitted = sum(f.uncommitted.values())
+    if uncommitted > 0:
+        failures.append(f"{uncommitted} records uncommitted after the run")
+    bound = record.max_recovery_s
+    if bound is not None:
+        if f.recovery_s is None:
+            failures.append(f"not back to {RECOVERY_SHARE:.0%} of the pre-fault rate within the load")
+        elif f.recovery_s > bound:
+            failures.append(f"recovery {f.recovery_s} s (bound {bound:g} s)")
     return failures
 
 
@@ -304,34 +303,31 @@ class PhaseRun:
     """What the harness knows of one phase when the figures are computed."""
 
     run_id: str
-    produced: int  # requests on the style topic (Kafka), the injected records left out
-    load_started: float
-    load_ended: float
-    fault_start: float
-    fault_end: float
+    load: Load
+    injection: Injection
     ai_limit: int  # concurrency limit per AI endpoint
-    injected: list[tuple[str, int, int]]  # records the fault itself put on the input topics
     allowed_dead_letters: Mapping[str, int | None]
     pipeline: str = pipeline_spec.REFERENCE
     poison: Poison | None = None  # requests the pipeline fails by design
 
 
 def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_stats: Mapping[str, Any],
-            baseline_s: float, window_s: float) -> dict[str, Any]:
+            baseline_s: float, window_s: float) -> PhaseFigures:
     """Every figure of one phase (see the module docstring and bench/figures.py)."""
     spec = pipeline_spec.load(phase.pipeline)
     topics = Topics(phase.run_id, spec)
-    shared = figures.scenario_figures(database_url, kafka, phase.run_id, topics, phase.produced,
+    load, injection = phase.load, phase.injection
+    shared = figures.scenario_figures(database_url, kafka, phase.run_id, topics, load.produced,
                                       phase.ai_limit)
     times = shared["completion_times"]
-    pre, recovery = recovery_s(times, phase.fault_start, phase.fault_end, phase.load_ended,
-                               baseline_s, window_s)
+    pre, recovery = recovery_s(times, injection.start, injection.end, load.ended, baseline_s, window_s)
     table = reasons_by_code(_rows(database_url, "SELECT reason, count(*) FROM dead_letters "
                                   "WHERE run_id = %s GROUP BY 1", (phase.run_id,)))
     table_sources = set(_rows(database_url, "SELECT source_topic, kafka_partition, kafka_offset "
                               "FROM dead_letters WHERE run_id = %s", (phase.run_id,)))
     topic_reasons, topic_sources, topic_requests = dead_letter_topic(kafka, topics.dead_letter, spec.key)
-    injected_lost = [r for r in map(tuple, phase.injected) if r not in table_sources | topic_sources]
+    dead_lettered = table_sources | topic_sources
+    injected_lost: list[InjectedRecord] = [r for r in injection.records if r not in dead_lettered]
     recorded_twice = {row[0] for row in _rows(
         database_url, "SELECT DISTINCT d.request_id FROM dead_letters d JOIN stage_results s "
         "USING (pipeline, request_id, stage) WHERE d.run_id = %s", (phase.run_id,))}
@@ -341,7 +337,7 @@ def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_
     service = {name: {k: service_stats[name][k] for k in SERVICE_COUNTERS}
                for name in spec.endpoints}
     outputs = committed_outputs(kafka, topics)
-    poison = {}
+    poison = None
     if phase.poison is not None:
         measured = [json.loads(value)[spec.key]
                     for value, _ in read_topic(kafka, topics.name(spec.load.measure)) if value]
@@ -349,34 +345,33 @@ def collect(database_url: str, kafka: KafkaConnection, phase: PhaseRun, service_
                         (phase.run_id,))
         completed = {r for (r,) in _rows(database_url, "SELECT request_id FROM requests WHERE run_id = %s "
                                          "AND status = 'completed'", (phase.run_id,))}
-        poison = {"poison": poison_outcomes(measured, phase.poison, letters, topic_requests, completed)}
-    return {
-        "produced": phase.produced,
-        "completed": shared["completed"],
-        "status": shared["status"],
-        "dead_letters": {"table": dict(table), "topic": dict(topic_reasons)},
-        "unexpected_dead_letters": unexpected_dead_letters(table, topic_reasons, phase.allowed_dead_letters),
-        "lost": shared["lost"] + len(injected_lost),
-        "injected_lost": injected_lost,
-        "intake_unrecorded": unrecorded,
-        "duplicate_results": len(recorded_twice | told_twice),
-        "resent_notifications": resent,
-        "outputs_read_committed": outputs,
-        "duplicate_outputs": sum(o["duplicates"] for o in outputs.values()),
-        "duplicate_ai_calls": shared["duplicate_ai_calls"],
-        "service": service,
-        "service_duplicates": sum(s["duplicate_served"] for s in service.values()),
-        "service_hangs": sum(s["hangs"] for s in service.values()),
-        "uncommitted": {stage: group_uncommitted(kafka, topics.group_of(stage),
-                                                 topics.source_of(stage)) for stage in spec.stages},
-        "pre_fault_rps": round(pre, 2),
-        "fault_rps": (round(rate_between(times, phase.fault_start, phase.fault_end), 2)
-                      if phase.fault_end > phase.fault_start else None),
-        "longest_stall_s": round(longest_stall_s(times, phase.fault_start, phase.load_ended), 1),
-        "recovery_s": recovery,
-        "steady_throughput_rps": shared["steady_throughput_rps"],
-        "rebalances": shared["rebalances"],
-        "p99_ms": shared["p99_ms"],
-        "completions_per_second": per_second(times, phase.load_started),
-        **poison,
-    }
+        poison = poison_outcomes(measured, phase.poison, letters, topic_requests, completed)
+    return PhaseFigures(
+        completed=shared["completed"],
+        status=shared["status"],
+        dead_letters={"table": dict(table), "topic": dict(topic_reasons)},
+        unexpected_dead_letters=unexpected_dead_letters(table, topic_reasons, phase.allowed_dead_letters),
+        lost=shared["lost"] + len(injected_lost),
+        injected_lost=injected_lost,
+        intake_unrecorded=unrecorded,
+        duplicate_results=len(recorded_twice | told_twice),
+        resent_notifications=resent,
+        outputs_read_committed=outputs,
+        duplicate_outputs=sum(o["duplicates"] for o in outputs.values()),
+        duplicate_ai_calls=shared["duplicate_ai_calls"],
+        service=service,
+        service_duplicates=sum(s["duplicate_served"] for s in service.values()),
+        service_hangs=sum(s["hangs"] for s in service.values()),
+        uncommitted={stage: group_uncommitted(kafka, topics.group_of(stage), topics.source_of(stage))
+                     for stage in spec.stages},
+        pre_fault_rps=round(pre, 2),
+        fault_rps=(round(rate_between(times, injection.start, injection.end), 2)
+                   if injection.end > injection.start else None),
+        longest_stall_s=round(longest_stall_s(times, injection.start, load.ended), 1),
+        recovery_s=recovery,
+        steady_throughput_rps=shared["steady_throughput_rps"],
+        rebalances=shared["rebalances"],
+        p99_ms=shared["p99_ms"],
+        completions_per_second=per_second(times, load.started),
+        poison=poison,
+    )

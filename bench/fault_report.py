@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +14,20 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.fault_figures import RECOVERY_SHARE, exited_fleets
+from bench.fault_record import FaultRun, PhaseFigures, PhaseRecord
 from bench.report import run_dir, save
 
 
-def write(summary: dict[str, Any]) -> Path:
+def write(run: FaultRun) -> Path:
     """faults.json and faults.png for the run; its folder."""
-    out = run_dir(summary["run_id"])
-    (out / "faults.json").write_text(json.dumps(summary, indent=2, default=str))
-    plot(summary["phases"], summary["load_rps"], out / "faults.png")
+    out = run_dir(run.run_id)
+    (out / "faults.json").write_text(json.dumps(run.to_json(), indent=2, default=str))
+    plot(run.phases, run.load_rps, out / "faults.png")
     return out
 
 
 def _reasons(dead_letters: dict[str, dict[str, int]]) -> str:
-    table, topic = dead_letters.get("table", {}), dead_letters.get("topic", {})
+    table, topic = dead_letters["table"], dead_letters["topic"]
     reasons = sorted(set(table) | set(topic))
     return "\n".join(f"{r} {table.get(r, 0)}/{topic.get(r, 0)}" for r in reasons) or "0"
 
@@ -34,88 +36,91 @@ def _cell(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _fleets_kept(phase: dict[str, Any]) -> str | None:
-    if "fleet_pids" not in phase:
+def _fleets_kept(phase: PhaseRecord) -> str | None:
+    if phase.fleet_pids is None:
         return None
-    exited = exited_fleets(phase["fleet_pids"])
+    exited = exited_fleets(phase.fleet_pids)
     return "exited: " + ", ".join(exited) if exited else "yes"
 
 
-def _poison(phase: dict[str, Any]) -> str | None:
-    poison = phase.get("poison")
-    return None if poison is None else f"{poison['dead_lettered_once']} of {poison['expected']}"
+def _poison(f: PhaseFigures) -> str | None:
+    return None if f.poison is None else f"{f.poison.dead_lettered_once} of {f.poison.expected}"
 
 
-ROWS: tuple[tuple[str, Any], ...] = (
-    ("fault lasted s", lambda p: p.get("fault_s")),
-    ("produced", lambda p: p.get("produced")),
-    ("completed", lambda p: p.get("completed")),
-    ("dead-lettered (table/topic)", lambda p: _reasons(p["dead_letters"]) if "dead_letters" in p else None),
-    ("lost", lambda p: p.get("lost")),
-    ("duplicate results", lambda p: p.get("duplicate_results")),
-    ("final messages resent", lambda p: p.get("resent_notifications")),
-    ("duplicate AI calls (rows)", lambda p: p.get("duplicate_ai_calls")),
-    ("served twice (AI service)", lambda p: p.get("service_duplicates")),
-    ("served twice allowed", lambda p: p.get("allowed_service_duplicates")),
-    ("outputs seen twice (read_committed)", lambda p: p.get("duplicate_outputs")),
-    ("uncommitted records", lambda p: sum(p["uncommitted"].values()) if "uncommitted" in p else None),
-    ("pre-fault completions/s", lambda p: p.get("pre_fault_rps")),
-    ("completions/s during it", lambda p: p.get("fault_rps")),
-    ("longest stall s", lambda p: p.get("longest_stall_s")),
-    ("recovery s (to 90 %)", lambda p: p.get("recovery_s")),
+def _measured(figure: Callable[[PhaseFigures], Any]) -> Callable[[PhaseRecord], Any]:
+    """A row of a figure, blank for a phase that got no figures."""
+    return lambda p: None if p.figures is None else figure(p.figures)
+
+
+ROWS: tuple[tuple[str, Callable[[PhaseRecord], Any]], ...] = (
+    ("fault lasted s", lambda p: None if p.injection is None else p.injection.lasted_s),
+    ("produced", lambda p: None if p.load is None else p.load.produced),
+    ("completed", _measured(lambda f: f.completed)),
+    ("dead-lettered (table/topic)", _measured(lambda f: _reasons(f.dead_letters))),
+    ("lost", _measured(lambda f: f.lost)),
+    ("duplicate results", _measured(lambda f: f.duplicate_results)),
+    ("final messages resent", _measured(lambda f: f.resent_notifications)),
+    ("duplicate AI calls (rows)", _measured(lambda f: f.duplicate_ai_calls)),
+    ("served twice (AI service)", _measured(lambda f: f.service_duplicates)),
+    ("served twice allowed", lambda p: p.allowed_service_duplicates),
+    ("outputs seen twice (read_committed)", _measured(lambda f: f.duplicate_outputs)),
+    ("uncommitted records", _measured(lambda f: sum(f.uncommitted.values()))),
+    ("pre-fault completions/s", _measured(lambda f: f.pre_fault_rps)),
+    ("completions/s during it", _measured(lambda f: f.fault_rps)),
+    ("longest stall s", _measured(lambda f: f.longest_stall_s)),
+    ("recovery s (to 90 %)", _measured(lambda f: f.recovery_s)),
     ("fleet processes kept", _fleets_kept),
-    ("failed by design: lettered once", _poison),
+    ("failed by design: lettered once", _measured(_poison)),
 )
 
 
-def print_table(summary: dict[str, Any], console: Console) -> None:
+def print_table(run: FaultRun, console: Console) -> None:
     """Faults side by side (figures as rows), then why each failing fault failed."""
     if not console.is_terminal:
         console = Console(width=160)  # a log file gets every column
-    phases = summary["phases"]
-    table = Table(title=f"fault injection {summary['run_id']}: load {summary['load_rps']:.1f} rps, "
-                        f"AI capacity {summary['capacity_rps']:.1f} rps, time scale {summary['time_scale']}")
+    phases = run.phases
+    table = Table(title=f"fault injection {run.run_id}: load {run.load_rps:.1f} rps, "
+                        f"AI capacity {run.capacity_rps:.1f} rps, time scale {run.time_scale}")
     table.add_column("figure")
     for phase in phases:
-        table.add_column(phase["fault"], justify="right")
+        table.add_column(phase.fault, justify="right")
     for label, figure in ROWS:
         table.add_row(label, *(_cell(figure(p)) for p in phases))
-    table.add_row("verdict", *("[green]pass" if not p["failures"] else "[red]FAIL" for p in phases))
+    table.add_row("verdict", *("[green]pass" if not p.failures else "[red]FAIL" for p in phases))
     console.print(table)
     for phase in phases:
-        for failure in phase["failures"]:
-            console.print(f"[red]{phase['fault']}[/red]: {failure}")
+        for failure in phase.failures:
+            console.print(f"[red]{phase.fault}[/red]: {failure}")
 
 
-def plot(phases: list[dict[str, Any]], load_rps: float, path: Path) -> None:
+def plot(phases: list[PhaseRecord], load_rps: float, path: Path) -> None:
     save(figure(phases, load_rps), path)
 
 
-def figure(phases: list[dict[str, Any]], load_rps: float) -> Figure:
+def figure(phases: list[PhaseRecord], load_rps: float) -> Figure:
     """Completions per second over each phase against the offered load, the fault's window
     shaded, the pre-fault rate and the recovery threshold drawn, the recovery marked."""
     columns = 2
     rows = math.ceil(len(phases) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(12, 3.2 * rows), squeeze=False)
     for ax, phase in zip(axes.flat, phases, strict=False):
-        counts = phase.get("completions_per_second") or []
+        f = phase.figures
+        counts = f.completions_per_second if f else []
         ax.step(range(len(counts)), counts, where="post", linewidth=1, label="completions/s")
         ax.axhline(load_rps, color="tab:blue", linestyle="-.", linewidth=0.8, alpha=0.6, label="load")
-        start = phase.get("load_started")
-        if start is not None and phase.get("fault_start") is not None:
-            begin, end = phase["fault_start"] - start, phase["fault_end"] - start
+        if phase.load is not None and phase.injection is not None:
+            begin, end = phase.injection.start - phase.load.started, phase.injection.end - phase.load.started
             ax.axvspan(begin, max(end, begin + 0.5), color="tab:red", alpha=0.2, label="fault")
-            if phase.get("recovery_s") is not None:
-                ax.axvline(end + phase["recovery_s"], color="tab:green", linestyle="-", linewidth=1,
+            if f is not None and f.recovery_s is not None:
+                ax.axvline(end + f.recovery_s, color="tab:green", linestyle="-", linewidth=1,
                            label="recovered")
-        if phase.get("pre_fault_rps"):
-            ax.axhline(phase["pre_fault_rps"], color="grey", linestyle="--", linewidth=1,
-                       label="pre-fault rate")
-            ax.axhline(RECOVERY_SHARE * phase["pre_fault_rps"], color="grey", linestyle=":", linewidth=1,
+        if f is not None and f.pre_fault_rps:
+            ax.axhline(f.pre_fault_rps, color="grey", linestyle="--", linewidth=1, label="pre-fault rate")
+            ax.axhline(RECOVERY_SHARE * f.pre_fault_rps, color="grey", linestyle=":", linewidth=1,
                        label=f"{RECOVERY_SHARE:.0%} of it")
-        verdict = "pass" if not phase["failures"] else "FAIL"
-        ax.set_title(f"{phase['fault']}: {verdict}, lost {_cell(phase.get('lost'))}, "
-                     f"recovered in {_cell(phase.get('recovery_s'))} s", fontsize=10, loc="left")
+        verdict = "pass" if not phase.failures else "FAIL"
+        ax.set_title(f"{phase.fault}: {verdict}, lost {_cell(f.lost if f else None)}, "
+                     f"recovered in {_cell(f.recovery_s if f else None)} s", fontsize=10, loc="left")
         ax.set(xlabel="seconds since the load started", ylabel="completions / s")
     for ax in list(axes.flat)[len(phases):]:
         ax.axis("off")

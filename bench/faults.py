@@ -3,51 +3,10 @@
     python -m bench.faults                          # every fault (make faults: a stack of its own)
     python -m bench.faults --faults broker-kill,oversize
 
-Faults, in order (bench/fault_injection.py): kill -9 of the broker leading most partitions,
-restarted after 30 s; that broker frozen with SIGSTOP for 20 s; kill -9 of each AI stage's
-fleet in turn (check, then generate), which supervisord restarts; PostgreSQL stopped for 15 s;
-the AI service answering 10 % 500s, 5 % hangs past the client's timeout and 429 bursts; one
-record over the producer's size limit on each input topic; an outage of the generate endpoint
-(every call answered 500 for 60 s, wall seconds whatever the time scale), and the same with
-every call hanging past the client's timeout; a team's Python stage raising on 1 % of the
-requests (chosen by key), run in a pipeline of the harness's own (bench/fault_pipeline.py,
-written with the shipped specs into results/<run id>/pipelines, the run's PIPELINES_DIR).
-Figures per fault (bench/fault_figures.py, on top of bench/figures.py): produced, completed,
-dead-lettered by reason, lost, duplicate results, duplicate AI calls by our rows and by the
-service's own count, output events a read_committed reader sees twice, uncommitted records per
-group, each fleet's process id at the start and the end, and seconds from the fault's end (when
-the harness undoes it; a fleet kill ends with the kill, supervisord's restart being the
-recovery) back to 90 % of the pre-fault completion rate; for the raising stage, how the
-requests it raises on ended. The run writes results/<run id>/faults.json and faults.png and
-exits 1 when any fault fails (lost, duplicate results, output events seen twice, AI calls the
-service served twice beyond a fleet kill's in-flight window and the hangs it held past the
-timeout, duplicate calls by our rows other than the service's, dead letters for a reason the
-fault did not inject, records left uncommitted, an outage's recovery over 10 s, a fleet process
-that exited under a fault it must survive, a raising request not dead-lettered exactly once with
-its exception, or a fault that could not be measured).
-
-Why this setup:
-- The durability profile (RF 3, min ISR 2, acks=all, idempotent producers) with the
-  `flow-exactly-once` preset (each stage's outputs and offsets in one Kafka transaction) on 16
-  partitions: the configuration that is meant to survive a broker and a fleet's death, so the
-  one whose guarantees are worth testing. Every phase reads every topic the stages write with
-  Kafka's own console consumer, `read_committed`, and an exactly-once phase fails on an event
-  seen twice. `--preset flow` (make faults PRESET=flow) runs the faults with outputs sent as
-  each record is done instead.
-- AI time scale 0.25 and 16 concurrent calls per endpoint: capacity 16 / (3 s x 0.25) = 21.3
-  requests/s, the reference scenario's ceiling (64 / 3 s) with calls four times shorter and
-  four times fewer in flight. On this 2-core machine that keeps the fleets' threads and the
-  per-request platform work (replicated Kafka writes, a dozen database transactions) small
-  beside the AI time; it bounds the fleet kill's in-flight window at 16 calls; the consumer
-  group clocks scale with it (an 11 s session timeout, so a killed fleet's members expire
-  within the phase); and 0.75 s calls make one-second completion counts smooth where 3 s
-  calls would arrive in waves.
-- Load at 88 % of the capacity (18.8 requests/s): busy enough that every fault builds a
-  backlog, with the headroom left to work it off while the load goes on.
-- One run per fault (fresh run id, topics, consumer groups, fleets; AI counters reset): each
-  fault's figures are its own and the after-effects of one (a rebalance, a backlog, a fleet
-  left in a bad state) are not billed to the next, for about 20 s of topic and fleet set-up
-  per fault.
+Each fault gets a fresh run of its own: bench/fault_injection.py injects and undoes it,
+bench/fault_figures.py measures it and judges the phase. The run writes
+results/<run id>/faults.json and faults.png and exits 1 when any fault fails. The faults, the
+set-up and why it is this one, the figures and what fails a fault: docs/faults.md.
 """
 
 from __future__ import annotations
@@ -70,7 +29,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from bench import fault_pipeline, fault_report
 from bench.fault_figures import PhaseRun, collect, verdict
 from bench.fault_fleets import SupervisedFleets, remove_leftovers
-from bench.fault_injection import FAULTS, Fault, Target, Window, configure_ai
+from bench.fault_injection import FAULTS, Fault, Target, configure_ai
+from bench.fault_record import FaultRun, Injection, Load, PhaseFigures, PhaseRecord
 from bench.interrupt import unwind_on_sigterm
 from bench.report import run_dir
 from consumers.config import events, pipeline_spec, presets
@@ -92,7 +52,7 @@ SOURCE_EXIT_S = 60.0  # a source still running this long after its last schedule
 
 @dataclass(frozen=True)
 class Settings:
-    """The run's shape (see the module docstring for the choices)."""
+    """The run's shape (docs/faults.md#the-set-up says why)."""
 
     time_scale: float = 0.25
     concurrency: int = 16  # per AI endpoint
@@ -175,36 +135,30 @@ class Phase:
         elapsed = time.time() - self.load_started if self.load_started else None
         self._say(f"{self.fault.name}: {step}", elapsed)
 
-    def run(self) -> dict[str, Any]:
-        allowed = self.fault.allowed_service_duplicates(self.config)
-        record: dict[str, Any] = {"fault": self.fault.name, **self.fault.describe(), "run_id": self.run_id,
-                                  "allowed_service_duplicates": allowed,
-                                  "exactly_once": self.config.exactly_once}
+    def run(self) -> PhaseRecord:
+        record = self.fault.record(self.run_id, self.config)
         source: subprocess.Popen[str] | None = None
         try:
             self.prepare()
             started = self.fleet_pids()
             source = self.load()
-            window = self.inject()
-            record.update(fault_start=window.start, fault_end=window.end, detail=window.detail,
-                          fault_s=round(window.end - window.start, 1))
-            record.update(self.finish_load(source))
-            self.drain(record["produced"])
+            record.injection = injection = self.inject()
+            record.load = load = self.finish_load(source, injection)
+            self.drain(load.produced)
             ended = self.fleet_pids()
-            record["fleet_pids"] = {s: {"start": pid, "end": ended[s]} for s, pid in started.items()}
+            record.fleet_pids = {s: {"start": pid, "end": ended[s]} for s, pid in started.items()}
             self.fleets.stop()
             self._finish_run()
-            record.update(self.figures(window.start, window.end, window.detail.get("records", []),
-                                       record["produced"], record["load_ended"]))
+            record.figures = self.figures(load, injection)
         except Exception as exc:  # noqa: BLE001 - one fault that cannot run must not stop the others
-            record["error"] = f"{exc.__class__.__name__}: {exc}"
-            console.print(f"[red]{self.fault.name}: {record['error']}")
+            record.error = f"{exc.__class__.__name__}: {exc}"
+            console.print(f"[red]{self.fault.name}: {record.error}")
         finally:
             if source is not None and source.poll() is None:
                 source.terminate()
                 source.wait(30)
             self.teardown()
-        record["failures"] = verdict(record)
+        record.failures = verdict(record)
         return record
 
     def fleet_pids(self) -> dict[str, int]:
@@ -249,36 +203,35 @@ class Phase:
             time.sleep(min(1.0, left))
         return source
 
-    def inject(self) -> Window:
+    def inject(self) -> Injection:
         """The fault, in force for as long as it lasts (the load goes on in its own process)."""
         target = Target(self.layout, self.kafka.default, self.env["AI_SERVICE_URL"],
                         self.run_id, self.config, self.fleets, self.s.load_rps, self.say)
         return self.fault.inject(target)
 
-    def finish_load(self, source: subprocess.Popen[str]) -> dict[str, Any]:
+    def finish_load(self, source: subprocess.Popen[str], injection: Injection) -> Load:
         """The load's end is its schedule's (the source may take longer to exit); what the source
-        says it sent, and what Kafka holds: the figures count what Kafka holds."""
+        says it sent, and what Kafka holds without the fault's own records: the figures count
+        what Kafka holds."""
         ended = self.load_started + self.s.pre_s + self.fault.planned_s + self.s.post_s
         while source.poll() is None and time.time() < ended + SOURCE_EXIT_S:
             self.say("load after the fault" if time.time() < ended else "waiting for the source to exit")
             time.sleep(1.0)
-        result: dict[str, Any] = {"load_started": self.load_started, "load_ended": ended,
-                                  "source_acked": None}
+        acked, error = None, None
         if source.poll() is None:
             source.terminate()
-            result["source_error"] = (f"still running {SOURCE_EXIT_S:.0f} s after its last scheduled send, "
-                                      f"terminated: see source-{self.fault.name}.log")
+            error = (f"still running {SOURCE_EXIT_S:.0f} s after its last scheduled send, "
+                     f"terminated: see source-{self.fault.name}.log")
         source.wait(30)
         if source.returncode == 0:
-            result["source_acked"] = len(json.loads(self.source_report.read_text())["request_ids"])
-        elif "source_error" not in result:
-            result["source_error"] = f"exit code {source.returncode}: see source-{self.fault.name}.log"
-        if "source_error" in result:
-            console.print(f"[yellow]{self.fault.name}: load source: {result['source_error']}")
-        injected_on_measured = 1 if self.fault.name == "oversize" else 0
-        measured = self.kafka.default.partition_counts(self.topics.name(self.config.spec.load.measure))
-        result["produced"] = sum(measured) - injected_on_measured
-        return result
+            acked = len(json.loads(self.source_report.read_text())["request_ids"])
+        elif error is None:
+            error = f"exit code {source.returncode}: see source-{self.fault.name}.log"
+        if error is not None:
+            console.print(f"[yellow]{self.fault.name}: load source: {error}")
+        measured = self.topics.name(self.config.spec.load.measure)
+        produced = sum(self.kafka.default.partition_counts(measured)) - injection.on(measured)
+        return Load(self.load_started, ended, produced, acked, error)
 
     def drain(self, produced: int) -> None:
         deadline = time.monotonic() + self.s.drain_s
@@ -294,11 +247,9 @@ class Phase:
             self.say(f"draining: {max(settled, 0)} of {produced} settled{note}")
             time.sleep(1.0)
 
-    def figures(self, fault_start: float, fault_end: float, injected: list, produced: int,
-                load_ended: float) -> dict[str, Any]:
+    def figures(self, load: Load, injection: Injection) -> PhaseFigures:
         self.say("computing figures")
-        phase = PhaseRun(self.run_id, produced, self.load_started, load_ended, fault_start, fault_end,
-                         self.s.concurrency, [tuple(r) for r in injected], self.fault.allowed_dead_letters,
+        phase = PhaseRun(self.run_id, load, injection, self.s.concurrency, self.fault.allowed_dead_letters,
                          self.fault.pipeline, self.fault.poison)
         stats = self.service_stats()
         return collect(self.env["DATABASE_URL"], self.kafka.default, phase, stats,
@@ -341,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.faults.split(",") if n not in by_name]
     if unknown:
         raise SystemExit(f"unknown faults {unknown}; choose from {list(by_name)}")
+    faults = [by_name[name] for name in args.faults.split(",")]
     env = {k: os.environ[k] for k in FLEET_ENV if k in os.environ}
     kafka = KafkaAccess.from_environment()
     if kafka is None or len(env) < len(FLEET_ENV) or int(os.environ.get("KAFKA_BROKERS", "1")) < 3:
@@ -349,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     layout, s = current(), Settings(preset=args.preset)
     run_id = new_run_id("faults")
     out = run_dir(run_id)
-    if any(by_name[name].pipeline not in pipeline_spec.available() for name in args.faults.split(",")):
+    if any(fault.pipeline not in pipeline_spec.available() for fault in faults):
         # the harness, the source and the fleets (pipeline_ops.fleets.program passes it on) all read it
         os.environ["PIPELINES_DIR"] = str(fault_pipeline.write_folder(out / "pipelines"))
     paths = stack_paths(layout)
@@ -357,43 +309,38 @@ def main(argv: list[str] | None = None) -> int:
     client = supervisor.start(paths)
     for name in remove_leftovers(client):
         console.print(f"[yellow]removed {name}, left running by an earlier fault run")
-    phases = []
+    phases: list[PhaseRecord] = []
     console.print(f"fault run {run_id}: load {s.load_rps} rps against an AI capacity of "
                   f"{s.capacity_rps:.1f} rps (time scale {s.time_scale}, {s.concurrency} calls per endpoint)")
     try:
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                       console=console) as progress:
-            overall = progress.add_task("faults", total=len(args.faults.split(",")))
-            for name in args.faults.split(","):
-                fault = by_name[name]
+            overall = progress.add_task("faults", total=len(faults))
+            for fault in faults:
                 total = s.pre_s + fault.planned_s + s.post_s
-                task = progress.add_task(name, total=total)
+                task = progress.add_task(fault.name, total=total)
 
                 def say(text: str, elapsed: float | None, task: Any = task, total: float = total) -> None:
                     progress.update(task, description=text,
                                     completed=min(elapsed, total) if elapsed is not None else 0)
 
-                phases.append(Phase(fault, s, kafka, env, layout, client, f"{run_id}-{name}", out, say).run())
+                running = Phase(fault, s, kafka, env, layout, client, f"{run_id}-{fault.name}", out, say)
+                phases.append(running.run())
                 progress.update(task, completed=total,
-                                description=f"{name}: {'pass' if not phases[-1]['failures'] else 'FAIL'}")
+                                description=f"{fault.name}: {'pass' if not phases[-1].failures else 'FAIL'}")
                 progress.advance(overall)
     finally:
         if started_supervisord:
             supervisor.shutdown(paths)
-    summary = {"run_id": run_id, "time_scale": s.time_scale, "capacity_rps": round(s.capacity_rps, 2),
-               "load_rps": s.load_rps, "settings": asdict(s), "config": s.config().to_dict(),
-               "passed": all(not p["failures"] for p in phases), "phases": phases}
-    folder = fault_report.write(summary)
-    fault_report.print_table(summary, console)
-    for phase in phases:
-        if phase["fault"].startswith("fleet-kill-"):
-            console.print(f"{phase['fault']}: in-flight window {phase['allowed_service_duplicates']} calls "
-                          f"(the most the service may serve twice); served twice: "
-                          f"{phase.get('service_duplicates', '-')}, by our rows: "
-                          f"{phase.get('duplicate_ai_calls', '-')}; output events seen twice "
-                          f"(read_committed): {phase.get('duplicate_outputs', '-')}")
+    run = FaultRun(run_id, s.time_scale, round(s.capacity_rps, 2), s.load_rps, asdict(s),
+                   s.config().to_dict(), phases)
+    folder = fault_report.write(run)
+    fault_report.print_table(run, console)
+    for fault, phase in zip(faults, phases, strict=True):
+        if (note := fault.closing_note(phase)) is not None:
+            console.print(note)
     console.print(f"results in {folder} (faults.json, faults.png)")
-    return 0 if summary["passed"] else 1
+    return 0 if run.passed else 1
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ can catch it, as it must.
 
 Trials are bursts through one deployment of the flow preset (fleets as processes, as deployed),
 each under a run id of its own on the same topics. The tuning DAG deploys fresh topics and
-fleets for every trial, which costs about 15 s a trial and would make hundreds of trials take
-hours; the figure measured, the steady throughput of a burst, is the same.
+fleets for every trial, which would make hundreds of trials take hours (docs/gate.md#gate-statistics);
+the figure measured, the steady throughput of a burst, is the same.
 """
 
 from __future__ import annotations

@@ -29,9 +29,8 @@ import json
 import os
 import platform
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -42,78 +41,17 @@ from rich.console import Console
 from bench import figures, kafka_throughput, machine_noise, pause_benchmark, report, spark_partition_load
 from bench.interrupt import unwind_on_sigterm
 from bench.peer import PEER, run_router_peer
+from bench.stacks import DURABLE_BROKERS, Stack, scenario_stack
 from consumers.config import pipeline_spec, presets
-from consumers.config.candidate import Endpoints
-from consumers.config.kafka_connection import KafkaAccess
-from consumers.config.pipeline_spec import PipelineSpec
 from consumers.runs.pipeline_run import Pipeline, new_run_id, remove_pipeline, running_pipeline
-from infra import ai_gateway
-from infra import stack as local_stack
-from infra.layout import PLAINTEXT, Layout
-from infra.spark_cluster import LOCAL
 from spark.session import session
 
 console = Console()
 STATS_INTERVAL_MS = 2000
-SCENARIOS = (*presets.NAMES, "durable")
-DURABLE_BROKERS = 3
 STEADY_SHARE = 0.8  # of the AI capacity: a load the pipeline keeps up with
-CONNECTION_ENV = "AIRFLOW_CONN_"  # how the stack hands Airflow its connections
 # flow-adaptive: the bottleneck's limit as a share of the concurrency, from a share of the time
 # the burst needs at full capacity on (real-scale seconds, scaled like every other duration).
 LIMIT_SCHEDULE = ((0.4, 0.5), (0.8, 1.0))
-
-
-@dataclass(frozen=True)
-class Stack:
-    """Where scenarios run: a local stack's Kafka, PostgreSQL and AI stand-in, and its AI
-    gateway when it has one (the Airflow connections that point at the gateway say which
-    endpoints are called through it)."""
-
-    kafka: KafkaAccess
-    database_url: str
-    ai_url: str
-    brokers: int
-    gateway_url: str | None = None
-    gateway_key: str | None = None
-    gateway_connections: frozenset[str] = frozenset()
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> Stack | None:
-        kafka = KafkaAccess.from_environment(environ)
-        if kafka is None or not environ.get("DATABASE_URL") or not environ.get("AI_SERVICE_URL"):
-            return None
-        gateway = environ.get("AIRFLOW_CONN_AI_GATEWAY")
-        through = frozenset(name[len(CONNECTION_ENV):].lower() for name, value in environ.items()
-                            if gateway and name.startswith(CONNECTION_ENV) and value == gateway)
-        return cls(kafka, environ["DATABASE_URL"], environ["AI_SERVICE_URL"],
-                   int(environ.get("KAFKA_BROKERS", "1")), environ.get("AI_GATEWAY_URL"),
-                   environ.get("AI_GATEWAY_KEY"), through)
-
-    def endpoints(self, spec: PipelineSpec) -> Endpoints:
-        """Each endpoint of `spec` on the stand-in, or through the gateway with its key."""
-        endpoints = Endpoints.on(self.ai_url, spec)
-        for name in self.through_gateway(spec):
-            endpoints.urls[name] = f"{self.gateway_url}{spec.endpoints[name].path}"
-            endpoints.keys[name] = self.gateway_key or ""
-        return endpoints
-
-    def through_gateway(self, spec: PipelineSpec) -> list[str]:
-        return [name for name, e in spec.endpoints.items()
-                if self.gateway_url and e.connection in self.gateway_connections]
-
-    def gateway_budgets(self, p: presets.PresetParams) -> dict[str, dict[str, int]]:
-        """The per-minute limits the gateway sets on the models it serves to `p`'s endpoints, in
-        the run's minutes: the gateway meters the clock's (60 s), the run's durations are scaled
-        by its time scale, so N a clock minute is N x time scale a run's minute."""
-        models = {m.name: m for m in ai_gateway.MODELS}
-        budgets = {}
-        for name in self.through_gateway(p.spec):
-            model = models.get(p.spec.endpoints[name].model or "")
-            if model is not None:
-                budgets[name] = {"requests_per_minute": max(1, round(model.rpm * p.time_scale)),
-                                 "tokens_per_minute": max(1, round(model.tpm * p.time_scale))}
-        return budgets
 
 
 def configure_ai(base_url: str, settings: dict[str, Any]) -> None:
@@ -128,6 +66,83 @@ def limit_schedule(p: presets.PresetParams) -> list[list[float]]:
     full_s = p.burst / (p.concurrency / p.slowest_call_s)
     return [[round(share * full_s, 3), max(1, round(limit * p.concurrency))]
             for share, limit in LIMIT_SCHEDULE]
+
+
+@dataclass(frozen=True)
+class ScenarioResult:
+    """A scenario's figures, as summary.json holds them, and the completions its plots draw."""
+
+    figures: dict[str, Any]
+    completion_times: list[float]
+    load_started: float
+
+    @classmethod
+    def of(cls, found: Mapping[str, Any]) -> ScenarioResult:
+        """What a scenario's run found, its series apart."""
+        return cls({k: v for k, v in found.items() if k not in ("completion_times", "load_started")},
+                   found["completion_times"], found["load_started"])
+
+
+@dataclass
+class Bench:
+    """What the scenarios of one run share: its parameters and id, the main stack, the stacks
+    warmed so far, and what the command line asked of them."""
+
+    params: presets.PresetParams
+    bench_id: str
+    main: Stack
+    durable_stack: str  # the local stack started for a scenario that needs more brokers
+    steady: frozenset[str]  # the scenarios that first take a steady load
+    keep_topics: bool
+    peer_requests: int  # 0: the burst
+    warmed: set[str] = field(default_factory=set)  # the stacks' bootstrap addresses
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A pipeline scenario: the preset it deploys, the brokers it needs (on a main stack of
+    fewer, it runs on a local stack of its own) and whether its bottleneck's limit follows
+    LIMIT_SCHEDULE during the burst."""
+
+    name: str
+    preset: str
+    brokers: int = 1
+    moving_limit: bool = False
+
+    def schedule(self, p: presets.PresetParams) -> list[list[float]]:
+        """The bottleneck's `limit_schedule` over the burst (empty: the limit holds)."""
+        return limit_schedule(p) if self.moving_limit else []
+
+    def run(self, bench: Bench) -> ScenarioResult:
+        with scenario_stack(self.brokers, bench.main, bench.durable_stack) as where:
+            p = replace(bench.params, replication_factor=min(3, where.brokers))
+            if where.kafka.bootstrap not in bench.warmed:
+                warm_up(p, bench.bench_id, where)
+                bench.warmed.add(where.kafka.bootstrap)
+            return ScenarioResult.of(run_scenario(self, p, bench.bench_id, where, self.name in bench.steady,
+                                                  bench.keep_topics))
+
+
+@dataclass(frozen=True)
+class RouterPeer:
+    """The peer (bench/peer.py): the burst's requests of the chat stage through LiteLLM's Router,
+    straight to the stand-in, without Kafka."""
+
+    name: str = PEER
+
+    def run(self, bench: Bench) -> ScenarioResult:
+        console.rule(f"[bold]{self.name}")
+        configure_ai(bench.main.ai_url, bench.params.stand_in_settings())
+        p = bench.params
+        return ScenarioResult.of(run_router_peer(p.spec, bench.main.ai_url, bench.peer_requests or p.burst,
+                                                 p.concurrency, f"{bench.bench_id}-{self.name}"))
+
+
+# Every preset is a scenario of its name; `durable` is `flow` on three brokers.
+SCENARIOS = {name: Scenario(name, name) for name in presets.NAMES} | {
+    "flow-adaptive": Scenario("flow-adaptive", "flow-adaptive", moving_limit=True),
+    "durable": Scenario("durable", "flow", brokers=DURABLE_BROKERS)}
+CHOICES: dict[str, Scenario | RouterPeer] = {**SCENARIOS, PEER: RouterPeer()}  # the peer only when named
 
 
 def steady_phase(pipeline: Pipeline, p: presets.PresetParams, timeout_s: float,
@@ -153,12 +168,9 @@ def burst_timeout_s(p: presets.PresetParams) -> float:
 
 
 def warm_up(p: presets.PresetParams, bench_id: str, stack: Stack) -> None:
-    """Half a burst of `flow` through a stack before its first scenario, measured by no one.
-
-    A broker's first minutes of traffic run on code the JVM has not compiled yet: the main
-    stack is warmed by the scenarios before `flow`, while `durable`'s three brokers met their
-    burst cold (0.78 of the capacity in two such runs, 0.94-0.99 once warm).
-    """
+    """Half a burst of `flow` through a stack before its first scenario, measured by no one: a
+    broker's first minutes of traffic run on code its JVM has not compiled yet
+    (docs/benchmarks.md#the-scenarios)."""
     warm = replace(p, burst=max(10, p.burst // 2))
     configure_ai(stack.ai_url, warm.stand_in_settings())
     console.rule(f"[bold]warm-up of {stack.kafka.bootstrap}")
@@ -170,11 +182,11 @@ def warm_up(p: presets.PresetParams, bench_id: str, stack: Stack) -> None:
     remove_pipeline(pipeline.topics, stack.kafka)
 
 
-def run_scenario(name: str, p: presets.PresetParams, bench_id: str, stack: Stack, steady: bool = False,
-                 keep_topics: bool = False) -> dict[str, Any]:
-    preset = "flow" if name == "durable" else name
-    config = replace(presets.build(preset, p), stats_interval_ms=STATS_INTERVAL_MS)
-    schedule = limit_schedule(p) if name == "flow-adaptive" else []
+def run_scenario(scenario: Scenario, p: presets.PresetParams, bench_id: str, stack: Stack,
+                 steady: bool = False, keep_topics: bool = False) -> dict[str, Any]:
+    name = scenario.name
+    config = replace(presets.build(scenario.preset, p), stats_interval_ms=STATS_INTERVAL_MS)
+    schedule = scenario.schedule(p)
     configure_ai(stack.ai_url, p.stand_in_settings())
     endpoints = stack.endpoints(p.spec)
     timeout_s = burst_timeout_s(p)
@@ -284,33 +296,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-@contextmanager
-def scenario_stack(name: str, main: Stack, durable_stack: str) -> Iterator[Stack]:
-    """The stack a scenario runs on: the main one, or for `durable` on a main stack of fewer than
-    three brokers, durable_stack's."""
-    if name == "durable" and main.brokers < DURABLE_BROKERS:
-        with durable(Layout(durable_stack)) as stack:
-            yield stack
-    else:
-        yield main
-
-
-@contextmanager
-def durable(layout: Layout) -> Iterator[Stack]:
-    """A three-broker local stack for `durable` alone: started here and stopped after it, unless
-    it was running already. Idle, its three brokers took 15 % of a core on this 2-core machine
-    (controller and replica fetches, heartbeats), and every other scenario, the Kafka-level
-    figures and the Spark measurement used to run beside them. On one 10 M-record topic, the best
-    of three ConsumerPerformance runs read 1.19 and 1.43 M records/s in two rounds with the idle
-    stack up, 1.60 and 1.64 M in two with it down; partition_load's best warm job took 11.5 and
-    14.1 s up, 10.7-12.6 s in four sessions down."""
-    with local_stack.started(layout, DURABLE_BROKERS, PLAINTEXT, LOCAL, ai_gateway.NONE):
-        stack = Stack.from_environment(layout.saved_env())
-        if stack is None:
-            raise SystemExit(f"the {layout.name} stack started but wrote no addresses to {layout.env_file}")
-        yield stack
-
-
 def main(argv: list[str] | None = None) -> Path:
     args = parse_args(argv)
     if args.smoke:
@@ -318,7 +303,9 @@ def main(argv: list[str] | None = None) -> Path:
         args.burst, args.perf_records, args.pause_seconds = 80, 50_000, 2.0
         args.spark_records, args.spark_repeat = min(args.spark_records, 100_000), 1
         args.scale = min(args.scale, 0.05)
-    names = args.scenarios.split(",")
+    unknown = [n for n in args.scenarios.split(",") if n not in CHOICES]
+    if unknown:
+        raise SystemExit(f"unknown scenarios {unknown}; choose from {list(CHOICES)}")
     main_stack = Stack.from_environment(os.environ)
     if main_stack is None:
         raise SystemExit("the stack's addresses are not set: run `make up` and source "
@@ -327,24 +314,10 @@ def main(argv: list[str] | None = None) -> Path:
                                   time_scale=args.scale, burst=args.burst or 20 * args.concurrency,
                                   flow_members=args.flow_members, pipeline=args.pipeline,
                                   endpoint_settings=args.stand_in)
-    steady = set(args.steady.split(",")) if args.steady else set()
-    bench_id = new_run_id("bench")
-    results: dict[str, dict[str, Any]] = {}
-    warmed: set[str] = set()  # the stacks' bootstrap addresses
-    for name in names:
-        if name == PEER:  # no Kafka: the requests go straight to the stand-in
-            console.rule(f"[bold]{name}")
-            configure_ai(main_stack.ai_url, params.stand_in_settings())
-            count = args.peer_requests or params.burst
-            results[name] = run_router_peer(params.spec, main_stack.ai_url, count,
-                                            params.concurrency, f"{bench_id}-{name}")
-            continue
-        with scenario_stack(name, main_stack, args.durable_stack) as where:
-            p = replace(params, replication_factor=min(3, where.brokers))
-            if where.kafka.bootstrap not in warmed:
-                warm_up(p, bench_id, where)
-                warmed.add(where.kafka.bootstrap)
-            results[name] = run_scenario(name, p, bench_id, where, name in steady, args.keep_topics)
+    bench = Bench(params, new_run_id("bench"), main_stack, args.durable_stack,
+                  frozenset(args.steady.split(",")) if args.steady else frozenset(), args.keep_topics,
+                  args.peer_requests)
+    results = {name: CHOICES[name].run(bench) for name in args.scenarios.split(",")}
     rf = min(3, main_stack.brokers)
     console.rule("[bold]Kafka-level throughput")
     producer = kafka_throughput.compare(main_stack.kafka.default, args.perf_records, 512,
@@ -360,18 +333,18 @@ def main(argv: list[str] | None = None) -> Path:
                                                  partitions=params.partitions, replication=rf,
                                                  workload=spark_partition_load.Workload(repeat=args.spark_repeat))
     summary = {
-        "run_id": bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
+        "run_id": bench.bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
         "versions": versions(), "params": {**asdict(params), "replication_factor": rf},
-        "scenarios": {n: {k: v for k, v in r.items() if k not in ("completion_times", "load_started")}
-                      for n, r in results.items()},
-        "ratios": ratios(results), "producer_vs_perftest": producer, "pause_benchmark": pause,
+        "scenarios": {n: r.figures for n, r in results.items()},
+        "ratios": ratios({n: r.figures for n, r in results.items()}), "producer_vs_perftest": producer,
+        "pause_benchmark": pause,
         "spark_partition_load": spark,
     }
-    out = report.write(summary, {n: r["completion_times"] for n, r in results.items()},
-                       {n: r["load_started"] for n, r in results.items()})
+    out = report.write(summary, {n: r.completion_times for n, r in results.items()},
+                       {n: r.load_started for n, r in results.items()})
     report.print_table(summary, console)
     console.print(f"results in {out} (plots: completions.png, requests_per_partition.png"
-                  f"{', adaptive.png' if 'flow-adaptive' in results else ''})")
+                  f"{', adaptive.png' if any('adaptive' in r.figures for r in results.values()) else ''})")
     return out
 
 

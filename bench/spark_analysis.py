@@ -43,7 +43,7 @@ WAYS = ("two-submits", "submit", "connect")
 # The Airflow task's side of `connect`: a new process that imports the jobs and runs them remotely.
 CLIENT = ("import os, sys; from spark import analyses; "
           "analyses.main(sys.argv[1:], remote=os.environ['SPARK_CONNECT_URL'])")
-# The target of issue 45's fourth point: the analysis's wall time at most half the two submits'.
+# The target: the analysis's wall time at most half the two submits'.
 TARGET_RATIO = 0.5
 
 

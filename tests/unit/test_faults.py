@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,11 +28,13 @@ from bench.fault_fleets import holdings
 from bench.fault_injection import (
     FAULTS,
     OVERSIZE_BYTES,
+    FleetKill,
     busiest_leader,
     hang_s,
     in_flight_window,
     oversize_records,
 )
+from bench.fault_record import FaultRun, Injection, Load, PhaseFigures, PhaseRecord, PoisonOutcomes
 from bench.fault_report import plot
 from bench.faults import Settings
 from consumers.config import events, pipeline_spec
@@ -100,52 +104,68 @@ def test_unexpected_dead_letters_take_the_larger_of_table_and_topic() -> None:
     assert unexpected_dead_letters({"ai_unavailable": 7}, {}, {"ai_unavailable": None}) == 0
 
 
-CLEAN = {"lost": 0, "duplicate_results": 0, "duplicate_ai_calls": 16, "service_duplicates": 16,
-         "allowed_service_duplicates": 16,
-         "unexpected_dead_letters": 0, "uncommitted": {"check": 0, "generate": 0}, "recovery_s": 11}
+def measured(**changes: Any) -> PhaseFigures:
+    """A clean phase's figures: 16 calls served twice by the service's count and by our rows,
+    recovered 11 s after the fault's end."""
+    clean = PhaseFigures(
+        completed=845, status={"completed": 845}, dead_letters={"table": {}, "topic": {}},
+        unexpected_dead_letters=0, lost=0, injected_lost=[], intake_unrecorded=0, duplicate_results=0,
+        resent_notifications=0, outputs_read_committed={}, duplicate_outputs=0, duplicate_ai_calls=16,
+        service={}, service_duplicates=16, service_hangs=0, uncommitted={"check": 0, "generate": 0},
+        pre_fault_rps=18.0, fault_rps=None, longest_stall_s=2.0, recovery_s=11, steady_throughput_rps=18.5,
+        rebalances=1, p99_ms=2500.0, completions_per_second=[18, 0, 21])
+    return replace(clean, **changes)
+
+
+def phase(**changes: Any) -> PhaseRecord:
+    """A phase of a fault that allows the 16 calls served twice, measured clean unless changed."""
+    clean = PhaseRecord(fault="fleet-kill-generate", summary="kill -9", allowed_dead_letters={},
+                        max_recovery_s=None, fleets_stay_up=False, pipeline="genai_image", run_id="faults-x",
+                        allowed_service_duplicates=16, exactly_once=False, figures=measured())
+    return replace(clean, **changes)
 
 
 def test_verdict_lists_every_breach() -> None:
-    assert verdict(CLEAN) == []
-    assert verdict({**CLEAN, "allowed_service_duplicates": 0}) == ["16 AI calls served twice (allowed 0)"]
-    broken = {"lost": 2, "duplicate_results": 1, "duplicate_ai_calls": 0, "service_duplicates": 0,
-              "allowed_service_duplicates": 0,
-              "unexpected_dead_letters": 4, "uncommitted": {"check": 0, "generate": 3},
-              "error": "TimeoutError: x"}
+    assert verdict(phase()) == []
+    assert verdict(phase(allowed_service_duplicates=0)) == ["16 AI calls served twice (allowed 0)"]
+    broken = phase(allowed_service_duplicates=0, error="TimeoutError: x", figures=measured(
+        lost=2, duplicate_results=1, duplicate_ai_calls=0, service_duplicates=0, unexpected_dead_letters=4,
+        uncommitted={"check": 0, "generate": 3}))
     assert verdict(broken) == ["not measured: TimeoutError: x", "2 lost", "1 duplicate results",
                                "4 dead letters for a reason not injected",
                                "3 records uncommitted after the run"]
 
 
 def test_verdict_fails_outputs_seen_twice_only_when_the_phase_ran_exactly_once() -> None:
-    twice = {**CLEAN, "duplicate_outputs": 3}
+    twice = phase(figures=measured(duplicate_outputs=3))
     assert verdict(twice) == []  # at least once: a resent output is the documented behaviour
-    assert verdict({**twice, "exactly_once": True}) == [
+    assert verdict(replace(twice, exactly_once=True)) == [
         "3 output events seen twice by a read_committed reader"]
 
 
 def test_verdict_holds_every_faults_duplicate_calls_to_the_services_count() -> None:
-    assert verdict({**CLEAN, "duplicate_ai_calls": 19}) == [
+    assert verdict(phase(figures=measured(duplicate_ai_calls=19))) == [
         "19 duplicate AI calls by our rows, 16 by the service"]
-    assert verdict({**CLEAN, "duplicate_ai_calls": 13}) == [
+    assert verdict(phase(figures=measured(duplicate_ai_calls=13))) == [
         "13 duplicate AI calls by our rows, 16 by the service"]
 
 
 def test_verdict_allows_one_more_paid_call_per_hang_past_the_timeout() -> None:
-    hung = {**CLEAN, "allowed_service_duplicates": 0, "duplicate_ai_calls": 16}
-    assert verdict({**hung, "service_hangs": 16}) == []
-    assert verdict({**hung, "service_hangs": 15}) == ["16 AI calls served twice (allowed 15)"]
+    assert verdict(phase(allowed_service_duplicates=0, figures=measured(service_hangs=16))) == []
+    assert verdict(phase(allowed_service_duplicates=0, figures=measured(service_hangs=15))) == [
+        "16 AI calls served twice (allowed 15)"]
 
 
 def test_verdict_holds_the_recovery_to_the_fault_bound() -> None:
-    # CLEAN recovered 11 s after the fault's end: no bound, or one of 11 s, passes; 10 s fails.
-    assert verdict({**CLEAN, "max_recovery_s": None}) == []
-    assert verdict({**CLEAN, "max_recovery_s": 11.0}) == []
-    assert verdict({**CLEAN, "max_recovery_s": 10.0}) == ["recovery 11 s (bound 10 s)"]
-    assert verdict({**CLEAN, "max_recovery_s": 10.0, "recovery_s": None}) == [
+    # the phase recovered 11 s after the fault's end: no bound, or one of 11 s, passes; 10 s fails.
+    assert verdict(phase(max_recovery_s=None)) == []
+    assert verdict(phase(max_recovery_s=11.0)) == []
+    assert verdict(phase(max_recovery_s=10.0)) == ["recovery 11 s (bound 10 s)"]
+    assert verdict(phase(max_recovery_s=10.0, figures=measured(recovery_s=None))) == [
         "not back to 90% of the pre-fault rate within the load"]
     # a phase that could not be measured has no recovery figure: only the error is reported
-    unmeasured = {"error": "TimeoutError: x", "allowed_service_duplicates": 0, "max_recovery_s": 10.0}
+    unmeasured = phase(error="TimeoutError: x", allowed_service_duplicates=0, max_recovery_s=10.0,
+                       figures=None)
     assert verdict(unmeasured) == ["not measured: TimeoutError: x"]
 
 
@@ -153,8 +173,8 @@ def test_verdict_fails_a_fleet_that_exited_only_when_the_fault_says_it_must_not(
     pids = {"intake": {"start": 100, "end": 100}, "generate": {"start": 200, "end": 230},
             "check": {"start": 300, "end": 0}}
     assert exited_fleets(pids) == ["generate", "check"]
-    assert verdict({**CLEAN, "fleet_pids": pids}) == []  # a fleet kill restarts one by design
-    assert verdict({**CLEAN, "fleet_pids": pids, "fleets_stay_up": True}) == [
+    assert verdict(phase(fleet_pids=pids)) == []  # a fleet kill restarts one by design
+    assert verdict(phase(fleet_pids=pids, fleets_stay_up=True)) == [
         "fleet generate exited (pid 200 at the start, 230 at the end)",
         "fleet check exited (pid 300 at the start, 0 at the end)"]
 
@@ -166,23 +186,24 @@ def poison_b_and_d() -> Poison:
 def test_poison_outcomes_count_each_way_a_failed_by_design_request_can_end() -> None:
     ids = ["a", "b", "c", "d", "e", "f"]  # b and d fail by design
     letters = [("b", "work_failed: builtins.ValueError: b")]
-    assert poison_outcomes(ids, poison_b_and_d(), letters, {"b": 1}, {"a", "c", "e", "f"}) == {
-        "expected": 2, "dead_lettered_once": 1, "missing": 1, "twice": 0, "wrong_reason": 0,
-        "unexpected": 0, "good_not_completed": 0}
+    assert poison_outcomes(ids, poison_b_and_d(), letters, {"b": 1}, {"a", "c", "e", "f"}) == PoisonOutcomes(
+        expected=2, dead_lettered_once=1, missing=1, twice=0, wrong_reason=0, unexpected=0,
+        good_not_completed=0)
     # d twice on the topic, b with another reason, e dead-lettered though good, f not completed
     letters = [("b", "work_failed: builtins.ValueError: other"), ("d", "work_failed: builtins.ValueError: d"),
                ("e", "ai_unavailable: http_5xx")]
-    assert poison_outcomes(ids, poison_b_and_d(), letters, {"b": 1, "d": 2, "e": 1}, {"a", "c"}) == {
-        "expected": 2, "dead_lettered_once": 0, "missing": 0, "twice": 1, "wrong_reason": 1,
-        "unexpected": 1, "good_not_completed": 2}
+    ended = poison_outcomes(ids, poison_b_and_d(), letters, {"b": 1, "d": 2, "e": 1}, {"a", "c"})
+    assert ended == PoisonOutcomes(expected=2, dead_lettered_once=0, missing=0, twice=1, wrong_reason=1,
+                                   unexpected=1, good_not_completed=2)
 
 
 def test_verdict_lists_each_poison_breach() -> None:
-    poison = {"expected": 20, "dead_lettered_once": 16, "missing": 1, "twice": 1, "wrong_reason": 2,
-              "unexpected": 0, "good_not_completed": 3}
-    assert verdict({**CLEAN, "poison": {**poison, "missing": 0, "twice": 0, "wrong_reason": 0,
-                                        "good_not_completed": 0, "dead_lettered_once": 20}}) == []
-    assert verdict({**CLEAN, "poison": poison}) == [
+    poison = PoisonOutcomes(expected=20, dead_lettered_once=16, missing=1, twice=1, wrong_reason=2,
+                            unexpected=0, good_not_completed=3)
+    every_one_once = replace(poison, missing=0, twice=0, wrong_reason=0, good_not_completed=0,
+                             dead_lettered_once=20)
+    assert verdict(phase(figures=measured(poison=every_one_once))) == []
+    assert verdict(phase(figures=measured(poison=poison))) == [
         "1 expected dead letters missing", "1 requests dead-lettered more than once",
         "2 dead letters without the work's exception",
         "3 requests the work does not fail left uncompleted"]
@@ -207,10 +228,60 @@ def test_the_outages_allow_no_dead_letter_and_bound_the_recovery() -> None:
     faults = {f.name: f for f in FAULTS}
     for name in ("ai-outage", "ai-outage-timeouts"):
         assert faults[name].planned_s == 60.0
-        described = faults[name].describe()
-        assert (described["allowed_dead_letters"], described["max_recovery_s"],
-                described["fleets_stay_up"]) == ({}, 10.0, True)
-        assert faults[name].allowed_service_duplicates(Settings().config()) == 0
+        record = faults[name].record("faults-x", Settings().config())
+        assert (record.allowed_dead_letters, record.max_recovery_s, record.fleets_stay_up,
+                record.allowed_service_duplicates, record.exactly_once) == ({}, 10.0, True, 0, True)
+
+
+def test_only_a_fleet_kill_allows_calls_served_twice_and_says_so_at_the_end() -> None:
+    config = Settings().config()
+    kills = [f for f in FAULTS if isinstance(f, FleetKill)]
+    assert [(f.name, f.stage) for f in kills] == [("fleet-kill-check", "check"),
+                                                  ("fleet-kill-generate", "generate")]
+    # 4 members of 16 records each and 16 AI calls at once (test_settings_... below): 16 calls in flight
+    assert [f.allowed_service_duplicates(config) for f in kills] == [16, 16]
+    assert all(f.allowed_service_duplicates(config) == 0 for f in FAULTS if f not in kills)
+    assert kills[1].closing_note(phase()) == (
+        "fleet-kill-generate: in-flight window 16 calls (the most the service may serve twice); served "
+        "twice: 16, by our rows: 16; output events seen twice (read_committed): 0")
+    assert kills[1].closing_note(phase(figures=None)).endswith("served twice: -, by our rows: -; output "
+                                                               "events seen twice (read_committed): -")
+    assert all(f.closing_note(phase()) is None for f in FAULTS if f not in kills)
+
+
+def test_an_injection_counts_its_own_records_per_topic_and_writes_them_in_its_detail() -> None:
+    sent = Injection(10.0, 10.3, {"bytes": OVERSIZE_BYTES}, (("r.style", 3, 7), ("r.intake", 0, 2)))
+    assert (sent.on("r.style"), sent.on("r.generate")) == (1, 0)
+    assert sent.to_json() == {"fault_start": 10.0, "fault_end": 10.3, "fault_s": 0.3, "detail": {
+        "records": [["r.style", 3, 7], ["r.intake", 0, 2]], "bytes": OVERSIZE_BYTES}}
+    assert Injection(1.0, 3.0).to_json()["detail"] == {}
+
+
+def test_a_phase_is_written_with_the_keys_it_reached() -> None:
+    measured_keys = {"completed", "status", "dead_letters", "unexpected_dead_letters", "lost",
+                     "injected_lost", "intake_unrecorded", "duplicate_results", "resent_notifications",
+                     "outputs_read_committed", "duplicate_outputs", "duplicate_ai_calls", "service",
+                     "service_duplicates", "service_hangs", "uncommitted", "pre_fault_rps", "fault_rps",
+                     "longest_stall_s", "recovery_s", "steady_throughput_rps", "rebalances", "p99_ms",
+                     "completions_per_second"}
+    bounds = {"fault", "summary", "allowed_dead_letters", "max_recovery_s", "fleets_stay_up", "pipeline",
+              "run_id", "allowed_service_duplicates", "exactly_once", "failures"}
+    reached = phase(injection=Injection(20.0, 50.0), load=Load(0.0, 75.0, 1408, 1408),
+                    fleet_pids={"generate": {"start": 1, "end": 2}})
+    written = reached.to_json()
+    assert set(written) == bounds | measured_keys | {
+        "fault_start", "fault_end", "detail", "fault_s", "load_started", "load_ended", "source_acked",
+        "produced", "fleet_pids"}
+    assert (written["fault_s"], written["produced"], written["recovery_s"]) == (30.0, 1408, 11)
+    poisoned = replace(reached, figures=measured(poison=PoisonOutcomes(20, 20, 0, 0, 0, 0, 0)))
+    assert poisoned.to_json()["poison"] == {"expected": 20, "dead_lettered_once": 20, "missing": 0,
+                                            "twice": 0, "wrong_reason": 0, "unexpected": 0,
+                                            "good_not_completed": 0}
+    failed = phase(figures=None, load=Load(0.0, 75.0, 1400, None, "exit code 1"), error="TimeoutError: x")
+    assert set(failed.to_json()) == bounds | {"load_started", "load_ended", "source_acked", "source_error",
+                                              "produced", "error"}
+    run = FaultRun("faults-x", 0.25, 21.33, 18.77, {}, {}, [reached, replace(failed, failures=["1 lost"])])
+    assert (run.passed, run.to_json()["passed"], len(run.to_json()["phases"])) == (False, False, 2)
 
 
 def test_the_fault_pipeline_puts_the_raising_stage_in_front_of_the_check(
@@ -290,6 +361,5 @@ def test_settings_put_the_load_at_88_percent_of_a_21_rps_capacity() -> None:
 
 
 def test_plot_writes_the_figure_as_a_png(tmp_path: Path) -> None:
-    phase = {"fault": "broker-kill", "failures": [], "lost": 0, "completions_per_second": [18, 0, 21]}
-    plot([phase], 18.8, tmp_path / "f.png")
+    plot([phase()], 18.8, tmp_path / "f.png")
     assert (tmp_path / "f.png").read_bytes().startswith(b"\x89PNG")  # what it draws: tests/unit/test_plots.py

@@ -5,6 +5,7 @@ and the titles, against data written here by hand."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -12,9 +13,12 @@ import pytest
 
 from bench import fault_report
 from bench import report as bench_report
+from bench.fault_record import Injection, Load
 from consumers.config import pipeline_spec
 from consumers.runs.capacity_search import Step
 from pipeline_ops import report
+from tests.unit.test_faults import measured
+from tests.unit.test_faults import phase as fault_phase
 
 SPEC = pipeline_spec.load("genai_image")
 
@@ -107,10 +111,10 @@ def test_the_benchmark_s_partitions_draw_each_scenario_s_bars() -> None:
 
 
 def test_a_fault_s_panel_shades_its_window_and_marks_the_recovery() -> None:
-    phase = {"fault": "broker-kill", "failures": [], "lost": 0, "load_started": 100.0,
-             "fault_start": 120.0, "fault_end": 150.0, "recovery_s": 3, "pre_fault_rps": 18.0,
-             "completions_per_second": [18] * 20 + [0] * 30 + [21] * 25}
-    failed = {**phase, "fault": "oversize", "failures": ["1 lost"], "lost": 1}
+    counts = [18] * 20 + [0] * 30 + [21] * 25
+    phase = fault_phase(fault="broker-kill", load=Load(100.0, 175.0, 1408), injection=Injection(120.0, 150.0),
+                        figures=measured(recovery_s=3, pre_fault_rps=18.0, completions_per_second=counts))
+    failed = replace(phase, fault="oversize", failures=["1 lost"], figures=replace(phase.figures, lost=1))
     fig = fault_report.figure([phase, failed, phase], 18.8)
     first, second, _, empty = fig.axes
     assert first.get_title(loc="left") == "broker-kill: pass, lost 0, recovered in 3 s"
@@ -119,7 +123,7 @@ def test_a_fault_s_panel_shades_its_window_and_marks_the_recovery() -> None:
     (window,) = first.patches  # the fault, 20 s to 50 s after the load started
     assert window.get_x() == pytest.approx(20.0) and window.get_width() == pytest.approx(30.0)
     rate, load, recovered, pre_fault, threshold = first.get_lines()
-    assert list(rate.get_ydata()) == phase["completions_per_second"]
+    assert list(rate.get_ydata()) == counts
     assert list(load.get_ydata()) == [18.8, 18.8]
     assert list(recovered.get_xdata()) == [53.0, 53.0]  # the fault's end + 3 s
     assert list(pre_fault.get_ydata()) == [18.0, 18.0]
