@@ -371,8 +371,8 @@ class AdaptiveLimit:
             now = self._clock()
             if probing.next_at > now:
                 return probing.next_at
-            if self._ended < probing.next_after and probing.latest > now:
-                return probing.latest
+            if self._ended < probing.next_after and now < probing.latest < math.inf:
+                return probing.latest  # else a call's end wakes the waiters
         return None
 
     def _stalled(self, now: float) -> bool:

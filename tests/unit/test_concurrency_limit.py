@@ -205,6 +205,21 @@ def test_a_refused_probe_with_nothing_to_regain_waits_rounds_of_calls_or_30_s() 
     assert limit.spare() == 1
 
 
+def test_a_caller_waiting_for_rounds_of_calls_is_woken_by_a_call_s_end() -> None:
+    clock = Clock()
+    limit, permits = saturated(clock, 8, latency=1.0)
+    probe = take(limit, 1)[0]
+    clock.now = 1.003
+    limit.release(probe, OVERLOAD)  # the next probe once rounds of calls have ended, no time set
+    got: list[Permit] = []
+    waiter = threading.Thread(target=lambda: got.append(limit.acquire()))
+    waiter.start()
+    wait_parked(limit, 1)
+    limit.release(permits.pop(0), OK)
+    waiter.join(timeout=5)
+    assert len(got) == 1
+
+
 def test_a_refused_probe_under_the_level_to_regain_waits_three_rounds_of_calls() -> None:
     clock = Clock()
     limit, permits = saturated(clock, 32, latency=2.0)  # 32 served, calls of 2 s
