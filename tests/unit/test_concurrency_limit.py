@@ -205,12 +205,29 @@ def test_a_refused_probe_with_nothing_to_regain_waits_rounds_of_calls_or_30_s() 
     assert limit.spare() == 1
 
 
+def halved_and_probe_refused(clock: Clock) -> tuple[AdaptiveLimit, list[Permit]]:
+    """32 served, then refusals far under it: halved to 15 with 32 to regain, probed at once at
+    16 and refused, every place taken; the next probe waits for rounds of calls."""
+    limit, permits = saturated(clock, 32, latency=2.0)
+    for _ in range(4):
+        limit.release(permits.pop(0), OK)
+    last = take(limit, 4)
+    clock.now = 2.003
+    for permit in reversed(last):
+        limit.release(permit, OVERLOAD)
+    while limit.spare() == 0:  # calls end until fewer are out than the limit and its step
+        limit.release(permits.pop(0), OK)
+    assert (limit.limit, limit.spare()) == (16, 1)  # probed at once
+    permits += take(limit, 1)
+    clock.now += 0.003
+    limit.release(permits.pop(), OVERLOAD)
+    assert (limit.limit, limit.spare()) == (15, 0)
+    return limit, permits
+
+
 def test_a_caller_waiting_for_rounds_of_calls_is_woken_by_a_call_s_end() -> None:
     clock = Clock()
-    limit, permits = saturated(clock, 8, latency=1.0)
-    probe = take(limit, 1)[0]
-    clock.now = 1.003
-    limit.release(probe, OVERLOAD)  # the next probe once rounds of calls have ended, no time set
+    limit, permits = halved_and_probe_refused(clock)
     got: list[Permit] = []
     waiter = threading.Thread(target=lambda: got.append(limit.acquire()))
     waiter.start()
@@ -222,27 +239,17 @@ def test_a_caller_waiting_for_rounds_of_calls_is_woken_by_a_call_s_end() -> None
 
 def test_a_refused_probe_under_the_level_to_regain_waits_three_rounds_of_calls() -> None:
     clock = Clock()
-    limit, permits = saturated(clock, 32, latency=2.0)  # 32 served, calls of 2 s
-    for _ in range(4):
-        limit.release(permits.pop(0), OK)
-    last = take(limit, 4)
-    clock.now = 2.003
-    for permit in reversed(last):  # refused far under 32: halved to 15, 32 to regain
-        limit.release(permit, OVERLOAD)
-    while limit.spare() == 0:  # calls end until fewer are out than the limit and its step
-        limit.release(permits.pop(0), OK)
-    assert (limit.limit, limit.spare()) == (16, 1)  # probed at once
-    permits += take(limit, 1)
+    limit, permits = halved_and_probe_refused(clock)
     # Each refused probe: back to 15, the next once three rounds of 15 calls have ended (45),
     # one 429 in 45 calls for as long as the shrink lasts.
     for _ in range(3):
-        clock.now += 0.003
-        limit.release(permits.pop(), OVERLOAD)  # the probe, the last call sent
         turn_over(clock, limit, permits, 44)
         assert (limit.spare(), limit.limit) == (0, 15)
         turn_over(clock, limit, permits, 1)
         assert (limit.spare(), limit.limit) == (1, 16)
         permits += take(limit, 1)
+        clock.now += 0.003
+        limit.release(permits.pop(), OVERLOAD)  # the probe, the last call sent
 
 
 def end_and_replace(clock: Clock, limit: AdaptiveLimit, permits: list[Permit], ended: list[float]) -> None:
