@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from consumers.ai.call_timings import WINDOW, Latencies, RoundTrips
 
 OK, OVERLOAD, NOT_SENT = "ok", "http_429", "not_sent"
-# A round: as many calls ended as the limit (a mean latency, whatever the tail): a refused probe
-# is one 429, so probes paced in rounds are a share of the calls that no tail can raise.
-PROBE_ROUNDS = 3.0  # rounds between probes under the level to regain: a 429 in 3 x limit calls
-PROBE_EVERY_S = 1.5  # seconds at most before the probe after a refusal at the level settled on
-FIRST_PROBE_WAIT = 0.25  # latencies before it, or after a refused step of more than one call
+# A round: as many calls ended as the limit (a mean latency, whatever the tail). A refused probe
+# past the ceiling is one 429, so paced in rounds it is a share of the calls no tail can raise.
+PROBE_EVERY = 3.0  # latencies between probes under the level to regain, at most, ...
+PROBE_EVERY_S = 1.5  # ... and seconds, at least: a limit that came back is found within them, ...
+LASTED_SHARE = 1 / 8  # ... or this share of the time the shrink has lasted: it may well last
+FIRST_PROBE_WAIT = 0.25  # latencies before the probe after a first refused one under it
 CEILING_EVERY = 6.0  # rounds between probes past it, once refused there time after time, ...
 CEILING_EVERY_S = 30.0  # ... or seconds: a service that grew is found within them
 CEILING_FIRST_WAIT = 4.0  # rounds before the probe after a first refused one there
@@ -69,9 +70,10 @@ class _Probing:
     next_at: float = -math.inf  # no step before
     next_after: int = 0  # ... nor before this many calls have ended, unless `latest` has come
     latest: float = math.inf
-    refused_wait: float = 0.0  # doubles with each refused probe at the ceiling
+    refused_wait: float = 0.0  # doubles with each refused probe, until the service shrinks
     regain: int = 0  # the level the service answered before it last shrank
     halved: int = 0  # the level that halving cut to
+    shrank_at: float = -math.inf  # when: the longer a shrink has lasted, the rarer its probes
 
     def settle(self, level: int) -> None:
         """A new level settled on; no step out, the next three of one call each (a probe just
@@ -236,10 +238,11 @@ class AdaptiveLimit:
 
     def _probe_refused(self, now: float, retry_after_s: float | None, untried: bool) -> None:
         """A probe's step went past what the service holds: back to the level settled on (the
-        step's other calls are stale by then). Under the level to regain (less the calls in
-        transit, which it counted), where a service that shrank comes back, the next probe waits
-        PROBE_ROUNDS; with nothing to regain, where each probe that finds no growth costs a 429,
-        twice as long as after the last refused one there, up to CEILING_EVERY. Back more than
+        step's other calls are stale by then), and the next probe waits twice longer than after
+        the last refused one: up to PROBE_EVERY latencies under the level to regain (less the
+        calls in transit, which it counted), where a service that shrank comes back within
+        seconds; up to CEILING_EVERY rounds with nothing to regain, where each probe that finds
+        no growth costs a 429. Back more than
         halfway to the level to regain, nothing is left to regain (it may be a level counted with
         answers in transit, never held); a refused step of more than one call (`untried`) leaves
         the levels under its top to probe soon (docs/adaptive.md says why)."""
@@ -254,7 +257,10 @@ class AdaptiveLimit:
             probing.refused_wait = min(CEILING_EVERY, 2 * probing.refused_wait or CEILING_FIRST_WAIT)
             self._wait(now, retry_after_s or 0.0, rounds=probing.refused_wait, longest=CEILING_EVERY_S)
         else:
-            self._wait(now, retry_after_s or 0.0, rounds=PROBE_ROUNDS)
+            probing.refused_wait = min(PROBE_EVERY, 2 * probing.refused_wait or FIRST_PROBE_WAIT)
+            longest = max(PROBE_EVERY_S, LASTED_SHARE * (now - probing.shrank_at))
+            wait = min(probing.refused_wait * self._latency(), longest)
+            probing.next_at = now + max(retry_after_s or 0.0, wait)
 
     def _wait(self, now: float, seconds: float, rounds: float, longest: float = math.inf) -> None:
         """The next step no sooner than `seconds` from now, nor before `rounds` of the limit's
@@ -286,7 +292,7 @@ class AdaptiveLimit:
     def _halve(self, now: float) -> None:
         """The service shrank: half the level it held (the level answered, less the calls in
         transit), probed from at once, and the level answered to regain."""
-        self._probing.regain = self._episode.level
+        self._probing.regain, self._probing.shrank_at = self._episode.level, now
         self._cut(BACKOFF * (self._episode.level - self._in_transit() + 1), now)
         self._probing.halved = int(self._limit)
         self._episode.began, self._probing.next_at, self._probing.refused_wait = -math.inf, now, 0.0

@@ -207,7 +207,7 @@ def test_a_refused_probe_with_nothing_to_regain_waits_rounds_of_calls_or_30_s() 
 
 def halved_and_probe_refused(clock: Clock) -> tuple[AdaptiveLimit, list[Permit]]:
     """32 served, then refusals far under it: halved to 15 with 32 to regain, probed at once at
-    16 and refused, every place taken; the next probe waits for rounds of calls."""
+    16 and refused, every place taken."""
     limit, permits = saturated(clock, 32, latency=2.0)
     for _ in range(4):
         limit.release(permits.pop(0), OK)
@@ -225,7 +225,7 @@ def halved_and_probe_refused(clock: Clock) -> tuple[AdaptiveLimit, list[Permit]]
     return limit, permits
 
 
-def test_a_caller_waiting_for_rounds_of_calls_is_woken_by_a_call_s_end() -> None:
+def test_a_caller_waiting_for_the_next_probe_is_woken_by_a_call_s_end() -> None:
     clock = Clock()
     limit, permits = halved_and_probe_refused(clock)
     got: list[Permit] = []
@@ -237,19 +237,41 @@ def test_a_caller_waiting_for_rounds_of_calls_is_woken_by_a_call_s_end() -> None
     assert len(got) == 1
 
 
-def test_a_refused_probe_under_the_level_to_regain_waits_three_rounds_of_calls() -> None:
+def test_a_refused_probe_under_the_level_to_regain_waits_1_5_s_at_most_until_the_shrink_lasts() -> None:
     clock = Clock()
-    limit, permits = halved_and_probe_refused(clock)
-    # Each refused probe: back to 15, the next once three rounds of 15 calls have ended (45),
-    # one 429 in 45 calls for as long as the shrink lasts.
-    for _ in range(3):
-        turn_over(clock, limit, permits, 44)
-        assert (limit.spare(), limit.limit) == (0, 15)
-        turn_over(clock, limit, permits, 1)
-        assert (limit.spare(), limit.limit) == (1, 16)
-        permits += take(limit, 1)
+    limit, permits = saturated(clock, 32, latency=2.0)  # 32 served, calls of 2 s
+    for _ in range(4):
+        limit.release(permits.pop(0), OK)
+    last = take(limit, 4)
+    clock.now = 2.003
+    for permit in reversed(last):  # refused far under 32: halved to 15, 32 to regain
+        limit.release(permit, OVERLOAD)
+    while limit.spare() == 0:  # calls end until fewer are out than the limit and its step
+        limit.release(permits.pop(0), OK)
+    assert (limit.limit, limit.spare()) == (16, 1)  # probed at once
+    probe = take(limit, 1)[0]
+    clock.now += 0.003
+    limit.release(probe, OVERLOAD)
+    # A limit that came back is found within 1.5 s: a quarter, a half latency (the median is
+    # 2.003 s: the calls that ended at 2.003), then 1.5 s.
+    refuse_probes(clock, limit, (0.501, 1.002, 1.5, 1.5, 1.5))
+    # Once the shrink has lasted longer than 12 s, an eighth of how long it has lasted, up to
+    # three latencies (6 s) once it has lasted 48 s.
+    waits = []
+    while clock.now < 2.003 + 70:
+        refused_at = clock.now
+        while limit.spare() == 0:
+            clock.now += 0.001
+        waits.append((refused_at - 2.003, clock.now - refused_at))
+        probe = take(limit, 1)[0]
         clock.now += 0.003
-        limit.release(permits.pop(), OVERLOAD)  # the probe, the last call sent
+        limit.release(probe, OVERLOAD)
+    for lasted, wait in waits:
+        expected = 1.5 if lasted <= 12 else 3.0 if 23 <= lasted <= 25 else 6.0 if lasted >= 48 else None
+        if expected is not None:
+            assert wait == pytest.approx(expected, abs=0.2), (lasted, wait)
+    assert waits[-1][1] == pytest.approx(3 * 2.003, abs=0.002)
+    assert limit.limit == 15
 
 
 def end_and_replace(clock: Clock, limit: AdaptiveLimit, permits: list[Permit], ended: list[float]) -> None:
