@@ -1,5 +1,5 @@
 """A service refusing past a concurrency limit that follows a schedule, simulated event by event,
-and the adaptive limit (`consumers.ai.concurrency_limit.AdaptiveLimit`) feeding it from a caller
+and the adaptive limit (`consumers.ai.limit.AdaptiveLimit`) feeding it from a caller
 with unlimited work: what tests/unit/test_concurrency_limit.py checks the limiter against, and
 what bench/limit_matrix.py runs over shapes it was not tuned on. Latency draws, the simulation
 and the figures counted at the service."""
@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from consumers.ai.concurrency_limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
+from consumers.ai.limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
 from consumers.ai.rate_budget import REQUESTS, RateBudget, Spent
 
 Draw = Callable[[random.Random], float]

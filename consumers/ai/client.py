@@ -13,7 +13,7 @@ stage's `max_attempts` leaves of it across handlings): `AIUnavailable` when the 
 others meanwhile, so the request can be dead-lettered, else `AIWaiting`, as for any failing
 dependency. A call that spent `max_attempts` tries without that (429s, refused connections, the
 circuit open) raises `AIWaiting` too. A 2xx that is not JSON raises `AIBadAnswer`. With a
-`consumers.ai.concurrency_limit.AdaptiveLimit`, each try first takes a permit from it and tells it
+`consumers.ai.limit.AdaptiveLimit`, each try first takes a permit from it and tells it
 how the try ended, so the calls in flight follow the limit the service shows. With a
 `consumers.ai.rate_budget.RateBudget`, each try first spends its share of the minute's requests and
 tokens. A 429 is read by its kind (`refusal_kind`): a budget spent goes to the budget, a full
@@ -42,8 +42,8 @@ import urllib3
 from urllib3.connection import HTTPConnection
 
 from consumers.ai.circuit import Circuit
-from consumers.ai.concurrency_limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit
 from consumers.ai.learned_timeout import LearnedTimeout
+from consumers.ai.limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit
 from consumers.ai.rate_budget import REQUESTS, TOKENS, RateBudget, header_number
 
 

@@ -2,7 +2,7 @@
 
 Providers meter a minute's requests and tokens and refuse with 429 once one is spent, whatever
 the calls in flight: a refusal of that kind says "later", not "fewer at once", so it never
-reaches the concurrency limit (`consumers.ai.concurrency_limit`), which would halve on it and
+reaches the concurrency limit (`consumers.ai.limit`), which would halve on it and
 starve. Here each budget mirrors the meter: a try takes one request and its estimated tokens
 (the prompt's length in characters / 4, plus `max_tokens` or the answers' mean), waiting while
 either budget is short, and the estimate is corrected from the answer's `usage` (or its length)

@@ -28,7 +28,7 @@ class StageConfig:
     """How one stage consumes. `ai_calls` caps the AI calls the fleet has in flight at once, apart
     from the records its members hold (which also wait on recording results and acknowledged
     sends); `adaptive` makes that cap follow a limit discovered from the endpoint
-    (`consumers.ai.concurrency_limit`). Without either, the members' windows are the only bound."""
+    (`consumers.ai.limit`). Without either, the members' windows are the only bound."""
 
     mode: str = "flow"
     members: int = 1

@@ -13,7 +13,7 @@ flow-kip848  `flow` with the KIP-848 consumer group protocol (`group.protocol=co
 flow-exactly-once  `flow` whose stages send their outputs and commit their offsets in one Kafka
              transaction per member and commit (`consumers.runtime.outbox`)
 flow-adaptive  `flow` told nothing of the AI concurrency: each fleet discovers its endpoint's
-             limit while calling it (`consumers.ai.concurrency_limit`); the members' windows only
+             limit while calling it (`consumers.ai.limit`); the members' windows only
              cap it at ADAPTIVE_CEILING calls
 share        UUID keys and share-group members (KIP-932, `consumers.runtime.share_member`; the client
              marks its ShareConsumer preview): twice flow's members, each handling a poll of

@@ -27,8 +27,8 @@ from confluent_kafka import ConsumerGroupState, KafkaException
 
 from consumers.ai.circuit import Circuit
 from consumers.ai.client import AIClient, Endpoint
-from consumers.ai.concurrency_limit import AdaptiveLimit
 from consumers.ai.learned_timeout import LearnedTimeout
+from consumers.ai.limit import AdaptiveLimit
 from consumers.ai.rate_budget import RateBudget
 from consumers.config import events, kafka_connection, pipeline_spec, profiles
 from consumers.config.candidate import ENDPOINTS_ENV, KEYS_ENV, WINDOW_MODES, Endpoints, PipelineConfig

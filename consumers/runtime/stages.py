@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from consumers.ai.client import AIBadAnswer, AIClient, AIUnavailable, AIWaiting, EndpointDown, Try
-from consumers.ai.concurrency_limit import NOT_SENT
+from consumers.ai.limit import NOT_SENT
 from consumers.config import pipeline_spec
 from consumers.config.events import InvalidEvent, Topics, encode
 from consumers.config.http_work import RenderError

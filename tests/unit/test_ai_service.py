@@ -23,7 +23,7 @@ import requests
 
 from consumers.ai import client as ai_client
 from consumers.ai.client import AIClient, RetryPolicy, Try
-from consumers.ai.concurrency_limit import AdaptiveLimit
+from consumers.ai.limit import AdaptiveLimit
 from consumers.config.pipeline_spec import EndpointSpec, load
 from consumers.stand_in.cli import config_from_args, parser
 from consumers.stand_in.config import ConfigError, EndpointConfig, ServiceConfig

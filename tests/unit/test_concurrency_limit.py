@@ -23,7 +23,7 @@ from bench.limit_simulation import (
     simulate,
     stalls_between,
 )
-from consumers.ai.concurrency_limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
+from consumers.ai.limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
 
 
 def take(limit: AdaptiveLimit, n: int) -> list[Permit]:
@@ -36,7 +36,7 @@ def wait_parked(limit: AdaptiveLimit, callers: int) -> None:
     """Until `callers` threads are inside `acquire`, every one of them parked on the limit's
     condition: none is on its way through, so one that was let in has come out by then."""
     deadline = time.monotonic() + 5
-    while not (limit._waiting == callers and len(limit._cond._waiters) == callers):  # type: ignore[attr-defined]
+    while limit.waiters() != (callers, callers):
         assert time.monotonic() < deadline, f"{callers} callers not all waiting in acquire"
         time.sleep(0.001)
 

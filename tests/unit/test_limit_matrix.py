@@ -9,7 +9,7 @@ import pytest
 
 from bench.limit_matrix import UNTIL, drift, summary
 from bench.limit_simulation import capacity, fixed, refused_share, simulate, used_share
-from consumers.ai.concurrency_limit import AdaptiveLimit
+from consumers.ai.limit import AdaptiveLimit
 
 
 def held_at(level: int) -> Callable[[Callable[[], float]], AdaptiveLimit]:

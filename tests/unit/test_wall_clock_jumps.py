@@ -100,7 +100,7 @@ LIMITER_UNDER_A_STEP = """
 import time
 real, offset = time.time, [0.0]
 time.time = lambda: real() + offset[0]
-from consumers.ai.concurrency_limit import OK, AdaptiveLimit
+from consumers.ai.limit import OK, AdaptiveLimit
 limit = AdaptiveLimit(initial=4)
 permits = [limit.sent(limit.acquire()) for _ in range(4)]
 time.sleep(0.2)

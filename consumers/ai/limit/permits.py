@@ -1,0 +1,117 @@
+"""The permits callers take: how many tries are in flight at once against one endpoint, under
+the limit `LearnedLimit` learns from the samples they pass on."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from consumers.ai.limit.algorithm import LearnedLimit
+from consumers.ai.limit.flight import NOT_SENT, OK, OVERLOAD, Flight, Permit
+from consumers.ai.limit.log import ChangeLog
+from consumers.ai.limit.settings import LimitSettings
+
+
+class AdaptiveLimit:
+    """An in-flight limit for one endpoint; thread-safe, `acquire` blocks while it is reached.
+    The algorithm and the change log run under the permits' lock: a sample and the count it
+    was taken at never drift apart."""
+
+    def __init__(self, initial: int = 20, minimum: int = 1, maximum: int = 1024,
+                 clock: Callable[[], float] = time.monotonic, history: int = 100_000,
+                 settings: LimitSettings | None = None) -> None:
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._flight = Flight()
+        self._waiting = 0  # callers in `acquire`
+        self._parked = 0  # ... of them waiting on the condition
+        self._log = ChangeLog(history)
+        self._algorithm = LearnedLimit(initial, minimum, maximum, settings or LimitSettings(),
+                                       self._flight, clock(), watchers=(self._log,))
+
+    @classmethod
+    def fixed(cls, limit: int) -> AdaptiveLimit:
+        """A limit that never moves (a published concurrency), shared the same way."""
+        return cls(initial=limit, minimum=limit, maximum=limit)
+
+    @property
+    def limit(self) -> int:
+        with self._cond:
+            return int(self._algorithm.limit)
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._flight.held
+
+    @property
+    def changes(self) -> deque[tuple[float, float, int]]:
+        """(at, limit, in flight) of each change until collected (the fleet writes them down)."""
+        return self._log.entries
+
+    def waiters(self) -> tuple[int, int]:
+        """Callers in `acquire`, and how many of them wait on the condition (the others are on
+        their way in or out): a test frees a permit once they all wait."""
+        with self._cond:
+            return self._waiting, self._parked
+
+    def spare(self) -> int:
+        """Permits free now: what a caller may start without waiting."""
+        with self._cond:
+            self._algorithm.tick(self._clock(), wanted=True)
+            return max(0, int(self._algorithm.limit) - self._flight.held)
+
+    def acquire(self) -> Permit:
+        with self._cond:
+            algorithm = self._algorithm
+            self._waiting += 1
+            try:
+                algorithm.tick(self._clock(), wanted=True)
+                while self._flight.held >= int(algorithm.limit):
+                    due = algorithm.due(self._clock())
+                    self._parked += 1
+                    try:
+                        self._cond.wait(None if due is None else max(0.001, due - self._clock()))
+                    finally:
+                        self._parked -= 1
+                    algorithm.tick(self._clock(), wanted=True)
+            finally:
+                self._waiting -= 1
+            self._flight.held += 1
+            return Permit(algorithm.generation, self._clock(), held=self._flight.held)
+
+    def renew(self, permit: Permit) -> Permit:
+        """The permit to hold for the try once its thread runs: `permit`, unless a cut came since
+        it was taken (its thread may have waited to run meanwhile); then it is given back unsent
+        and a new one waited for, so no try goes into a service that just refused one."""
+        with self._cond:
+            if permit.generation == self._algorithm.generation:
+                return permit
+        self.release(permit, NOT_SENT)
+        return self.acquire()
+
+    def sent(self, permit: Permit) -> Permit:
+        """`permit`'s try goes out now: counted at the endpoint from here, at the level of the
+        calls sent with it (the algorithm may mark it as past a step)."""
+        with self._cond:
+            self._flight.sent += 1
+            return self._algorithm.sent(Permit(permit.generation, self._clock(), permit.held,
+                                               self._flight.sent, sent=True))
+
+    def release(self, permit: Permit, outcome: str, retry_after_s: float | None = None) -> None:
+        """The try of `permit` ended with `outcome` (an `ai_client.Try` outcome; OVERLOAD only
+        for a concurrency refusal)."""
+        with self._cond:
+            now, flight, algorithm = self._clock(), self._flight, self._algorithm
+            flight.held -= 1
+            flight.sent -= permit.sent
+            flight.ended_at, flight.ended = now, flight.ended + 1
+            if outcome == OVERLOAD:
+                algorithm.refused(permit, now, retry_after_s)
+            elif outcome == OK:
+                algorithm.served(permit, now)
+            algorithm.tick(now, wanted=self._waiting > 0)
+            # Wake only as many waiters as may go on, not every worker of a stage.
+            self._cond.notify(max(0, int(algorithm.limit) - flight.held))
