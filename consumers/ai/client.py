@@ -16,8 +16,9 @@ circuit open) raises `AIWaiting` too. A 2xx that is not JSON raises `AIBadAnswer
 `consumers.ai.limit.AdaptiveLimit`, each try first takes a permit from it and tells it
 how the try ended, so the calls in flight follow the limit the service shows. With a
 `consumers.ai.rate_budget.RateBudget`, each try first spends its share of the minute's requests and
-tokens. A 429 is read by its kind (`refusal_kind`): a budget spent goes to the budget, a full
-service to the limit, so a minute's budget running out never halves the concurrency.
+tokens. A try passes the three through one `consumers.ai.admission.Admission`. A 429 is read by
+its kind (`refusal_kind`): a budget spent goes to the budget, a full service to the limit, so a
+minute's budget running out never halves the concurrency.
 
 Each try keeps what its answer says it used (`Usage`): the tokens of an OpenAI-compatible
 `usage` and the cost a gateway reports, which the attempt rows keep for `measure.cost`. A try
@@ -41,6 +42,7 @@ from typing import Any, Protocol
 import urllib3
 from urllib3.connection import HTTPConnection
 
+from consumers.ai.admission import CONCURRENCY, Admission, Admitted
 from consumers.ai.circuit import Circuit
 from consumers.ai.learned_timeout import LearnedTimeout
 from consumers.ai.limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit
@@ -115,11 +117,7 @@ class Try:
     usage: Usage = Usage()
 
 
-# Outcomes that may say something about the request itself. A 429 (the service is full for
-# everyone) or a refused connection (no service at all) does not.
-REQUEST_FAILURES = ("http_5xx", "timeout")
 BAD_ANSWER = "bad_answer"
-CONCURRENCY = "concurrency"
 
 
 # How a refusal's message names a minute's budget: OpenAI's "on requests per min (RPM)", a
@@ -221,6 +219,7 @@ class AIClient:
         self.limiter = limiter
         self.rate_budget = rate_budget
         self.circuit = circuit
+        self._admission = Admission(circuit, limiter, rate_budget)
         self._pool = urllib3.PoolManager(num_pools=1, maxsize=pool_size, retries=False)
         self._headers = {"Content-Type": "application/json", **endpoint.headers,
                          **({"Authorization": endpoint.auth_header} if endpoint.auth_header else {})}
@@ -234,14 +233,14 @@ class AIClient:
         own, tries, reason = 0, 0, "no attempt made"
         while tries < self.policy.max_attempts and own < budget:
             attempt = tries + 1
-            if self.circuit is not None and not self.circuit.admit(request):
+            admitted = self._admission.admit(request, payload)
+            if admitted is None:
+                assert self.circuit is not None  # the one gate that holds a try back
                 self._not_sent(attempt, observer)
                 raise EndpointDown(f"{self.endpoint.url} is down for every caller (circuit "
                                    f"{self.circuit.state}); {reason}")
-            reply, started, took = self._try(payload, attempt, observer)
+            reply, started, took, counted = self._try(payload, attempt, observer, admitted)
             tries, outcome = attempt, reply.outcome
-            counted = (self.circuit.ended(request, outcome, took) if self.circuit is not None
-                       else outcome in REQUEST_FAILURES)
             if observer is not None:
                 observer.ended(Try(attempt, started, started + took, outcome, reply.status, own=counted,
                                    usage=Usage.of(reply.body, reply.headers)))
@@ -272,43 +271,24 @@ class AIClient:
             observer.ended(Try(1, now, now, NOT_SENT, None))
 
     def _try(self, payload: dict[str, Any], attempt: int, observer: CallObserver | None,
-             ) -> tuple[Reply, float, float]:
-        """One try, inside a permit of the limiter when there is one; its outcome, when it was
-        sent (epoch s, for the record) and how long it took (on the steady clock: the wall
-        clock jumps, and a step mid-call would make a latency of an hour, or a negative one)."""
-        budget = self.rate_budget
-        estimate = spent = None
-        if budget is not None:
-            estimate = budget.estimate(payload)
-            spent = budget.take(estimate.total)
-        # Held from here (renewed: its thread may have waited to run since it was granted), and
-        # counted as a call at the endpoint from `sent`, once the try is on record.
-        limiter = self.limiter
-        permit = limiter.renew(limiter.acquire()) if limiter is not None else None
-        reply = Reply(None, {}, NOT_SENT)
+             admitted: Admitted) -> tuple[Reply, float, float, bool]:
+        """One try `admitted` let through; its outcome, when it was sent (epoch s, for the
+        record), how long it took (on the steady clock: the wall clock jumps, and a step mid-call
+        would make a latency of an hour, or a negative one) and whether its failure is the
+        request's own. It counts as a call at the endpoint from `sent`, once it is on record."""
+        reply, took = Reply(None, {}, NOT_SENT), 0.0
         try:
             if observer is not None:
                 observer.started(attempt, time.time())
-            if limiter is not None and permit is not None:
-                permit = limiter.sent(permit)
+            admitted.sent()
             started, sent = time.time(), time.monotonic()
             reply = self._post(payload)
             took = time.monotonic() - sent
             if reply.outcome == OK:
                 self.timeout.served(took)
         finally:
-            if limiter is not None and permit is not None:
-                counts = reply.outcome != OVERLOAD or reply.refusal == CONCURRENCY
-                limiter.release(permit, reply.outcome if counts else NOT_SENT, reply.retry_after_s)
-            if budget is not None and spent is not None:
-                budget.ended(spent, answered=reply.outcome == OK)
-        if budget is not None and spent is not None and estimate is not None:
-            if reply.outcome == OK:
-                budget.observe(reply.headers, spent)
-                budget.settle(spent, estimate, reply.body)
-            elif reply.refusal in (REQUESTS, TOKENS):
-                budget.refused(reply.refusal, reply.retry_after_s, reply.headers, spent)
-        return reply, started, took
+            own = admitted.ended(reply, took)
+        return reply, started, took, own
 
     def _post(self, payload: dict[str, Any]) -> Reply:
         """One POST within the timeout in force, as a whole (see `_read_within`)."""
