@@ -51,16 +51,15 @@ class _Episode:
 
 
 class LearnedLimit:
-    """The limit of one endpoint (`limit`, and `generation`: the cuts so far), learned from the
-    samples the permits pass on under their lock; reads their counts (`flight`), tells
-    `watchers` of each change of its whole number."""
+    """The limit of one endpoint, learned from the samples the permits pass on under their
+    lock (a sample that cuts it says so, for the permits to tell the tries sent before apart);
+    reads their counts (`flight`), tells `watchers` of each change of its whole number."""
 
     def __init__(self, initial: int, minimum: int, maximum: int, settings: LimitSettings,
                  flight: Flight, now: float, watchers: Iterable[LimitWatcher] = ()) -> None:
         self.minimum, self.maximum = minimum, maximum
         self.settings = settings
         self.limit = float(initial)
-        self.generation = 0  # cuts so far: a try sent before the latest is told apart
         self._flight = flight
         self._watchers = tuple(watchers)
         self._noted = -1  # the limit the watchers were last told
@@ -89,9 +88,10 @@ class LearnedLimit:
             probing.first, probing.probed_at = stepped, stepped.at
         return stepped
 
-    def served(self, permit: Permit, now: float) -> None:
+    def served(self, permit: Permit, now: float) -> bool:
         """A served call: its latency, its level (with the calls still in flight: one sent first
-        in a burst has a level of 1), a probe admitted, a queue seen in the window medians."""
+        in a burst has a level of 1), a probe admitted, a queue seen in the window medians (a
+        cut: True)."""
         window_closed = self._latencies.add(now - permit.at)
         self._answered.append((permit.at, max(permit.level, self._flight.sent + 1)))
         self._plateau = max(self._plateau, permit.level)
@@ -101,11 +101,14 @@ class LearnedLimit:
         if window_closed and self._latencies.queued(self.settings.latency_tolerance):
             self._cut(self.settings.backoff * self.limit, now)
             self._probing.next_at = now + self._latency()
+            return True
+        return False
 
-    def refused(self, permit: Permit, now: float, retry_after_s: float | None) -> None:
-        """A concurrency refusal of `permit`'s call (`retry_after_s`: its Retry-After)."""
+    def refused(self, permit: Permit, now: float, retry_after_s: float | None, stale: bool) -> bool:
+        """A concurrency refusal of `permit`'s call (`retry_after_s`: its Retry-After; `stale`:
+        sent before the latest cut); True when it cuts the limit."""
         self._trips.add(now - permit.at)
-        if permit.generation != self.generation:
+        if stale:
             # Sent before the latest cut, which answered it already; but a refused call freed
             # no place at the service, so its permit goes to no other call. Far under what the
             # service answered, it says the service shrank as much as a call sent after.
@@ -113,7 +116,8 @@ class LearnedLimit:
             self._probing.floor = min(self._probing.floor, int(self.limit))
             if self._shrank(permit, now, opens=False):
                 self._halve(now)
-            return
+                return True
+            return False
         if permit.stepped or self._after_probe(permit):
             probe = self._probing.first or permit
             # Served there once, with calls in transit; refused now: not a level to take for
@@ -124,6 +128,7 @@ class LearnedLimit:
             self._probe_refused(now, retry_after_s, untried=permit.level - 1 > self._probing.floor)
         else:
             self._settled_level_refused(permit, now, retry_after_s)
+        return True
 
     def tick(self, now: float, wanted: bool) -> None:
         """What time alone decides: a probe out unrefused long enough, the next step when
@@ -306,9 +311,8 @@ class LearnedLimit:
         return max(s.admit_share * self._latency(), s.first_trip_s) if self._latencies.recent else math.inf
 
     def _cut(self, value: float, now: float) -> None:
-        """A lower limit; tries sent from now on are told apart from those sent before."""
+        """A lower limit (the sample returns True: tries sent from now on are told apart)."""
         self._set(value, now)
-        self.generation += 1
         self._growing = False
         self._probing.settle(int(self.limit))
 

@@ -25,6 +25,7 @@ class AdaptiveLimit:
         self._clock = clock
         self._cond = threading.Condition()
         self._flight = Flight()
+        self._generation = 0  # cuts so far: a try sent before the latest is told apart
         self._waiting = 0  # callers in `acquire`
         self._parked = 0  # ... of them waiting on the condition
         self._log = ChangeLog(history)
@@ -80,14 +81,14 @@ class AdaptiveLimit:
             finally:
                 self._waiting -= 1
             self._flight.held += 1
-            return Permit(algorithm.generation, self._clock(), held=self._flight.held)
+            return Permit(self._generation, self._clock(), held=self._flight.held)
 
     def renew(self, permit: Permit) -> Permit:
         """The permit to hold for the try once its thread runs: `permit`, unless a cut came since
         it was taken (its thread may have waited to run meanwhile); then it is given back unsent
         and a new one waited for, so no try goes into a service that just refused one."""
         with self._cond:
-            if permit.generation == self._algorithm.generation:
+            if permit.generation == self._generation:
                 return permit
         self.release(permit, NOT_SENT)
         return self.acquire()
@@ -108,10 +109,12 @@ class AdaptiveLimit:
             flight.held -= 1
             flight.sent -= permit.sent
             flight.ended_at, flight.ended = now, flight.ended + 1
+            cut, stale = False, permit.generation != self._generation
             if outcome == OVERLOAD:
-                algorithm.refused(permit, now, retry_after_s)
+                cut = algorithm.refused(permit, now, retry_after_s, stale)
             elif outcome == OK:
-                algorithm.served(permit, now)
+                cut = algorithm.served(permit, now)
+            self._generation += cut
             algorithm.tick(now, wanted=self._waiting > 0)
             # Wake only as many waiters as may go on, not every worker of a stage.
             self._cond.notify(max(0, int(algorithm.limit) - flight.held))
