@@ -149,13 +149,18 @@ test-fast: venv .local/jars/spark/.resolved
 # workers (tests/conftest.py says which modules share one), then the `serial` ones
 # alone (they stop a service of the stack, or count what a busy machine changes). The gateway's
 # test starts LiteLLM's proxy of its own, from the gateway's environment. The lint and the docs'
-# build run while the stack starts; a tree that fails them runs no test.
+# build run while the stack starts; a tree that fails them runs no test. Interrupted (SIGTERM,
+# as a CI timeout sends it, or Ctrl-C), the tests, in a session of their own, are stopped and
+# both stacks, with the Airflow the UI tests started, are stopped by the same run.
 test: deps gateway-venv
-	@( $(LINT) && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet ) & checks=$$!; \
+	@stop() { STACK=secure $(PY) -m infra.stack down >/dev/null; STACK=test $(PY) -m infra.stack down; }; \
+	run=; trap 'trap - TERM INT HUP; [ -n "$$run" ] && kill -TERM -- -$$run 2>/dev/null; wait; stop; exit 143' \
+	  TERM INT HUP; \
+	( $(LINT) && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet ) & checks=$$!; \
 	STACK=test SECURITY=plaintext SPARK=cluster $(PY) -m infra.stack up --brokers 3; rc=$$?; \
 	wait $$checks || rc=1; \
-	if [ $$rc -eq 0 ]; then $(TEST_ENV) && $(TEST_RUN); rc=$$?; fi; \
-	STACK=secure $(PY) -m infra.stack down >/dev/null; STACK=test $(PY) -m infra.stack down; exit $$rc
+	if [ $$rc -eq 0 ]; then setsid bash -c '$(TEST_ENV) && $(TEST_RUN)' & run=$$!; wait $$run; rc=$$?; fi; \
+	stop; exit $$rc
 
 # The documentation site (mkdocs.yml, pages in docs/) into .local/site; --strict fails on a broken
 # link or anchor. Nothing is fetched while it builds.

@@ -46,7 +46,7 @@ from consumers.config.pipeline_spec import roles
 from host import supervisor
 from host.files import write_private
 from host.processes import alive, spawn, terminate
-from infra import ai_gateway, kafka_cluster, postgres_server, spark_cluster, spark_connect, tls
+from infra import ai_gateway, airflow_ui, kafka_cluster, postgres_server, spark_cluster, spark_connect, tls
 from infra.layout import (
     LOCAL,
     PLAINTEXT,
@@ -448,7 +448,9 @@ def down(layout: Layout) -> None:
     state = StackState.load(layout)
     # The gateway's port is checked after the stop only when it ran: 4000 is a common port.
     gateway = ai_gateway.LITELLM if state.gateway else ai_gateway.NONE
-    # First, while Kafka runs: the fleets finish their work, commit and leave their groups.
+    # First, while Kafka runs: an Airflow left by an interrupted run, whose tasks talk to the
+    # stack; the fleets finish their work, commit and leave their groups.
+    airflow_ui.stop(layout)
     supervisor.shutdown(stack_paths(layout))
     terminate(state.gateway, state.ai_service, grace_s=10)
     spark_connect.stop(state.spark_connect.pid if state.spark_connect else None)  # before its master
