@@ -180,7 +180,7 @@ class LearnedLimit:
             wait = min(probing.refused_wait * self._latency(), longest)
             probing.next_at = now + max(retry_after_s or 0.0, wait)
 
-    def _wait(self, now: float, seconds: float, rounds: float, longest: float = math.inf) -> None:
+    def _wait(self, now: float, seconds: float, rounds: float, longest: float) -> None:
         """The next step no sooner than `seconds` from now, nor before `rounds` of the limit's
         calls have ended (a refused probe's 429 is then that share of the calls whatever the
         latencies' tail), unless `longest` has passed."""
