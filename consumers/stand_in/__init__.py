@@ -32,6 +32,14 @@ endpoint whose `stand_in` says `protocol: openai_chat` speaks OpenAI's chat comp
 (`messages` in, `choices` and `usage` out) and takes a time to first token (the spec's latency)
 plus `per_output_token_s` per token it writes.
 
+Accounts meter as providers do, per organization and model, not per path
+(`consumers.stand_in.accounts`): the endpoints whose `account` (their spec's `quota`) names one
+share its meter, `concurrency` calls at once across them and per-minute budgets as an endpoint's,
+passed in the same step as each endpoint's own limits. The account's refusal is a 429 shaped as
+the endpoint's own (`concurrency`, `requests`, `tokens`), counted as `over_quota`, and the
+`x-ratelimit-*` headers show the account's buckets: what remains for all its endpoints. A
+request's `X-Caller` header names its caller (`-` without one).
+
 `GET /v1/stats` reports what was served per endpoint name, including the highest concurrency
 seen (how tests verify that a consumer fleet never exceeds the API's limit), the refusals by
 kind (`rejected_429`, `rate_limited`, `rate_limited_requests`, `rate_limited_tokens`), the
@@ -41,10 +49,15 @@ request's identity is its endpoint's first required field (`request_id`, `messag
 or a chat request's `user`. `POST /v1/stats/reset` starts a measurement afresh: the counters at
 zero and the request-rate limit and per-minute budgets full, so a burst right after another
 meets the budgets its figures assume (a budget left half spent by a warm-up is no limit of the
-run being measured).
+run being measured). Under `accounts`, the stats report each account's limits, its endpoints,
+`over_quota`, its calls in flight, their peak and `busy_s` (calls in flight integrated over wall
+time: over a measurement's seconds, the mean concurrency), and per caller (`callers`) the
+requests that arrived, `served`, `refused` by kind, the tokens and the same concurrency figures.
+`PUT /v1/config` with `{"accounts": {name: {...}}}` changes an account's limits.
 
-The package: the configuration (`config`), one endpoint's state (`endpoint`), requests and
-answers (`calls`), the behaviour (`service`), HTTP (`server`) and the command (`cli`):
+The package: the configuration (`config`), one endpoint's state (`endpoint`), the accounts'
+meters (`accounts`), requests and answers (`calls`), the behaviour (`service`), HTTP (`server`)
+and the command (`cli`):
 
     python -m consumers.stand_in --pipelines all --time-scale 0.1 --port 8600
 """

@@ -7,15 +7,34 @@ at once and then one request per refill interval.
 Tokens are counted from text length (`consumers.ai.rate_budget.tokens_of`, the clients' estimate
 too), not with a tokenizer: the stand-in needs the load's shape, not a model's exact count.
 
-The buckets are not locked: the endpoint that owns them calls them under its own lock.
+The buckets are not locked: the endpoint or account that owns them calls them under its own lock.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 TOKEN_KINDS = ("input", "output", "total")  # which tokens a token budget meters
+
+
+class Metered(Protocol):
+    """The settings budgets are made from: an endpoint's config, or its account's."""
+
+    @property
+    def requests_per_minute(self) -> int | None: ...
+
+    @property
+    def tokens_per_minute(self) -> int | None: ...
+
+    @property
+    def tokens(self) -> str: ...
+
+
+def budget_of(config: Metered) -> tuple[int | None, int | None, str]:
+    """The settings a meter's buckets are made from: changing one starts a new quota."""
+    return config.requests_per_minute, config.tokens_per_minute, config.tokens
 
 
 def metered(kind: str, input_tokens: int, output_tokens: int) -> int:
@@ -94,6 +113,11 @@ class Budgets:
     def __init__(self, requests_per_minute: int | None, tokens_per_minute: int | None, now: float) -> None:
         self.requests = Bucket(requests_per_minute, now) if requests_per_minute else None
         self.tokens = Bucket(tokens_per_minute, now) if tokens_per_minute else None
+
+    @classmethod
+    def of(cls, config: Metered, now: float) -> Budgets:
+        """Full buckets for a config's budgets."""
+        return cls(config.requests_per_minute, config.tokens_per_minute, now)
 
     def _buckets(self) -> list[tuple[str, Bucket]]:
         pairs = (("requests", self.requests), ("tokens", self.tokens))

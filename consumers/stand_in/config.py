@@ -1,6 +1,7 @@
 """The stand-in's configuration: how each endpoint behaves (`EndpointConfig`, from a spec's
-`stand_in` and its latency, with run-time settings over it) and the whole service's
-(`ServiceConfig`), checked when built: a mistake is a `ConfigError`, answered 400 over HTTP."""
+`stand_in` and its latency, with run-time settings over it), the provider accounts endpoints share
+a meter on (`AccountConfig`, from a spec's quota) and the whole service's (`ServiceConfig`),
+checked when built: a mistake is a `ConfigError`, answered 400 over HTTP."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from consumers.config.pipeline_spec import EndpointSpec, PipelineSpec
 from consumers.stand_in.budgets import TOKEN_KINDS
 
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal")
-SPEC_SETTINGS = ("path", "protocol", "required", "answers")  # what the spec fixes: routing and answers
+# What the spec fixes: routing, answers and the account metered.
+SPEC_SETTINGS = ("path", "protocol", "required", "answers", "account")
 PROTOCOLS = ("plain", "openai_chat")
 CHAT_FIELDS = ("model", "user", "content")  # what a chat request offers its answer rules
 # The service's own paths (consumers.stand_in.server's routes); an endpoint may not take one.
@@ -33,6 +35,17 @@ def _number(name: str, value: Any, minimum: float = 0.0, maximum: float | None =
     if value < minimum or (maximum is not None and value > maximum):
         bounds = f"[{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
         raise ConfigError(f"{name} must be in {bounds}, got {value!r}")
+
+
+def _positive(name: str, value: Any) -> None:
+    """A limit: a positive integer, or None for not metered."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{name} must be a positive integer or null, got {value!r}")
+
+
+def _token_kind(value: Any) -> None:
+    if value not in TOKEN_KINDS:
+        raise ConfigError(f"tokens must be one of {TOKEN_KINDS}, got {value!r}")
 
 
 def _placeholders(template: str) -> set[str]:
@@ -82,6 +95,7 @@ class EndpointConfig:
     tokens_per_minute: int | None = None
     tokens: str = "total"  # which tokens tokens_per_minute meters: input | output | total
     retry_after_on_budget: bool = True  # False: budget refusals carry no Retry-After (as LiteLLM's)
+    account: str | None = None  # the provider account whose meter it shares (ServiceConfig.accounts)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "limit_schedule", _schedule(self.limit_schedule))
@@ -122,18 +136,18 @@ class EndpointConfig:
         if isinstance(self.rate_burst, bool) or not isinstance(self.rate_burst, int) or self.rate_burst < 1:
             raise ConfigError(f"rate_burst must be an integer >= 1, got {self.rate_burst!r}")
         _number("per_output_token_s", self.per_output_token_s)
-        for name in ("requests_per_minute", "tokens_per_minute"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name} must be a positive integer or null, got {value!r}")
-        if self.tokens not in TOKEN_KINDS:
-            raise ConfigError(f"tokens must be one of {TOKEN_KINDS}, got {self.tokens!r}")
+        _positive("requests_per_minute", self.requests_per_minute)
+        _positive("tokens_per_minute", self.tokens_per_minute)
+        _token_kind(self.tokens)
         if not isinstance(self.retry_after_on_budget, bool):
             raise ConfigError(f"retry_after_on_budget must be a boolean, got {self.retry_after_on_budget!r}")
+        if self.account is not None and not (isinstance(self.account, str) and self.account):
+            raise ConfigError(f"account must be a non-empty string or null, got {self.account!r}")
 
     @classmethod
     def from_spec(cls, spec: EndpointSpec) -> EndpointConfig:
-        """The endpoint a spec declares, as the stand-in serves it."""
+        """The endpoint a spec declares, as the stand-in serves it; its `quota`, when the spec has
+        one, names its account."""
         latency, stand_in = spec.latency, spec.stand_in
         if stand_in is None:
             raise ConfigError(f"endpoint {spec.path} has no stand_in: a real API only")
@@ -143,7 +157,7 @@ class EndpointConfig:
                    latency_s=latency.median_s, limit=spec.concurrency, distribution=latency.distribution,
                    sigma=latency.sigma, per_output_token_s=latency.per_output_token_s,
                    requests_per_minute=spec.requests_per_minute, tokens_per_minute=spec.tokens_per_minute,
-                   tokens=spec.tokens)
+                   tokens=spec.tokens, account=getattr(spec, "quota", None))
 
     @property
     def chat(self) -> bool:
@@ -209,18 +223,51 @@ def _schedule(value: Any) -> tuple[tuple[float, int], ...]:
     return pairs
 
 
+@dataclass(frozen=True, kw_only=True)
+class AccountConfig:
+    """A provider account (an organization's key): providers meter per account and model, not
+    per path, so every endpoint naming it shares one meter. `concurrency` bounds its calls at once
+    across those endpoints; the per-minute budgets and `tokens` are metered as an endpoint's are.
+    None: not metered (its callers are counted all the same)."""
+
+    name: str
+    concurrency: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens: str = "total"  # which tokens tokens_per_minute meters: input | output | total
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"an account's name must be a non-empty string, got {self.name!r}")
+        _positive("concurrency", self.concurrency)
+        _positive("requests_per_minute", self.requests_per_minute)
+        _positive("tokens_per_minute", self.tokens_per_minute)
+        _token_kind(self.tokens)
+
+    @classmethod
+    def from_quota(cls, quota: Any) -> AccountConfig:
+        """The account a pipeline spec's quota declares: a `QuotaSpec`, or anything with its
+        `name`, `concurrency`, `requests_per_minute`, `tokens_per_minute` and `tokens`."""
+        return cls(name=quota.name, concurrency=quota.concurrency,
+                   requests_per_minute=quota.requests_per_minute, tokens_per_minute=quota.tokens_per_minute,
+                   tokens=quota.tokens)
+
+
 # Endpoint names that would be ambiguous in /v1/stats or in a PUT /v1/config body.
-RESERVED_NAMES = frozenset({"service", "endpoint", "time_scale", *(f.name for f in fields(EndpointConfig))})
+RESERVED_NAMES = frozenset({"service", "accounts", "endpoint", "time_scale",
+                            *(f.name for f in fields(EndpointConfig))})
 
 
 @dataclass(frozen=True)
 class ServiceConfig:
-    """The whole service: its endpoints by name, the time scale, optional bearer token and RNG seed."""
+    """The whole service: its endpoints and their accounts, each by name, the time scale,
+    optional bearer token and RNG seed."""
 
     endpoints: Mapping[str, EndpointConfig]
     time_scale: float = 1.0
     token: str | None = field(default=None, repr=False)
     seed: int | None = None
+    accounts: Mapping[str, AccountConfig] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_time_scale(self.time_scale)
@@ -233,12 +280,22 @@ class ServiceConfig:
         if taken:
             raise ConfigError(f"paths {taken} are the service's own")
         _refuse_shared_paths((repr(name), config) for name, config in self.endpoints.items())
+        misnamed = sorted(name for name, account in self.accounts.items() if account.name != name)
+        if misnamed:
+            raise ConfigError(f"accounts {misnamed} are listed under another name than their own")
+        for name, config in self.endpoints.items():
+            if config.account is not None and config.account not in self.accounts:
+                raise ConfigError(f"endpoint {name!r} names account {config.account!r}, which is not one of "
+                                  f"the accounts {sorted(self.accounts)}")
 
     @classmethod
     def from_specs(cls, specs: Iterable[PipelineSpec], time_scale: float = 1.0, token: str | None = None,
-                   seed: int | None = None, **overrides: Any) -> ServiceConfig:
+                   seed: int | None = None, quotas: Mapping[str, Any] | None = None,
+                   **overrides: Any) -> ServiceConfig:
         """Every endpoint the specs declare a `stand_in` for, with `overrides` (EndpointConfig
-        settings) applied to all.
+        settings) applied to all, and the accounts of the `quotas` (`QuotaSpec`-like, by name:
+        `AccountConfig.from_quota`) their endpoints name; an endpoint naming a quota not given
+        is refused.
 
         Specs may share an endpoint when they declare it alike; one name or one path declared
         two ways is refused, naming both specs.
@@ -253,8 +310,11 @@ class ServiceConfig:
                 if known != config:
                     raise ConfigError(f"endpoint {name!r} is declared differently by {first} and {spec.name}")
         _refuse_shared_paths((f"{first}.{name}", config) for name, (first, config) in declared.items())
+        quotas = quotas or {}
+        named = sorted(set(quotas).intersection(config.account for _, config in declared.values()))
         return cls({name: replace(config, **overrides) for name, (_, config) in declared.items()},
-                   time_scale=time_scale, token=token, seed=seed)
+                   time_scale=time_scale, token=token, seed=seed,
+                   accounts={name: AccountConfig.from_quota(quotas[name]) for name in named})
 
 
 def _refuse_shared_paths(labelled: Iterable[tuple[str, EndpointConfig]]) -> None:

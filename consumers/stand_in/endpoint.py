@@ -1,5 +1,6 @@
 """One endpoint's state behind one lock: its counters, concurrency slots, rate-limit and budget
-buckets, and the random draws of latencies and faults."""
+buckets, and the random draws of latencies and faults; a call passes its account's meter
+(`consumers.stand_in.accounts`) in the same step."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from consumers.stand_in.budgets import Budgets, metered
+from consumers.stand_in.budgets import Budgets, Shortfall, budget_of, metered
 from consumers.stand_in.config import EndpointConfig, matches
 
 # The requests answered 429: too many at once, the request-rate limit, a minute's requests or tokens.
@@ -42,6 +43,29 @@ class Refusal:
     def kind(self) -> str:
         """The error type the 429 names: concurrency, requests or tokens."""
         return {"rejected_429": "concurrency", "rate_limited_tokens": "tokens"}.get(self.counter, "requests")
+
+
+def over_budget(config: EndpointConfig, short: Shortfall, headers: Mapping[str, str]) -> Refusal:
+    """A per-minute budget's 429, with the endpoint's Retry-After policy."""
+    wait = short.wait_s if config.retry_after_on_budget else None
+    return Refusal(f"rate_limited_{short.kind}", wait, short.message, headers)
+
+
+def too_many(config: EndpointConfig, scale: float, headers: Mapping[str, str],
+             message: str = "too many concurrent requests") -> Refusal:
+    """No free concurrency slot: come back after the endpoint's Retry-After."""
+    return Refusal("rejected_429", config.retry_after * scale, message, headers)
+
+
+class Meter(Protocol):
+    """A meter beyond the endpoint's own that a call passes in the same step: its account's."""
+
+    def admit(self, config: EndpointConfig, refused: Refusal | None, headers: Mapping[str, str],
+              scale: float) -> Refusal | None:
+        """Called under the endpoint's lock, so it must never take that lock: count the call and,
+        unless the endpoint `refused` it, pass it or refuse it (charging nothing then); the
+        refusal answered, or None. `headers`: the endpoint's budgets' x-ratelimit-*."""
+        ...
 
 
 class SimulatedEndpoint:
@@ -78,7 +102,7 @@ class SimulatedEndpoint:
                 self._fill_rate_limit(config)
             if config.limit_schedule != self._config.limit_schedule:
                 self._applied_at = self._clock()
-            if _budget_of(config) != _budget_of(self._config):
+            if budget_of(config) != budget_of(self._config):
                 self._fill_budgets(config)
             self._config = config
 
@@ -86,7 +110,7 @@ class SimulatedEndpoint:
         self._tokens, self._refilled_at = float(config.rate_burst), self._clock()
 
     def _fill_budgets(self, config: EndpointConfig) -> None:
-        self._budgets = Budgets(config.requests_per_minute, config.tokens_per_minute, self._clock())
+        self._budgets = Budgets.of(config, self._clock())
 
     def count(self, counter: str) -> None:
         with self._lock:
@@ -102,41 +126,47 @@ class SimulatedEndpoint:
             if identity is not None:
                 self._served[identity] += 1
 
-    def admit(self, scale: float, input_tokens: int = 0, output_tokens: int = 0) -> EndpointConfig | Refusal:
-        """Pass the budgets, the rate limit and take a concurrency slot, returning the config in
-        force, or count a 429 and say when to retry (atomic). Budgets and the rate limit are
-        checked first, as an API gateway meters requests before they reach the model servers;
-        the token budget charges the request's estimated tokens (`output_tokens` is its
-        estimate). A refused request takes nothing from any bucket."""
+    def admit(self, scale: float, input_tokens: int = 0, output_tokens: int = 0,
+              meter: Meter | None = None) -> EndpointConfig | Refusal:
+        """Pass the budgets, the rate limit and take a concurrency slot, then the `meter` (the
+        account's), returning the config in force, or count a 429 and say when to retry (atomic).
+        Budgets and the rate limit are checked first, as an API gateway meters requests before
+        they reach the model servers; the token budget charges the request's estimated tokens
+        (`output_tokens` is its estimate). A refused request takes nothing from any bucket."""
         with self._lock:
             config = self._config
             now = self._clock()
             tokens = metered(config.tokens, input_tokens, output_tokens)
-            self._budgets.refill(now, scale)
-            short = self._budgets.shortfall(tokens, scale)
-            if short is not None:
-                counter = f"rate_limited_{short.kind}"
-                self._counts[counter] += 1
-                wait = short.wait_s if config.retry_after_on_budget else None
-                return Refusal(counter, wait, short.message, self._budgets.headers(scale))
-            if config.rate_limit_rps is not None:
-                rate = config.rate_limit_rps / scale  # tokens per wall-clock second
-                self._tokens = min(config.rate_burst, self._tokens + (now - self._refilled_at) * rate)
-                self._refilled_at = now
-                if self._tokens < 1:
-                    self._counts["rate_limited"] += 1
-                    return Refusal("rate_limited", (1 - self._tokens) / rate, "request rate limit reached",
-                                   self._budgets.headers(scale))
-            if self._in_flight >= config.limit_at((now - self._applied_at) / scale):
-                self._counts["rejected_429"] += 1
-                return Refusal("rejected_429", config.retry_after * scale, "too many concurrent requests",
-                               self._budgets.headers(scale))
+            refusal = self._refusal(config, now, scale, tokens)
+            if meter is not None:
+                refusal = meter.admit(config, refusal, self._budgets.headers(scale), scale)
+            if refusal is not None:
+                self._counts[refusal.counter] += 1
+                return refusal
             if config.rate_limit_rps is not None:
                 self._tokens -= 1
             self._budgets.take(tokens)
             self._in_flight += 1
             self._max_in_flight = max(self._max_in_flight, self._in_flight)
             return config
+
+    def _refusal(self, config: EndpointConfig, now: float, scale: float, tokens: int) -> Refusal | None:
+        """The endpoint's own limit that turns a call away, if any: the buckets refilled, nothing
+        charged."""
+        self._budgets.refill(now, scale)
+        short = self._budgets.shortfall(tokens, scale)
+        if short is not None:
+            return over_budget(config, short, self._budgets.headers(scale))
+        if config.rate_limit_rps is not None:
+            rate = config.rate_limit_rps / scale  # tokens per wall-clock second
+            self._tokens = min(config.rate_burst, self._tokens + (now - self._refilled_at) * rate)
+            self._refilled_at = now
+            if self._tokens < 1:
+                return Refusal("rate_limited", (1 - self._tokens) / rate, "request rate limit reached",
+                               self._budgets.headers(scale))
+        if self._in_flight >= config.limit_at((now - self._applied_at) / scale):
+            return too_many(config, scale, self._budgets.headers(scale))
+        return None
 
     def release(self) -> None:
         with self._lock:
@@ -147,7 +177,7 @@ class SimulatedEndpoint:
         """Replace the output tokens estimated at admission with the answer's actual ones (unless
         the budget was changed meanwhile: a new budget never took the charge)."""
         with self._lock:
-            if _budget_of(admitted) == _budget_of(self._config):
+            if budget_of(admitted) == budget_of(self._config):
                 self._budgets.correct(metered(admitted.tokens, input_tokens, estimate),
                                       metered(admitted.tokens, input_tokens, actual), self._clock(), scale)
 
@@ -188,8 +218,3 @@ class SimulatedEndpoint:
                     "in_flight": self._in_flight, "max_in_flight": self._max_in_flight,
                     "limit_in_force": self._config.limit_at((self._clock() - self._applied_at) / scale),
                     "config": asdict(self._config)}
-
-
-def _budget_of(config: EndpointConfig) -> tuple[int | None, int | None, str]:
-    """The settings a budget's buckets are made from: changing one starts a new quota."""
-    return config.requests_per_minute, config.tokens_per_minute, config.tokens

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from consumers.stand_in.accounts import ANONYMOUS
 from consumers.stand_in.config import (
     CONFIG,
     HEALTH,
@@ -97,7 +98,9 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     def _ai(self, name: str, body: bytes) -> None:
-        self._send_json(self.standin.call(name, self.headers.get("Authorization"), body))
+        """An AI request; `X-Caller` names who calls, for the account's counters per caller."""
+        caller = (self.headers.get("X-Caller") or "").strip() or ANONYMOUS
+        self._send_json(self.standin.call(name, self.headers.get("Authorization"), body, caller))
 
     def _stats(self, _body: bytes) -> None:
         if self._admin_allowed():

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import hmac
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from consumers.stand_in.accounts import ANONYMOUS, REFUSAL_KINDS, Account, Claim
 from consumers.stand_in.calls import BadRequest, Call, echo, prepare
 from consumers.stand_in.config import (
     SPEC_SETTINGS,
+    AccountConfig,
     ConfigError,
     EndpointConfig,
     ServiceConfig,
@@ -50,10 +53,15 @@ def _seconds(value: float) -> str:
 
 
 class StandIn:
-    """The service's state and behaviour, independent of HTTP so it stays easy to reason about."""
+    """The service's state and behaviour, independent of HTTP so it stays easy to reason about.
 
-    def __init__(self, config: ServiceConfig) -> None:
-        self.endpoints = {name: SimulatedEndpoint(name, endpoint, config.seed)
+    `clock` (the endpoints' and the accounts') is injectable for hand-computed times."""
+
+    def __init__(self, config: ServiceConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.accounts = {name: Account(account, clock) for name, account in config.accounts.items()}
+        self._members = {name: sorted(n for n, e in config.endpoints.items() if e.account == name)
+                         for name in config.accounts}  # an endpoint's account is the spec's: fixed
+        self.endpoints = {name: SimulatedEndpoint(name, endpoint, config.seed, clock)
                           for name, endpoint in config.endpoints.items()}
         self._time_scale = config.time_scale
         self._token = config.token
@@ -73,8 +81,9 @@ class StandIn:
         expected = f"Bearer {self._token}".encode()
         return hmac.compare_digest((authorization or "").encode(), expected)
 
-    def call(self, name: str, authorization: str | None, body: bytes) -> Reply:
-        """One AI request: auth, validation, a concurrency slot, the latency, then the outcome."""
+    def call(self, name: str, authorization: str | None, body: bytes, caller: str = ANONYMOUS) -> Reply:
+        """One AI request: auth, validation, a concurrency slot (with its account's meter, where
+        `caller` is counted), the latency, then the outcome."""
         endpoint = self.endpoints[name]
         if not self.authorized(authorization):
             endpoint.count("unauthorized")
@@ -86,18 +95,24 @@ class StandIn:
             endpoint.count("bad_requests")
             return Reply(400, {"error": "bad_request", "detail": str(exc)})
         scale = self.time_scale
-        config = endpoint.admit(scale, call.input_tokens, call.output_estimate)
+        account = self.accounts[declared.account] if declared.account else None
+        claim = account.claim(caller, call.input_tokens, call.output_estimate) if account else None
+        config = endpoint.admit(scale, call.input_tokens, call.output_estimate, claim)
         if isinstance(config, Refusal):
             return _refused(config)
         try:
-            reply = self._serve(endpoint, config, scale, call)
+            reply = self._serve(endpoint, config, scale, call, claim)
         finally:
             endpoint.release()
-        if config.budgeted:
-            reply = replace(reply, headers={**reply.headers, **endpoint.budget_headers(scale)})
-        return reply
+            if claim is not None:
+                claim.account.release(claim)
+        headers = endpoint.budget_headers(scale) if config.budgeted else {}
+        if claim is not None:  # the account's buckets over the endpoint's: what remains for everyone
+            headers.update(claim.account.headers(scale))
+        return replace(reply, headers={**reply.headers, **headers})
 
-    def _serve(self, endpoint: SimulatedEndpoint, config: EndpointConfig, scale: float, call: Call) -> Reply:
+    def _serve(self, endpoint: SimulatedEndpoint, config: EndpointConfig, scale: float, call: Call,
+               claim: Claim | None) -> Reply:
         """The latency, then the outcome; an answer also takes its time per output token, and its
         actual tokens replace the estimate charged (a failed call keeps its charge, as providers count
         failed requests too). A hang is an answer that takes `hang_s`: served, and counted as served,
@@ -116,6 +131,9 @@ class StandIn:
         endpoint.correct(config, call.input_tokens, call.output_estimate, call.output_tokens, scale)
         endpoint.served(payload[config.identity] if config.identity else None, call.input_tokens,
                         call.output_tokens)
+        if claim is not None:
+            claim.account.correct(claim, call.output_tokens, scale)
+            claim.account.served(claim, call.output_tokens)
         return Reply(200, call.body)
 
     def stats(self) -> dict[str, Any]:
@@ -126,20 +144,45 @@ class StandIn:
             config["time_scale"] = self.time_scale
         result["service"] = {"time_scale": self.time_scale, "auth_required": bool(self._token),
                              "seed": self._seed}
+        result["accounts"] = {name: {**account.snapshot(), "endpoints": self._members[name]}
+                              for name, account in self.accounts.items()}
         return result
 
     def reset(self) -> None:
         for endpoint in self.endpoints.values():
             endpoint.reset()
+        for account in self.accounts.values():
+            account.reset()
 
     def update(self, changes: Mapping[str, Any]) -> None:
         """Apply run-time changes all at once, or none when any is invalid (raises ConfigError)."""
         with self._config_lock:
-            time_scale, configs = self._planned(dict(changes))
+            changes = dict(changes)
+            accounts = self._planned_accounts(changes.pop("accounts", {}))
+            time_scale, configs = self._planned(changes)
             for name, config in configs.items():
                 self.endpoints[name].reconfigure(config)
+            for name, account in accounts.items():
+                self.accounts[name].reconfigure(account)
             if time_scale is not None:
                 self._time_scale = time_scale
+
+    def _planned_accounts(self, changes: Any) -> dict[str, AccountConfig]:
+        """`accounts: {name: {...}}`: an account's limits (its name, and the endpoints naming it, stay)."""
+        if not isinstance(changes, dict):
+            raise ConfigError("accounts must be an object of {account: settings}")
+        known = {f.name for f in fields(AccountConfig)} - {"name"}
+        configs = {}
+        for name, settings in changes.items():
+            if name not in self.accounts:
+                raise ConfigError(f"account must be one of {tuple(self.accounts)}, got {name!r}")
+            if not isinstance(settings, dict):
+                raise ConfigError(f"accounts.{name} must be an object of account settings")
+            unknown = sorted(set(settings) - known)
+            if unknown:
+                raise ConfigError(f"unknown account settings {unknown}; known: {sorted(known)}")
+            configs[name] = replace(self.accounts[name].config, **settings)
+        return configs
 
     def _planned(self, changes: dict[str, Any]) -> tuple[float | None, dict[str, EndpointConfig]]:
         """The changes per endpoint: `{name: {...}}` for one, `endpoint: name` beside settings for
@@ -165,7 +208,8 @@ class StandIn:
             unknown = sorted(set(settings) - known)
             if unknown:
                 raise ConfigError(f"unknown settings {unknown} (the spec fixes {list(SPEC_SETTINGS)}); "
-                                  f"known: {sorted(known)}, time_scale and the endpoints {list(names)}")
+                                  f"known: {sorted(known)}, time_scale, accounts and the endpoints "
+                                  f"{list(names)}")
             if settings:
                 configs[name] = replace(self.endpoints[name].config, **settings)
         return time_scale, configs
@@ -204,4 +248,46 @@ class _Collector:
             gauges["latency_seconds"].add_metric([name], snapshot["config"]["scaled_latency_s"])
         scale = GaugeMetricFamily("ai_service_time_scale", "Factor applied to every duration",
                                   value=self._standin.time_scale)
-        return [requests, tokens, *gauges.values(), scale]
+        return [requests, tokens, *gauges.values(), scale, *_account_metrics(stats["accounts"])]
+
+
+# The concurrency figures of an account and of each caller on it: (stats key, family, metric name, help).
+FLIGHT = (("in_flight", GaugeMetricFamily, "in_flight", "Calls in flight now"),
+          ("max_in_flight", GaugeMetricFamily, "max_in_flight", "Highest concurrency since the last reset"),
+          ("busy_s", CounterMetricFamily, "busy_seconds",
+           "Calls in flight integrated over wall time since the last reset (per second: mean concurrency)"))
+
+
+def _account_metrics(accounts: Mapping[str, Any]) -> list[Metric]:
+    """The accounts' figures (label account) and their callers' (labels account, caller)."""
+    scopes = {"account": ["account"], "caller": ["account", "caller"]}
+    flight = {(scope, key): family(f"ai_service_{scope}_{name}", help_text, labels=labels)
+              for scope, labels in scopes.items() for key, family, name, help_text in FLIGHT}
+    over_quota = CounterMetricFamily("ai_service_account_over_quota", "Calls the account's own meter refused",
+                                     labels=["account"])
+    limit = GaugeMetricFamily("ai_service_account_limit", "Calls at once across the account's endpoints",
+                              labels=["account"])
+    counts = {key: CounterMetricFamily(f"ai_service_caller_{key}", help_text, labels=scopes["caller"])
+              for key, help_text in (("requests", "Calls that reached the account's meter"),
+                                     ("served", "200 answers"))}
+    refused = CounterMetricFamily("ai_service_caller_refused", "Calls answered 429, by the kind of limit",
+                                  labels=[*scopes["caller"], "kind"])
+    tokens = CounterMetricFamily("ai_service_caller_tokens", "Actual tokens of served answers",
+                                 labels=[*scopes["caller"], "kind"])
+    for account, snapshot in accounts.items():
+        over_quota.add_metric([account], snapshot["over_quota"])
+        if snapshot["config"]["concurrency"] is not None:
+            limit.add_metric([account], snapshot["config"]["concurrency"])
+        for key, *_ in FLIGHT:
+            flight["account", key].add_metric([account], snapshot[key])
+        for caller, figures in snapshot["callers"].items():
+            labels = [account, caller]
+            for key, *_ in FLIGHT:
+                flight["caller", key].add_metric(labels, figures[key])
+            for key, family in counts.items():
+                family.add_metric(labels, figures[key])
+            for kind in REFUSAL_KINDS:
+                refused.add_metric([*labels, kind], figures["refused"][kind])
+            for kind in ("input", "output"):
+                tokens.add_metric([*labels, kind], figures[f"tokens_{kind}"])
+    return [over_quota, limit, *flight.values(), *counts.values(), refused, tokens]
