@@ -43,6 +43,7 @@ _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 PERIOD_S = 60.0  # a meter that announces no reset counts minutes of the real clock
 RISE = 1 / 32  # of a period's size: more remaining than our answers leave by this is a turn
 MARGIN = 0.01  # of a period: the least of its end kept free of tries (their way to the meter)
+RECHECK_S = 0.5  # the longest a waiting try sleeps: a quota's share may grow meanwhile
 
 
 def tokens_of(text: str) -> int:
@@ -101,18 +102,26 @@ class RefilledBudget:
     refusals: int = 0  # budget refusals since the last answer
     generation: int = 0  # a refilled budget has no periods: every try is of the one
     turns_seen: int = 0
+    share: float | None = None  # what a quota shared with other fleets grants of `size` (None: all)
+
+    @property
+    def room(self) -> float:
+        """What this budget may hold and refills per period: its size, or its share of it."""
+        return self.size if self.share is None else min(self.size, self.share)
 
     def refill(self, now: float) -> None:
         if now > self.at:
-            self.level = min(self.size, self.level + (now - self.at) * self.size / self.period_s)
+            self.level = min(self.room, self.level + (now - self.at) * self.room / self.period_s)
             self.at = now
 
     def wait_for(self, need: float, now: float) -> float:
-        """Seconds until `need` can be taken (0: now)."""
+        """Seconds until `need` can be taken (0: now; with a share of nothing, until it changes)."""
         self.refill(now)
-        short = min(need, self.size) - self.level
+        if self.room <= 0:
+            return max(self.held_until - now, RECHECK_S)
+        short = min(need, self.room) - self.level
         short = short if short > 1e-9 else 0.0  # (a refill timed to the need lands a rounding short)
-        return max(self.held_until - now, short * self.period_s / self.size)
+        return max(self.held_until - now, short * self.period_s / self.room)
 
     def spend(self, need: float, now: float) -> None:
         self.level -= need
@@ -122,7 +131,15 @@ class RefilledBudget:
             self.refusals = 0
 
     def credit(self, amount: float, generation: int) -> None:
-        self.level = min(self.size, self.level + amount)
+        self.level = min(self.room, self.level + amount)
+
+    def shared(self, per_period: float | None, now: float) -> None:
+        """A new share: refilled at the old one until now. A larger share adds no level, only
+        its refill: what it grows into was given up by others whose tries may have spent it
+        at the meter already."""
+        self.refill(now)
+        self.share = per_period
+        self.level = min(self.level, self.room)
 
     def announced(self, limit: float, remaining: float, reset_s: float | None, now: float,
                   sent_since: float) -> None:
@@ -136,6 +153,9 @@ class RefilledBudget:
         self.size = limit
         if reset_s and remaining < limit:
             self.period_s = reset_s * limit / (limit - remaining)
+        if self.share is not None:  # what remains there is every holder's: it only bounds ours
+            self.level = min(self.level, remaining, self.room)
+            return
         self.level = min(remaining, max(self.level, remaining - sent_since))
 
     def refused(self, retry_after_s: float | None, now: float, generation: int) -> None:
@@ -149,7 +169,7 @@ class RefilledBudget:
         if retry_after_s is not None:
             self.held_until = max(self.held_until, now + retry_after_s)
             return
-        a_try = max(self.period_s / self.size, self.period_s / 100)
+        a_try = max(self.period_s / max(self.room, 1.0), self.period_s / 100)
         self.held_until = max(self.held_until,
                               now + min(self.period_s / 4, a_try * 2 ** (self.refusals - 1)))
         self.at = max(self.at, self.held_until - a_try)
@@ -277,6 +297,31 @@ class RateBudget:
         # changes or its period's turn is learned, until collected; `at` a reading of `clock`
         self.changes: deque[tuple[float, str, float, bool]] = deque(maxlen=history)
         self._noted: dict[str, tuple[float, int]] = {}
+        self._waiting = 0  # callers in `take`
+        self._announced: dict[str, float] = {}  # each budget's limit as the answers announce it
+
+    def usage(self) -> tuple[int, dict[str, float]]:
+        """Callers waiting for a budget now, and all tries' requests and tokens taken so far:
+        what a quota's holder reads its demand from."""
+        with self._lock:
+            return self._waiting, dict(self._taken)
+
+    @property
+    def announced(self) -> dict[str, float]:
+        """Each budget's limit per minute as the endpoint's answers last announced it."""
+        with self._lock:
+            return dict(self._announced)
+
+    def share(self, kind: str, per_minute: float | None) -> None:
+        """What a quota shared with other fleets grants of budget `kind` per minute (None:
+        none binds). A budget not known yet starts at it, empty (see `RefilledBudget.shared`)."""
+        with self._lock:
+            now = self._clock()
+            budget = self._budgets.get(kind)
+            if budget is None and per_minute is not None:
+                budget = self._budgets[kind] = RefilledBudget(per_minute, self._minute_s, 0.0, now)
+            if isinstance(budget, RefilledBudget):
+                budget.shared(per_minute, now)
 
     @property
     def known(self) -> dict[str, float]:
@@ -296,11 +341,17 @@ class RateBudget:
     def take(self, tokens: int) -> Spent:
         """Spend one request and `tokens` for a try about to be sent, waiting while either
         budget is short; what it took goes back with `ended`."""
-        while True:
-            wait, spent = self.try_take(tokens)
-            if spent is not None:
-                return spent
-            time.sleep(wait)
+        with self._lock:
+            self._waiting += 1
+        try:
+            while True:
+                wait, spent = self.try_take(tokens)
+                if spent is not None:
+                    return spent
+                time.sleep(min(wait, RECHECK_S))
+        finally:
+            with self._lock:
+                self._waiting -= 1
 
     def try_take(self, tokens: int) -> tuple[float, Spent | None]:
         """Spend one request and `tokens` if both budgets have them, else the seconds until
@@ -357,6 +408,7 @@ class RateBudget:
                 if not limit or remaining is None:
                     continue
                 reset = duration_s(headers.get(f"x-ratelimit-reset-{kind}"))
+                self._announced[kind] = limit
                 if kind not in self._budgets:  # (a period seen now ends by a period from now)
                     out = self._out[kind]
                     self._budgets[kind] = (  # a full bucket announces a reset of "0s": still a bucket

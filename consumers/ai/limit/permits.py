@@ -28,6 +28,8 @@ class AdaptiveLimit:
         self._generation = 0  # cuts so far: a try sent before the latest is told apart
         self._waiting = 0  # callers in `acquire`
         self._parked = 0  # ... of them waiting on the condition
+        self._share: int | None = None  # the calls at once a shared quota grants (None: no quota)
+        self._share_until = float("inf")  # ... until its lease ends: then none
         self._log = ChangeLog(history)
         self._algorithm = LearnedLimit(initial, minimum, maximum, settings or LimitSettings(),
                                        self._flight, clock(), watchers=(self._log,))
@@ -39,8 +41,23 @@ class AdaptiveLimit:
 
     @property
     def limit(self) -> int:
+        """The calls allowed at once: the learned limit, within a quota's share."""
         with self._cond:
-            return int(self._algorithm.limit)
+            return self._allowed()
+
+    def _allowed(self) -> int:
+        learned = int(self._algorithm.limit)
+        if self._share is None:
+            return learned
+        return min(learned, self._share) if self._clock() < self._share_until else 0
+
+    def share(self, calls: int | None, until: float = float("inf")) -> None:
+        """The calls at once a quota shared with other fleets grants this one (None: none
+        binds) until `until` (a reading of `clock`: the lease's end, after which the quota may
+        give the share to others): a cap on the learned limit, which goes on learning under it."""
+        with self._cond:
+            self._share, self._share_until = calls, until
+            self._cond.notify(max(0, self._allowed() - self._flight.held))
 
     @property
     def in_flight(self) -> int:
@@ -62,7 +79,7 @@ class AdaptiveLimit:
         """Permits free now: what a caller may start without waiting."""
         with self._cond:
             self._algorithm.tick(self._clock(), wanted=True)
-            return max(0, int(self._algorithm.limit) - self._flight.held)
+            return max(0, self._allowed() - self._flight.held)
 
     def acquire(self) -> Permit:
         with self._cond:
@@ -70,7 +87,7 @@ class AdaptiveLimit:
             self._waiting += 1
             try:
                 algorithm.tick(self._clock(), wanted=True)
-                while self._flight.held >= int(algorithm.limit):
+                while self._flight.held >= self._allowed():
                     due = algorithm.due(self._clock())
                     self._parked += 1
                     try:
@@ -117,4 +134,4 @@ class AdaptiveLimit:
             self._generation += cut
             algorithm.tick(now, wanted=self._waiting > 0)
             # Wake only as many waiters as may go on, not every worker of a stage.
-            self._cond.notify(max(0, int(algorithm.limit) - flight.held))
+            self._cond.notify(max(0, self._allowed() - flight.held))
