@@ -1,7 +1,8 @@
 """A pipeline is refused before anything is provisioned for it: an unknown field, a route to an
-undeclared topic and an endpoint whose Airflow connection is not defined each fail the DAGs'
-first task (`CheckPipelineOperator`, on `pipeline_check.validated`) and the command line, with
-the path of the field at fault. Specs are read from a $PIPELINES_DIR holding a broken copy."""
+undeclared topic, an endpoint whose Airflow connection is not defined and a quota that is not
+declared or is refused each fail the DAGs' first task (`CheckPipelineOperator`, on
+`pipeline_check.validated`) and the command line, with the path of the field at fault. Specs
+are read from a $PIPELINES_DIR holding a broken copy."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ def undefined_connection(spec: dict[str, Any]) -> None:
     spec["endpoints"]["summarize"]["connection"] = "ai_summaries"
 
 
+def undeclared_quota(spec: dict[str, Any]) -> None:
+    spec["endpoints"]["generate"]["quota"] = "lab_account"
+
+
 # (spec to break, how, the field path the refusal names, what it says)
 BROKEN = {
     "unknown field": ("genai_image", unknown_field, "stages.check.retries", "Extra inputs are not permitted"),
@@ -42,20 +47,18 @@ BROKEN = {
                          "topic 'summaries' is not declared"),
     "missing connection": ("text_moderation", undefined_connection, "endpoints.summarize.connection",
                            "connection 'ai_summaries' is not defined"),
+    "undeclared quota": ("genai_image", undeclared_quota, "endpoints.generate.quota",
+                         "quota 'lab_account' is not declared"),
 }
 
 
 @pytest.fixture
-def pipelines_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of the project's specs in $PIPELINES_DIR, and the stand-in's connection defined."""
-    folder = tmp_path / "pipelines"
-    folder.mkdir()
-    for source in pipeline_spec.PIPELINES_DIR.glob("*.yaml"):
-        (folder / source.name).write_text(source.read_text())
-    monkeypatch.setenv("PIPELINES_DIR", str(folder))
+def pipelines_dir(spec_copies: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of the project's specs and quotas in $PIPELINES_DIR, and the stand-in's connection
+    defined."""
     monkeypatch.setenv("AIRFLOW_CONN_AI_SERVICE", AI_SERVICE)
     monkeypatch.setenv("AIRFLOW_CONN_LLM", AI_SERVICE)
-    return folder
+    return spec_copies
 
 
 def break_spec(folder: Path, name: str, edit: Callable[[dict[str, Any]], None]) -> None:
@@ -95,6 +98,18 @@ def test_the_dag_check_refuses_naming_the_field(pipelines_dir: Path, case: str) 
     assert f"{path}: {message}" in str(refused.value)
 
 
+def test_the_dag_check_refuses_a_spec_whose_quota_is_refused_naming_the_quota_field(
+        pipelines_dir: Path) -> None:
+    break_spec(pipelines_dir, "genai_image", lambda spec: spec["endpoints"]["generate"].update(
+        quota="ai_service"))
+    quota = pipelines_dir / "quotas" / "ai_service.yaml"
+    quota.write_text(quota.read_text().replace("genai_image: {weight: 1,", "genai_image: {weight: 0,"))
+    with pytest.raises(AirflowFailException) as refused:
+        check("genai_image")
+    assert str(refused.value).startswith(f"quota {quota} refused:")
+    assert "pipelines.genai_image.weight: Input should be greater than 0" in str(refused.value)
+
+
 def test_the_dag_check_refuses_when_no_endpoint_connection_is_defined(
         pipelines_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_AI_SERVICE")
@@ -127,7 +142,8 @@ def test_the_command_line_passes_a_valid_spec(pipelines_dir: Path, tmp_path: Pat
     assert "text_moderation: stages moderate, summarize, classify, join" in done.stdout
 
 
-@pytest.mark.parametrize(("case", "by_path"), [("missing connection", False), ("undeclared topic", True)])
+@pytest.mark.parametrize(("case", "by_path"), [("missing connection", False), ("undeclared topic", True),
+                                             ("undeclared quota", True)])
 def test_the_command_line_refuses_naming_the_field(pipelines_dir: Path, tmp_path: Path, case: str,
                                                    by_path: bool) -> None:
     """Every refusal's message is the DAG check's (above); the command line adds its exit status,

@@ -3,8 +3,10 @@
 The runtime (`consumers.runtime.stages`), provisioning, the ACLs, the load source and the AI stand-in
 read everything pipeline-specific from a `PipelineSpec`, so a team brings its own workload by
 writing a spec, not by changing the platform. The package: the models (`models`), the checks
-across fields (`validation`), the code a spec names (`references`), where specs are found
-(`files`), and a command to check one (`python -m consumers.config.pipeline_spec check <spec>`).
+across fields (`validation`), the provider quotas endpoints of several pipelines share
+(`quota`, one file each in `pipelines/quotas/`), the code a spec names (`references`), where
+specs and quotas are found (`files`), and a command to check one
+(`python -m consumers.config.pipeline_spec check <spec>|quotas/<name>`).
 """
 
 from consumers.config.pipeline_spec.files import (
@@ -13,7 +15,10 @@ from consumers.config.pipeline_spec.files import (
     available,
     directory,
     load,
+    load_quota,
     path_of,
+    quota_names,
+    quotas,
     roles,
 )
 from consumers.config.pipeline_spec.models import (
@@ -28,11 +33,13 @@ from consumers.config.pipeline_spec.models import (
     SpecError,
     StageSpec,
 )
+from consumers.config.pipeline_spec.quota import LANES, Lane, PipelineShare, QuotaSpec, parse_quota
 from consumers.config.pipeline_spec.references import resolve
 from consumers.config.pipeline_spec.validation import parse
 
 __all__ = [
-    "DEAD_LETTER", "PIPELINES_DIR", "REFERENCE", "RUN_FIELDS", "TERMINAL_STATUSES", "EndpointSpec",
-    "HttpWork", "PipelineSpec", "PythonWork", "Route", "SpecError", "StageSpec", "available", "directory",
-    "load", "parse", "path_of", "resolve", "roles",
+    "DEAD_LETTER", "LANES", "PIPELINES_DIR", "REFERENCE", "RUN_FIELDS", "TERMINAL_STATUSES", "EndpointSpec",
+    "HttpWork", "Lane", "PipelineShare", "PipelineSpec", "PythonWork", "QuotaSpec", "Route", "SpecError",
+    "StageSpec", "available", "directory", "load", "load_quota", "parse", "parse_quota", "path_of",
+    "quota_names", "quotas", "resolve", "roles",
 ]

@@ -29,13 +29,14 @@ Scalar = str | int | float | bool
 
 
 class SpecError(ValueError):
-    """A spec the platform refuses; `problems` are (field path, message) pairs."""
+    """A spec (or a quota: `what`) the platform refuses; `problems` are (field path, message) pairs."""
 
-    def __init__(self, source: str, problems: list[tuple[str, str]]) -> None:
+    def __init__(self, source: str, problems: list[tuple[str, str]], what: str = "pipeline spec") -> None:
         self.source = source
         self.problems = problems
-        lines = "\n".join(f"  {path or '(spec)'}: {message}" for path, message in problems)
-        super().__init__(f"pipeline spec {source} refused:\n{lines}")
+        whole = f"({what.split()[-1]})"  # a problem of the document as a whole
+        lines = "\n".join(f"  {path or whole}: {message}" for path, message in problems)
+        super().__init__(f"{what} {source} refused:\n{lines}")
 
 
 class _Model(BaseModel):
@@ -108,6 +109,9 @@ class EndpointSpec(_Model):
     headers: dict[str, str] = {}  # sent with every call (never a key: that is the connection's)
     # How the project's stand-in serves it; an endpoint without one is a real API only.
     stand_in: StandIn | None = None
+    # The provider quota it spends (`pipelines/quotas/<name>.yaml`), shared with every endpoint,
+    # of any pipeline, that names it; its own limits above still hold within it.
+    quota: Name | None = None
 
 
 class TopicSpec(_Model):
@@ -296,9 +300,10 @@ class PipelineSpec(_Model):
         return next(n for n, s in self.stages.items() if any(r.status == "completed" for r in s.routes))
 
     def summary(self) -> str:
-        """For logs and the check commands: the stages, where each endpoint is, and which ones
-        the stand-in cannot serve (no `stand_in`: a run needs the real API)."""
-        endpoints = [f"{name} on connection {e.connection}" for name, e in self.endpoints.items()]
+        """For logs and the check commands: the stages, where each endpoint is (and the quota it
+        spends), and which ones the stand-in cannot serve (no `stand_in`: a run needs the real API)."""
+        endpoints = [f"{name} on connection {e.connection}" + (f" (quota {e.quota})" if e.quota else "")
+                     for name, e in self.endpoints.items()]
         real = sorted(name for name, e in self.endpoints.items() if e.stand_in is None)
         return (f"{self.name}: stages {', '.join(self.stages)}; endpoints {', '.join(endpoints) or 'none'}"
                 + (f"\nnot served by the stand-in (real APIs only): {', '.join(real)}" if real else ""))

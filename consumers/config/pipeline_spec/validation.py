@@ -7,11 +7,11 @@ mistake comes back as `SpecError` with the path of the field at fault, e.g.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from consumers.config import http_work
 from consumers.config.pipeline_spec.models import (
@@ -24,22 +24,35 @@ from consumers.config.pipeline_spec.models import (
 )
 from consumers.config.pipeline_spec.references import exception_class, resolve
 
+M = TypeVar("M", bound=BaseModel)
+
 
 def parse(document: Any, source: str = "<spec>") -> PipelineSpec:
-    """A validated spec from a decoded document; raises SpecError naming each field at fault."""
-    if not isinstance(document, dict):
-        raise SpecError(source, [("", f"expected a mapping, got {type(document).__name__}")])
-    # `x-` keys hold YAML anchors shared by several fields, as in OpenAPI documents.
-    document = {k: v for k, v in document.items() if not str(k).startswith("x-")}
-    try:
-        spec = PipelineSpec.model_validate(document)
-    except ValidationError as exc:
-        raise SpecError(source, [(".".join(str(p) for p in error["loc"]), error["msg"])
-                                 for error in exc.errors()]) from None
+    """A validated spec from a decoded document; raises SpecError naming each field at fault.
+
+    It judges the document alone, reading no other file: a spec given as data (a test's, the
+    docs' blocks) means the same wherever it is parsed. What it shares with other files, the
+    quotas its endpoints spend, is checked where specs are loaded from their folder
+    (`files.load`, `quota.spending_checks`)."""
+    spec = model_of(PipelineSpec, document, source)
     problems = list(cross_checks(spec))
     if problems:
         raise SpecError(source, problems)
     return spec
+
+
+def model_of(model: type[M], document: Any, source: str, what: str = "pipeline spec") -> M:
+    """A decoded document as `model`, each field checked by its type; raises SpecError naming
+    each field at fault."""
+    if not isinstance(document, dict):
+        raise SpecError(source, [("", f"expected a mapping, got {type(document).__name__}")], what)
+    # `x-` keys hold YAML anchors shared by several fields, as in OpenAPI documents.
+    document = {k: v for k, v in document.items() if not str(k).startswith("x-")}
+    try:
+        return model.model_validate(document)
+    except ValidationError as exc:  # a mapping's key at fault is named as its entry (`lanes.fast`)
+        raise SpecError(source, [(".".join(str(p) for p in error["loc"] if p != "[key]"), error["msg"])
+                                 for error in exc.errors()], what) from None
 
 
 def cross_checks(spec: PipelineSpec) -> Iterable[tuple[str, str]]:
