@@ -72,6 +72,7 @@ class RetryPolicy:
 
 
 COST_HEADER = "x-litellm-response-cost"  # the cost LiteLLM's proxy reports for each call
+CALLER_HEADER = "X-Caller"  # whose call it is, for a meter shared by several pipelines
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from measure.quota_share import fair_allocation
+
 LANES = ("interactive", "standard", "batch")  # strict priority, highest first
 
 
@@ -30,24 +32,12 @@ class Claim:
     demand: float
 
 
-def fill(capacity: float, weights: Mapping[str, float], demands: Mapping[str, float]) -> dict[str, float]:
-    """Weighted max-min fair shares of `capacity` (water-filling): raise every unsatisfied
-    party's share in proportion to its weight until it has its demand or nothing is left."""
-    shares = dict.fromkeys(weights, 0.0)
-    open_ = {name for name in weights if demands[name] > 0}
-    left = capacity
-    while open_ and left > 1e-12:
-        per_weight = left / sum(weights[name] for name in open_)
-        sated = {name for name in open_ if demands[name] - shares[name] <= per_weight * weights[name]}
-        if not sated:
-            for name in open_:
-                shares[name] += per_weight * weights[name]
-            break
-        for name in sated:
-            left -= demands[name] - shares[name]
-            shares[name] = demands[name]
-        open_ -= sated
-    return shares
+def _fill(capacity: float, weights: Mapping[str, float], demands: Mapping[str, float]) -> dict[str, float]:
+    """Weighted max-min fair shares of `capacity` (`measure.quota_share.fair_allocation`, the
+    figure the benchmark holds the sharing to); none of nothing."""
+    if capacity <= 0 or not weights:
+        return dict.fromkeys(weights, 0.0)
+    return fair_allocation(capacity, weights, demands)
 
 
 def allocate(capacity: float, claims: Sequence[Claim],
@@ -67,10 +57,10 @@ def allocate(capacity: float, claims: Sequence[Claim],
     for lane, lane_claims in in_lane.items():
         pipelines = {c.pipeline: c.weight for c in lane_claims}
         asked = {p: sum(c.demand for c in lane_claims if c.pipeline == p) for p in pipelines}
-        for pipeline, share in fill(lane_total[lane], pipelines, asked).items():
+        for pipeline, share in _fill(lane_total[lane], pipelines, asked).items():
             holders = [c for c in lane_claims if c.pipeline == pipeline]
             equal = {c.holder: 1.0 for c in holders}
-            shares.update(fill(share, equal, {c.holder: c.demand for c in holders}))
+            shares.update(_fill(share, equal, {c.holder: c.demand for c in holders}))
     return shares
 
 

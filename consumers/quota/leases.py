@@ -3,12 +3,12 @@
 A renewal is one transaction under the quota's row lock, so holders on any number of machines
 renew one at a time. It drops the claims whose lease and drain are over, writes the renewing
 holder's demand and computes its share from every live claim (`allocation.allocate`). A holder
-never grows past what the others' grants leave free, and never shrinks below the calls it has
-out. So the grants sum to at most the quota while shares move: a share given up is taken only
-once its holder has recorded letting it go. A claim whose lease lapsed (its holder was killed, or
-lost the database) gets no new share, but its grant still counts until `released_at`, the
-lease plus the longest its calls may take, since a provider keeps serving a call whose caller
-died.
+never grows past what the others' grants leave free, and its grant on record never shrinks
+below the calls it has out (a lower share stops new calls at once). So the grants sum to at
+most the quota while shares move: a share given up is taken only once its holder has recorded
+letting it go. A claim whose lease lapsed (its holder was killed, or lost the database) gets no
+new share, but its grant still counts until `released_at`, the lease plus the longest its calls
+may take, since a provider keeps serving a call whose caller died.
 """
 
 from __future__ import annotations
@@ -50,12 +50,23 @@ class Holding:
     live: bool = True  # its lease holds
 
 
+@dataclass(frozen=True)
+class Grant:
+    """A renewal's outcome per metered dimension: what the holder may use from now on, and what
+    the quota's rows count as its own, which for calls at once includes the calls it still has
+    out beyond a lowered share until they end."""
+
+    use: Mapping[str, float]
+    held: Mapping[str, float]
+
+
 def next_grant(limits: Limits, me: Holding, others: Sequence[Holding],
-               reserves: Mapping[str, float] | None = None) -> dict[str, float]:
+               reserves: Mapping[str, float] | None = None) -> Grant:
     """`me`'s grant of each metered dimension: its share of the live claims, grown only into
-    what the others' grants (lapsed ones too) leave free, and for calls at once shrunk no
-    lower than the calls it has out."""
-    grant: dict[str, float] = {}
+    what the others' grants (lapsed ones too) leave free. A lower share applies at once, but
+    for calls at once it is held as no lower than the calls still out."""
+    use: dict[str, float] = {}
+    held: dict[str, float] = {}
     for dimension in DIMENSIONS:
         capacity = limits.of(dimension)
         if capacity is None:
@@ -68,10 +79,11 @@ def next_grant(limits: Limits, me: Holding, others: Sequence[Holding],
         target, before = shares[me.holder], me.granted.get(dimension, 0.0)
         free = max(0.0, capacity - sum(o.granted.get(dimension, 0.0) for o in others))
         if target > before:
-            grant[dimension] = min(target, free)
+            use[dimension] = held[dimension] = min(target, free)
         else:
-            grant[dimension] = min(before, max(target, float(me.in_use))) if dimension == CALLS else target
-    return grant
+            use[dimension] = target
+            held[dimension] = min(before, max(target, float(me.in_use))) if dimension == CALLS else target
+    return Grant(use, held)
 
 
 _LOCK_LIMITS = """
@@ -144,7 +156,8 @@ class LeaseStore:
 
     def renew(self, who: Holder, limits: Limits, demand: Mapping[str, float], in_use: int,
               reserves: Mapping[str, float] | None = None) -> dict[str, float]:
-        """Renew `who`'s lease with its demand and calls out; its grant (see `next_grant`)."""
+        """Renew `who`'s lease with its demand and calls out; what it may use now (see
+        `next_grant`)."""
         conn = self._connection()
         try:
             with conn, conn.cursor() as cur:
@@ -164,14 +177,14 @@ class LeaseStore:
                           "weight": who.weight, "in_use": in_use, "lease_s": who.lease_s,
                           "drain_s": who.drain_s,
                           **{f"demand_{d}": demand.get(d, 0.0) for d in DIMENSIONS},
-                          **{f"granted_{d}": grant.get(d, 0.0) for d in DIMENSIONS}}
+                          **{f"granted_{d}": grant.held.get(d, 0.0) for d in DIMENSIONS}}
                 params["granted_calls"] = int(params["granted_calls"])
                 cur.execute(_RENEW, params)
                 cur.execute(_HISTORY, params)
         except psycopg2.Error:
             conn.close()
             raise
-        return grant
+        return dict(grant.use)
 
     def release(self, who: Holder) -> None:
         """Give the share back at once: a fleet stopping cleanly has no call out any more."""

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections import deque
@@ -26,13 +27,15 @@ from typing import Any
 from confluent_kafka import ConsumerGroupState, KafkaException
 
 from consumers.ai.circuit import Circuit
-from consumers.ai.client import AIClient, Endpoint
+from consumers.ai.client import CALLER_HEADER, AIClient, Endpoint
 from consumers.ai.learned_timeout import LearnedTimeout
 from consumers.ai.limit import AdaptiveLimit
 from consumers.ai.rate_budget import RateBudget
 from consumers.config import events, kafka_connection, pipeline_spec, profiles
 from consumers.config.candidate import ENDPOINTS_ENV, KEYS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
 from consumers.kafka_clients.producer import KeyedProducer
+from consumers.quota.holder import LEASE_S, QuotaHolder
+from consumers.quota.leases import Holder, LeaseStore, Limits
 from consumers.runtime import metrics, start_up_heap, storage
 from consumers.runtime.batch_member import BatchMember
 from consumers.runtime.fleet_settings import (
@@ -84,6 +87,7 @@ class Fleet:
         check_endpoint(spec, s)  # before anything connects or joins
         concurrency = s.member.window * s.members if s.member.mode in WINDOW_MODES else s.members
         self.storage = storage.sized_pool(s.database_url, min(DB_CONNECTIONS, concurrency + 2))
+        self.quota: QuotaHolder | None = None  # set by `_client` when the endpoint spends a quota
         self.producer = KeyedProducer(s.member.kafka, profile=s.member.profile, key_strategy=s.key_strategy,
                                       batch_records=s.member.producer_batch_records)
         self.ctx = StageContext(
@@ -99,6 +103,8 @@ class Fleet:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._recorder: threading.Thread | None = None
+        self._quota_stop = threading.Event()  # set once the members' calls are over
+        self._renewer: threading.Thread | None = None
 
     def _client(self, url: str | None, pool: int, spec: pipeline_spec.PipelineSpec) -> AIClient | None:
         """The stage's AI client: told the endpoint's concurrency and per-minute budgets (a
@@ -109,16 +115,43 @@ class Fleet:
         s = self.settings
         declared = spec.endpoints[s.ai_endpoint]
         limiter = (AdaptiveLimit(maximum=pool) if s.adaptive
-                   else AdaptiveLimit.fixed(s.ai_calls) if s.ai_calls else None)
+                   else AdaptiveLimit.fixed(s.ai_calls) if s.ai_calls
+                   else AdaptiveLimit.fixed(pool) if declared.quota else None)
         budget = (RateBudget() if s.adaptive
                   else RateBudget(declared.requests_per_minute, declared.tokens_per_minute,
                                   minute_s=60.0 * s.member.time_scale))
-        endpoint = Endpoint(url, s.ai_timeout_s, s.ai_auth_header, dict(declared.headers))
+        # Every call says whose it is (a provider's project header plays that part): the
+        # stand-in counts an account's spending per caller by it.
+        headers = {**declared.headers, CALLER_HEADER: spec.name}
+        endpoint = Endpoint(url, s.ai_timeout_s, s.ai_auth_header, headers)
         timeout = LearnedTimeout(s.ai_timeout_floor_s or s.ai_timeout_s, s.ai_timeout_s)
+        if declared.quota and limiter is not None:
+            self.quota = self._quota_holder(spec, declared.quota, pool, limiter, budget)
         return AIClient(endpoint, s.retry, pool_size=pool, limiter=limiter, circuit=Circuit(),
                         rate_budget=budget, timeout=timeout)
 
+    def _quota_holder(self, spec: pipeline_spec.PipelineSpec, name: str, pool: int,
+                      limiter: AdaptiveLimit, budget: RateBudget) -> QuotaHolder:
+        """This fleet's hold on the provider quota its endpoint spends: a claim of its own,
+        told from the stage's other processes by host and process id. Its grant counts for as
+        long after its lease as one try may take."""
+        s = self.settings
+        quota = pipeline_spec.load_quota(name)
+        share = quota.share_of(spec.name)
+        who = Holder(quota.name, f"{s.member.run_id}/{s.member.stage}/{socket.gethostname()}/{os.getpid()}",
+                     spec.name, s.member.stage, s.member.run_id, share.lane, share.weight,
+                     lease_s=LEASE_S, drain_s=s.ai_timeout_s)
+        declared = Limits(quota.concurrency, quota.requests_per_minute, quota.tokens_per_minute)
+        return QuotaHolder(LeaseStore(s.database_url), who, declared, pool, limiter, budget,
+                           reserves={lane: spec_.reserve for lane, spec_ in quota.lanes.items()},
+                           minute_s=60.0 * s.member.time_scale)
+
     def start(self) -> Fleet:
+        if self.quota is not None:  # the first grant before the first call
+            self.quota.tick()
+            self._renewer = threading.Thread(target=self.quota.run, args=(self._quota_stop,),
+                                             name=f"{self.settings.member.stage}-quota", daemon=True)
+            self._renewer.start()
         for member in self.members:
             thread = threading.Thread(target=member.run, args=(self._stop,), name=member.name)
             thread.start()
@@ -226,6 +259,11 @@ class Fleet:
         alive = [t.name for t in self._threads if t.is_alive()]
         if self._recorder is not None:
             self._recorder.join(5)
+        if self.quota is not None and self._renewer is not None:
+            self._quota_stop.set()
+            self._renewer.join(5)
+            if not alive:  # no call out any more: the share goes back now, not at the lease's end
+                self.quota.release()
         self.producer.close()
         if self.ctx.ai is not None:
             self.ctx.ai.close()

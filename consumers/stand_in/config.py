@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from consumers.config.pipeline_spec import EndpointSpec, PipelineSpec
+from consumers.config.pipeline_spec import EndpointSpec, PipelineSpec, load_quota
 from consumers.stand_in.budgets import TOKEN_KINDS
 
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal")
@@ -293,9 +293,9 @@ class ServiceConfig:
                    seed: int | None = None, quotas: Mapping[str, Any] | None = None,
                    **overrides: Any) -> ServiceConfig:
         """Every endpoint the specs declare a `stand_in` for, with `overrides` (EndpointConfig
-        settings) applied to all, and the accounts of the `quotas` (`QuotaSpec`-like, by name:
-        `AccountConfig.from_quota`) their endpoints name; an endpoint naming a quota not given
-        is refused.
+        settings) applied to all, and the accounts of the quotas their endpoints name
+        (`AccountConfig.from_quota`): those of `quotas` (`QuotaSpec`-like, by name), else the
+        quota files'.
 
         Specs may share an endpoint when they declare it alike; one name or one path declared
         two ways is refused, naming both specs.
@@ -310,8 +310,9 @@ class ServiceConfig:
                 if known != config:
                     raise ConfigError(f"endpoint {name!r} is declared differently by {first} and {spec.name}")
         _refuse_shared_paths((f"{first}.{name}", config) for name, (first, config) in declared.items())
-        quotas = quotas or {}
-        named = sorted(set(quotas).intersection(config.account for _, config in declared.values()))
+        named = sorted({config.account for _, config in declared.values() if config.account})
+        quotas = quotas if quotas is not None else {name: load_quota(name) for name in named}
+        named = [name for name in named if name in quotas]
         return cls({name: replace(config, **overrides) for name, (_, config) in declared.items()},
                    time_scale=time_scale, token=token, seed=seed,
                    accounts={name: AccountConfig.from_quota(quotas[name]) for name in named})

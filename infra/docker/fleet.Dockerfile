@@ -22,8 +22,9 @@ COPY consumers/__init__.py consumers/
 COPY consumers/runtime/ consumers/runtime/
 COPY consumers/kafka_clients/ consumers/kafka_clients/
 COPY consumers/ai/ consumers/ai/
+COPY consumers/quota/ consumers/quota/
 COPY consumers/config/ consumers/config/
-COPY measure/__init__.py measure/sizing.py measure/
+COPY measure/__init__.py measure/sizing.py measure/quota_share.py measure/
 COPY pipelines/ pipelines/
 # A numeric user, so that the pod's runAsNonRoot can check it.
 USER 10001:10001

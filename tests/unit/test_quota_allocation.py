@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.quota.allocation import Claim, allocate, fill, whole
+from consumers.quota.allocation import Claim, allocate, whole
 from consumers.quota.leases import CALLS, REQUESTS, Holding, Limits, next_grant
 
 
@@ -28,8 +28,8 @@ def test_what_a_pipeline_does_not_ask_for_goes_to_the_others_by_weight() -> None
 def test_water_filling_takes_several_rounds_when_shares_sate_in_turn() -> None:
     # 30 among four equal weights: d asks 2 (sated first, 28 left for three: 9.33 each),
     # c asks 8 (sated next, 20 left for two), a and b then 10 each.
-    assert fill(30, dict.fromkeys("abcd", 1.0), {"a": 50, "b": 50, "c": 8, "d": 2}) == \
-        pytest.approx({"a": 10, "b": 10, "c": 8, "d": 2})
+    shares = allocate(30, [claim("a", 50), claim("b", 50), claim("c", 8), claim("d", 2)])
+    assert shares == pytest.approx({"a": 10, "b": 10, "c": 8, "d": 2})
 
 
 def test_nobody_asking_leaves_the_quota_unallocated() -> None:
@@ -82,14 +82,15 @@ def test_a_grant_grows_only_into_what_the_others_leave_free() -> None:
     # take the 14 left, and the rest once a has recorded giving it up.
     grant = next_grant(Limits(calls=64), holding("b", 100, granted=0),
                        [holding("a", 100, granted=50, in_use=50)])
-    assert grant == {CALLS: 14}
+    assert grant.use == grant.held == {CALLS: 14}
 
 
-def test_a_grant_shrinks_no_lower_than_the_calls_out() -> None:
-    # a's share is now 32, 40 of its calls are still out: it records 40, then less as they end.
+def test_a_lower_share_applies_at_once_but_is_held_as_the_calls_still_out() -> None:
+    # a's share is now 32, 40 of its calls are still out: it starts no call until fewer than
+    # 32 are out, and its grant on record is 40, then less as they end.
     grant = next_grant(Limits(calls=64), holding("a", 100, granted=50, in_use=40),
                        [holding("b", 100, granted=14)])
-    assert grant == {CALLS: 40}
+    assert grant.use == {CALLS: 32} and grant.held == {CALLS: 40}
 
 
 def test_a_lapsed_claim_gets_no_share_but_its_grant_counts_until_released() -> None:
@@ -97,11 +98,11 @@ def test_a_lapsed_claim_gets_no_share_but_its_grant_counts_until_released() -> N
     # 48 that c's grant leaves are free.
     grant = next_grant(Limits(calls=64), holding("a", 100, granted=32),
                        [holding("c", 100, granted=16, live=False)])
-    assert grant == {CALLS: 48}
+    assert grant.use == grant.held == {CALLS: 48}
 
 
 def test_each_metered_dimension_is_granted_on_its_own() -> None:
     # 1,200 requests a minute: a asks for 300 (its rate with headroom), b for all of it.
     me = Holding("b", "b", "standard", 1.0, {CALLS: 10, REQUESTS: 1200}, {CALLS: 10, REQUESTS: 600})
     a = Holding("a", "a", "standard", 1.0, {CALLS: 10, REQUESTS: 300}, {CALLS: 10, REQUESTS: 300})
-    assert next_grant(Limits(calls=20, requests=1200), me, [a]) == {CALLS: 10, REQUESTS: 900}
+    assert next_grant(Limits(calls=20, requests=1200), me, [a]).use == {CALLS: 10, REQUESTS: 900}
