@@ -35,7 +35,7 @@ TEST_RUN := $(if $(filter 1,$(TEST_WORKERS)),.venv/bin/pytest -q -rfEs --duratio
   ( .venv/bin/pytest -q -rfEs --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
     -m "not serial"; r=$$?; .venv/bin/pytest -q -rfEs --durations=5 -m serial $(SERIAL_MODULES) || r=1; exit $$r ))
 
-.PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats limit-matrix faults test test-unit test-fast lint airflow
+.PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats shared-quota limit-matrix faults test test-unit test-fast lint airflow
 
 deps: venv jars postgres-server browser
 
@@ -110,6 +110,11 @@ bench-smoke:
 # The gate's statistics: false-promotion and false-rejection rates over many decisions.
 gate-stats: up
 	$(DEV_ENV) && $(PY) -m bench.gate_stats
+
+# Three pipelines on one provider quota, weights 2 : 1 : 1 (bench/shared_quota.py): backlogged
+# under a concurrency and a requests-per-minute quota, then one of them idle for a minute.
+shared-quota: up
+	$(DEV_ENV) && $(PY) -m bench.shared_quota --binds concurrency,requests --idle 60 $(BENCH_ARGS)
 
 # The adaptive concurrency limit against a simulated service over latency shapes, limit schedules
 # and caller stalls (bench/limit_matrix.py): no services.

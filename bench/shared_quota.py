@@ -1,7 +1,7 @@
 """Three pipelines on one provider quota, weights 2 : 1 : 1, all backlogged: is the quota
 shared by weight, used whole, and never passed?
 
-    python -m bench.shared_quota [--binds concurrency|requests] [--seconds 60] [--time-scale 1]
+    python -m bench.shared_quota [--binds concurrency,requests] [--seconds 60] [--idle 60]
 
 Each pipeline is the reference pipeline's shape under a name of its own, with its generate
 endpoint on the quota, and runs its fleets in processes of their own on the local stack's Kafka
@@ -24,7 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from bench.report import RESULTS, save
 from bench.stacks import Stack
 from consumers.config import pipeline_spec, presets
 from consumers.config.candidate import Endpoints
-from consumers.runs.pipeline_run import new_run_id, running_pipeline
+from consumers.runs.pipeline_run import Pipeline, new_run_id, running_pipeline
 from measure import quota_share
 
 WEIGHTS = {"tenant_a": 2.0, "tenant_b": 1.0, "tenant_c": 1.0}
@@ -50,6 +51,8 @@ BASE = "generate"  # the endpoint of the reference pipeline that spends the quot
 # 48 calls of 3 s make.
 LIMITS = {"concurrency": {"concurrency": 48}, "requests": {"requests_per_minute": 600}}
 WARM_UP_S = 15.0  # after the fleets joined: every pipeline's backlog has reached generate
+RETURN_S = 30.0  # how long an idle pipeline's return is watched
+SAMPLE_S = 0.5  # how often the account's counters are read
 
 
 def write_pipelines(folder: Path, binds: str) -> Path:
@@ -114,52 +117,128 @@ def figures(first: dict[str, Any], last: dict[str, Any], seconds: float, binds: 
     }
 
 
-def run(stack: Stack, binds: str, seconds: float, time_scale: float, port: int) -> dict[str, Any]:
-    capacity = float(next(iter(LIMITS[binds].values())))
+@contextmanager
+def tenants(stack: Stack, binds: str, time_scale: float,
+            port: int) -> Iterator[tuple[str, dict[str, Pipeline]]]:
+    """The stand-in and the three pipelines' fleets, running; the stand-in's URL and the pipelines."""
     with tempfile.TemporaryDirectory() as folder, ExitStack() as running:
         os.environ["PIPELINES_DIR"] = str(write_pipelines(Path(folder), binds))
-        stand_in = start_stand_in(port, time_scale)
-        running.callback(stand_in.terminate)
-        url = f"http://127.0.0.1:{port}"
-        pipelines = []
-        for name in WEIGHTS:
-            params = presets.PresetParams(partitions=8, concurrency=64, time_scale=time_scale,
-                                          flow_members=2, pipeline=name)
-            config = presets.build("flow", params)
-            endpoints = Endpoints.on(url, pipeline_spec.load(name))
-            pipelines.append(running.enter_context(running_pipeline(
-                config, stack.kafka, stack.database_url, endpoints, run_id=new_run_id(name.replace("_", "-")),
-                scenario="shared-quota", fleet_processes=True)))
-        # More than each can finish in the run: all stay backlogged to the end.
-        per_second = capacity / 3.0 / time_scale if binds == "concurrency" else capacity / 60 / time_scale
-        for pipeline, weight in zip(pipelines, WEIGHTS.values(), strict=True):
-            pipeline.send(int(2 * per_second * weight / sum(WEIGHTS.values()) * (WARM_UP_S + seconds)) + 100)
-        series: list[tuple[float, dict[str, Any]]] = []
-        started = time.monotonic()
-        with Progress(transient=True) as bar:
-            task = bar.add_task(f"shared quota, {binds} binds", total=WARM_UP_S + seconds)
-            while (elapsed := time.monotonic() - started) < WARM_UP_S + seconds:
-                series.append((elapsed, account(url)))
-                bar.update(task, completed=elapsed)
-                time.sleep(1.0)
-        series.append((time.monotonic() - started, account(url)))
-    os.environ.pop("PIPELINES_DIR", None)
-    window = [(at, reading) for at, reading in series if at >= WARM_UP_S]
-    (t0, first), (t1, last) = window[0], window[-1]
-    result = figures(first, last, t1 - t0, binds, capacity, time_scale)
-    result["series"] = [(at, {n: r["callers"].get(n, {}).get("busy_s", 0.0) for n in WEIGHTS})
-                        for at, r in series]
+        try:
+            stand_in = start_stand_in(port, time_scale)
+            running.callback(stand_in.terminate)
+            url = f"http://127.0.0.1:{port}"
+            pipelines = {}
+            for name in WEIGHTS:
+                params = presets.PresetParams(partitions=8, concurrency=64, time_scale=time_scale,
+                                              flow_members=2, pipeline=name)
+                endpoints = Endpoints.on(url, pipeline_spec.load(name))
+                pipelines[name] = running.enter_context(running_pipeline(
+                    presets.build("flow", params), stack.kafka, stack.database_url, endpoints,
+                    run_id=new_run_id(name.replace("_", "-")), scenario="shared-quota", fleet_processes=True))
+            yield url, pipelines
+        finally:
+            os.environ.pop("PIPELINES_DIR", None)
+
+
+def rates(binds: str, capacity: float, time_scale: float) -> dict[str, float]:
+    """Each pipeline's fair share in records a second (a generate call of 3 s each)."""
+    per_second = capacity / 3.0 / time_scale if binds == "concurrency" else capacity / 60 / time_scale
+    return {name: per_second * weight / sum(WEIGHTS.values()) for name, weight in WEIGHTS.items()}
+
+
+class Sampler:
+    """The account's counters read every SAMPLE_S, with the run's progress shown."""
+
+    def __init__(self, url: str, bar: Progress, total_s: float, title: str) -> None:
+        self.url, self.bar = url, bar
+        self.task = bar.add_task(title, total=total_s)
+        self.started = time.monotonic()
+        self.series: list[tuple[float, dict[str, Any]]] = []
+
+    def read(self) -> None:
+        elapsed = time.monotonic() - self.started
+        self.series.append((elapsed, account(self.url)))
+        self.bar.update(self.task, completed=elapsed)
+
+    def until(self, done: Callable[[], bool]) -> None:
+        """Read every SAMPLE_S until `done`, and once more then."""
+        while not done():
+            self.read()
+            time.sleep(SAMPLE_S)
+        self.read()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+def busy(series: list[tuple[float, dict[str, Any]]]) -> list[tuple[float, dict[str, float]]]:
+    """Each caller's busy seconds at each reading."""
+    return [(at, {n: r["callers"].get(n, {}).get("busy_s", 0.0) for n in WEIGHTS}) for at, r in series]
+
+
+def in_flight(series: list[tuple[float, dict[str, float]]]) -> list[tuple[float, dict[str, float]]]:
+    """Each caller's mean calls in flight between two readings, at the second."""
+    return [(b[0], {n: (b[1][n] - a[1][n]) / (b[0] - a[0]) for n in WEIGHTS})
+            for a, b in itertools.pairwise(series)]
+
+
+def backlogged(stack: Stack, binds: str, seconds: float, time_scale: float, port: int) -> dict[str, Any]:
+    """All three backlogged for the whole window: the shares, Jain's index, the quota used."""
+    capacity = float(next(iter(LIMITS[binds].values())))
+    with tenants(stack, binds, time_scale, port) as (url, pipelines), Progress(transient=True) as bar:
+        for name, rate in rates(binds, capacity, time_scale).items():  # more than each can finish
+            pipelines[name].send(int(2 * rate * (WARM_UP_S + seconds)) + 100)
+        sampler = Sampler(url, bar, WARM_UP_S + seconds, f"shared quota, {binds} binds")
+        sampler.until(lambda: sampler.elapsed() >= WARM_UP_S + seconds)
+        window = [(at, reading) for at, reading in sampler.series if at >= WARM_UP_S]
+        (t0, first), (t1, last) = window[0], window[-1]
+        result = figures(first, last, t1 - t0, binds, capacity, time_scale)
+        result["series"] = busy(sampler.series)
     return result
 
 
+def idle_and_return(stack: Stack, time_scale: float, port: int, idle_s: float) -> dict[str, Any]:
+    """tenant_c idle for `idle_s`, then back: how soon the others fill the quota once it is
+    idle, and how soon it has its share again once it is back (calls at once bind)."""
+    binds, idle, others = "concurrency", "tenant_c", ("tenant_a", "tenant_b")
+    capacity = float(LIMITS[binds]["concurrency"])
+    share = rates(binds, capacity, time_scale)
+    due = capacity * WEIGHTS[idle] / sum(WEIGHTS.values())
+    with tenants(stack, binds, time_scale, port) as (url, pipelines), Progress(transient=True) as bar:
+        total = WARM_UP_S + idle_s + 2 * RETURN_S
+        for name, rate in share.items():
+            pipelines[name].send(int(rate * WARM_UP_S) if name == idle else int(2 * rate * total) + 100)
+        sampler = Sampler(url, bar, total, f"shared quota, {idle} idle for {idle_s:g} s")
+
+        def use_of(name: str) -> float:
+            recent = in_flight(busy(sampler.series[-2:]))
+            return recent[-1][1][name] if recent else 0.0
+
+        sampler.until(lambda: len(sampler.series) > 2 and use_of(idle) > 0.5)  # it started
+        sampler.until(lambda: account(url)["callers"].get(idle, {}).get("in_flight", 1) == 0)
+        idle_at = sampler.elapsed()
+        sampler.until(lambda: sampler.elapsed() >= idle_at + idle_s)
+        pipelines[idle].send(int(2 * share[idle] * RETURN_S) + 100)
+        back_at = sampler.elapsed()
+        sampler.until(lambda: sampler.elapsed() >= back_at + RETURN_S)
+        curve = in_flight(busy(sampler.series))
+    filled = next((at for at, use in curve
+                   if at > idle_at and sum(use[n] for n in others) >= 0.95 * capacity), None)
+    regained = next((at for at, use in curve if at > back_at and use[idle] >= 0.95 * due), None)
+    return {"binds": "idle-and-return", "capacity": capacity, "idle_s": idle_s, "idle_at": idle_at,
+            "back_at": back_at, "filled_s": None if filled is None else filled - idle_at,
+            "regained_s": None if regained is None else regained - back_at,
+            "series": busy(sampler.series)}
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
-    """Each pipeline's calls in flight over time (per second, from the busy-seconds counter)."""
+    """Each pipeline's calls in flight over time (from the busy-seconds counter)."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    series = result["series"]
+    curve = in_flight(result["series"])
     for name, weight in WEIGHTS.items():
-        xs = [b[0] for b in series[1:]]
-        ys = [(b[1][name] - a[1][name]) / (b[0] - a[0]) for a, b in itertools.pairwise(series)]
-        ax.plot(xs, ys, label=f"{name} (weight {weight:g})")
+        ax.plot([at for at, _ in curve], [use[name] for _, use in curve], label=f"{name} (weight {weight:g})")
+    for mark in ("idle_at", "back_at") if "idle_at" in result else ():
+        ax.axvline(result[mark], color="grey", linestyle="--", linewidth=1)
     ax.axvline(WARM_UP_S, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("seconds")
     ax.set_ylabel("calls in flight at the stand-in")
@@ -169,13 +248,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def report(results: list[dict[str, Any]]) -> Table:
-    table = Table(title="shared quota: three pipelines, weights 2 : 1 : 1, all backlogged")
-    for column in ("binds", "share of fair (a, b, c)", "Jain", "quota used", "refused", "past quota"):
+    table = Table(title="shared quota: three pipelines, weights 2 : 1 : 1")
+    for column in ("run", "share of fair (a, b, c)", "Jain", "quota used", "refused", "past quota",
+                   "filled after idle", "share regained"):
         table.add_column(column)
     for r in results:
+        if "idle_s" in r:
+            seconds = [f"{r[k]:.1f} s" if r[k] is not None else "never" for k in ("filled_s", "regained_s")]
+            table.add_row(f"tenant_c idle {r['idle_s']:g} s", "", "", "", "", "", *seconds)
+            continue
         fair = ", ".join(f"{r['share_of_fair'][n]:.3f}" for n in WEIGHTS)
-        table.add_row(r["binds"], fair, f"{r['weighted_jain']:.4f}", f"{r['quota_used']:.3f}",
-                      f"{r['refused_share']:.2%}", str(r["over_quota"]))
+        table.add_row(f"backlogged, {r['binds']} binds", fair, f"{r['weighted_jain']:.4f}",
+                      f"{r['quota_used']:.3f}", f"{r['refused_share']:.2%}", str(r["over_quota"]), "", "")
     return table
 
 
@@ -184,6 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--binds", default="concurrency", help="comma-separated: concurrency, requests")
     p.add_argument("--seconds", type=float, default=60.0, help="the measured window, after the warm-up")
     p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--idle", type=float, default=0.0,
+                   help="then a run with tenant_c idle this many seconds (0: none)")
     p.add_argument("--port", type=int, default=8650, help="the stand-in's port")
     args = p.parse_args(argv)
     stack = Stack.from_environment(os.environ)
@@ -192,12 +278,14 @@ def main(argv: list[str] | None = None) -> None:
     out = RESULTS / f"shared-quota-{new_run_id('q').split('-')[1]}"
     out.mkdir(parents=True)
     results = []
-    for binds in args.binds.split(","):
-        result = run(stack, binds, args.seconds, args.time_scale, args.port)
-        plot(result, out / f"shares-{binds}.png")
-        results.append(result)
+    for binds in filter(None, args.binds.split(",")):
+        results.append(backlogged(stack, binds, args.seconds, args.time_scale, args.port))
+        plot(results[-1], out / f"shares-{binds}.png")
+    if args.idle:
+        results.append(idle_and_return(stack, args.time_scale, args.port, args.idle))
+        plot(results[-1], out / "idle-and-return.png")
     (out / "figures.json").write_text(json.dumps(results, indent=1))
-    Console().print(report(results))
+    Console(width=150).print(report(results))
     print(f"figures and plots in {out}")
 
 

@@ -8,6 +8,7 @@ full service to the limit, so a minute's budget running out never halves the con
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 from consumers.ai.circuit import Circuit
 from consumers.ai.limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
 from consumers.ai.rate_budget import REQUESTS, TOKENS, Estimate, RateBudget, Spent
+from consumers.ai.waits import Cancelled
 
 CONCURRENCY = "concurrency"  # a 429's kind when the service is full of calls at once
 # Outcomes that may say something about the request itself. A 429 (the service is full for
@@ -43,19 +45,32 @@ class Admission:
     def __init__(self, circuit: Circuit | None = None, limiter: AdaptiveLimit | None = None,
                  budget: RateBudget | None = None) -> None:
         self.circuit, self.limiter, self.budget = circuit, limiter, budget
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Let no waiting try through any more (the fleet stops): each raises `Cancelled`."""
+        self._stopping.set()
+        if self.limiter is not None:
+            self.limiter.wake()
 
     def admit(self, request: str, payload: Mapping[str, Any]) -> Admitted | None:
         """Let `request`'s try through, once its budget and a permit are free (it waits for
-        them); None when the circuit holds it back. The permit is renewed: its thread may have
-        waited to run since it was granted."""
+        them, `Cancelled` once stopped); None when the circuit holds it back. The permit is
+        renewed: its thread may have waited to run since it was granted."""
         if self.circuit is not None and not self.circuit.admit(request):
             return None
+        stopping = self._stopping
         taken = None
         if self.budget is not None:
             estimate = self.budget.estimate(payload)
-            taken = estimate, self.budget.take(estimate.total)
+            taken = estimate, self.budget.take(estimate.total, stopping)
         limiter = self.limiter
-        permit = limiter.renew(limiter.acquire()) if limiter is not None else None
+        try:
+            permit = limiter.renew(limiter.acquire(stopping), stopping) if limiter is not None else None
+        except Cancelled:
+            if self.budget is not None and taken is not None:
+                self.budget.ended(taken[1], answered=False)
+            raise
         return Admitted(self, request, taken, permit)
 
 

@@ -47,6 +47,7 @@ from consumers.ai.circuit import Circuit
 from consumers.ai.learned_timeout import LearnedTimeout
 from consumers.ai.limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit
 from consumers.ai.rate_budget import REQUESTS, TOKENS, RateBudget, header_number
+from consumers.ai.waits import Cancelled
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,11 @@ class AIClient:
         own, tries, reason = 0, 0, "no attempt made"
         while tries < self.policy.max_attempts and own < budget:
             attempt = tries + 1
-            admitted = self._admission.admit(request, payload)
+            try:
+                admitted = self._admission.admit(request, payload)
+            except Cancelled:
+                self._not_sent(attempt, observer)
+                raise AIWaiting(f"the fleet is stopping: try {attempt} not sent; {reason}") from None
             if admitted is None:
                 assert self.circuit is not None  # the one gate that holds a try back
                 self._not_sent(attempt, observer)
@@ -314,6 +319,11 @@ class AIClient:
             return Reply(status, {}, OVERLOAD, header_number(headers.get("retry-after")),
                          refusal_kind(data, headers), headers)
         return Reply(status, {}, "http_5xx" if status >= 500 else "http_4xx")
+
+    def stop_waiting(self) -> None:
+        """The fleet stops: a try still waiting for a permit or a budget is not sent (its
+        record is left to the partition's next owner), so the stop does not wait for them."""
+        self._admission.stop()
 
     def close(self) -> None:
         self._pool.clear()

@@ -36,6 +36,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from consumers.ai.waits import Cancelled
+
 REQUESTS, TOKENS = "requests", "tokens"
 OUTPUT_WEIGHT = 0.1  # each answer's weight in the running mean of answer tokens
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
@@ -314,12 +316,13 @@ class RateBudget:
 
     def share(self, kind: str, per_minute: float | None) -> None:
         """What a quota shared with other fleets grants of budget `kind` per minute (None:
-        none binds). A budget not known yet starts at it, empty (see `RefilledBudget.shared`)."""
+        none binds). A budget not known yet starts at it, empty (see `RefilledBudget.shared`),
+        its size unknown until the endpoint's answers announce it."""
         with self._lock:
             now = self._clock()
             budget = self._budgets.get(kind)
             if budget is None and per_minute is not None:
-                budget = self._budgets[kind] = RefilledBudget(per_minute, self._minute_s, 0.0, now)
+                budget = self._budgets[kind] = RefilledBudget(math.inf, self._minute_s, 0.0, now)
             if isinstance(budget, RefilledBudget):
                 budget.shared(per_minute, now)
 
@@ -338,9 +341,9 @@ class RateBudget:
                 answer = round(self._output_mean or 0.0)
         return Estimate(prompt, prompt + answer)
 
-    def take(self, tokens: int) -> Spent:
+    def take(self, tokens: int, cancel: threading.Event | None = None) -> Spent:
         """Spend one request and `tokens` for a try about to be sent, waiting while either
-        budget is short; what it took goes back with `ended`."""
+        budget is short (`Cancelled` once `cancel` is set); what it took goes back with `ended`."""
         with self._lock:
             self._waiting += 1
         try:
@@ -348,7 +351,10 @@ class RateBudget:
                 wait, spent = self.try_take(tokens)
                 if spent is not None:
                     return spent
-                time.sleep(min(wait, RECHECK_S))
+                if cancel is not None and cancel.wait(min(wait, RECHECK_S)):
+                    raise Cancelled
+                if cancel is None:
+                    time.sleep(min(wait, RECHECK_S))
         finally:
             with self._lock:
                 self._waiting -= 1

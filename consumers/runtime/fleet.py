@@ -247,8 +247,10 @@ class Fleet:
 
     def request_stop(self) -> None:
         """Tell the members to stop without waiting for them (`stop` waits): fleets told
-        together stop together."""
+        together stop together. Tries still waiting at the AI client's gates are not sent."""
         self._stop.set()
+        if self.ctx.ai is not None:
+            self.ctx.ai.stop_waiting()
 
     def stop(self) -> None:
         """Graceful stop: members finish in-flight work, commit and leave the group."""

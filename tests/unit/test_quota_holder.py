@@ -131,3 +131,17 @@ def test_announced_limits_lower_the_declared_ones() -> None:
                     "x-ratelimit-reset-requests": "2s"}, spent)
     quota = holder(store, clock, limiter, budget, Limits(calls=64, requests=1200))
     assert quota.limits() == Limits(calls=64, requests=900.0, tokens=None)
+
+
+def test_a_share_of_a_budget_the_endpoint_never_announced_refills_at_the_share() -> None:
+    # 120 requests a minute granted, nothing known of the endpoint's own budget: empty at first,
+    # then one request every 0.5 s.
+    clock, store = Clock(), Store()
+    budget = RateBudget(clock=clock)
+    quota = holder(store, clock, fixed(clock), budget, Limits(requests=600))
+    store.grant = {REQUESTS: 120}
+    quota.tick()
+    assert budget.try_take(1)[1] is None
+    clock.now += 0.5
+    assert budget.try_take(1)[1] is not None
+    assert budget.try_take(1)[1] is None

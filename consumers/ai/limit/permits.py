@@ -12,6 +12,7 @@ from consumers.ai.limit.algorithm import LearnedLimit
 from consumers.ai.limit.flight import NOT_SENT, OK, OVERLOAD, Flight, Permit
 from consumers.ai.limit.log import ChangeLog
 from consumers.ai.limit.settings import LimitSettings
+from consumers.ai.waits import Cancelled
 
 
 class AdaptiveLimit:
@@ -81,13 +82,16 @@ class AdaptiveLimit:
             self._algorithm.tick(self._clock(), wanted=True)
             return max(0, self._allowed() - self._flight.held)
 
-    def acquire(self) -> Permit:
+    def acquire(self, cancel: threading.Event | None = None) -> Permit:
+        """A permit, once the limit has room; `Cancelled` once `cancel` is set (`wake`)."""
         with self._cond:
             algorithm = self._algorithm
             self._waiting += 1
             try:
                 algorithm.tick(self._clock(), wanted=True)
                 while self._flight.held >= self._allowed():
+                    if cancel is not None and cancel.is_set():
+                        raise Cancelled
                     due = algorithm.due(self._clock())
                     self._parked += 1
                     try:
@@ -100,7 +104,12 @@ class AdaptiveLimit:
             self._flight.held += 1
             return Permit(self._generation, self._clock(), held=self._flight.held)
 
-    def renew(self, permit: Permit) -> Permit:
+    def wake(self) -> None:
+        """Wake every caller waiting in `acquire`, to look at its `cancel` again."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def renew(self, permit: Permit, cancel: threading.Event | None = None) -> Permit:
         """The permit to hold for the try once its thread runs: `permit`, unless a cut came since
         it was taken (its thread may have waited to run meanwhile); then it is given back unsent
         and a new one waited for, so no try goes into a service that just refused one."""
@@ -108,7 +117,7 @@ class AdaptiveLimit:
             if permit.generation == self._generation:
                 return permit
         self.release(permit, NOT_SENT)
-        return self.acquire()
+        return self.acquire(cancel)
 
     def sent(self, permit: Permit) -> Permit:
         """`permit`'s try goes out now: counted at the endpoint from here, at the level of the
