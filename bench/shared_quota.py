@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
+import psycopg2
 import requests
 import yaml
 from rich.console import Console
@@ -41,6 +43,7 @@ from bench.stacks import Stack
 from consumers.config import pipeline_spec, presets
 from consumers.config.candidate import Endpoints
 from consumers.runs.pipeline_run import Pipeline, new_run_id, running_pipeline
+from measure import figures as figures_of
 from measure import quota_share
 
 WEIGHTS = {"tenant_a": 2.0, "tenant_b": 1.0, "tenant_c": 1.0}
@@ -53,11 +56,18 @@ LIMITS = {"concurrency": {"concurrency": 48}, "requests": {"requests_per_minute"
 WARM_UP_S = 15.0  # after the fleets joined: every pipeline's backlog has reached generate
 RETURN_S = 30.0  # how long an idle pipeline's return is watched
 SAMPLE_S = 0.5  # how often the account's counters are read
+QUIET_S = 2.0  # no call out for this long: the pipeline is idle
+INTERACTIVE = "tenant_a"  # the pipeline moved to the interactive lane
+DRAIN_S = 10.0  # the interactive load ends this long before the run: its last requests complete
+LATENCIES_SQL = ("SELECT extract(epoch FROM notified_at - produced_at) FROM requests WHERE run_id = %s "
+                 "AND status = 'completed' AND produced_at >= to_timestamp(%s)")
+DEAD_LETTERED_SQL = "SELECT count(*) FROM dead_letters WHERE run_id = ANY(%s)"
 
 
-def write_pipelines(folder: Path, binds: str) -> Path:
+def write_pipelines(folder: Path, binds: str, lanes: dict[str, str] | None = None) -> Path:
     """A pipelines folder: the shipped specs, three tenants of the reference pipeline with
-    generate on the quota, and the quota giving them their weights."""
+    generate on the quota, and the quota giving them their weights (and `lanes`, lane
+    standard for the others)."""
     (folder / "quotas").mkdir(parents=True, exist_ok=True)
     for shipped in pipeline_spec.PIPELINES_DIR.glob("*.yaml"):
         (folder / shipped.name).write_text(shipped.read_text())
@@ -67,7 +77,8 @@ def write_pipelines(folder: Path, binds: str) -> Path:
         reference["endpoints"][BASE]["quota"] = QUOTA
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(reference, sort_keys=False))
     quota = {"name": QUOTA, "description": "one account the three tenants spend", **LIMITS[binds],
-             "pipelines": {name: {"weight": weight} for name, weight in WEIGHTS.items()}}
+             "pipelines": {name: {"weight": weight, "lane": (lanes or {}).get(name, "standard")}
+                           for name, weight in WEIGHTS.items()}}
     (folder / "quotas" / f"{QUOTA}.yaml").write_text(yaml.safe_dump(quota, sort_keys=False))
     return folder
 
@@ -118,11 +129,11 @@ def figures(first: dict[str, Any], last: dict[str, Any], seconds: float, binds: 
 
 
 @contextmanager
-def tenants(stack: Stack, binds: str, time_scale: float,
-            port: int) -> Iterator[tuple[str, dict[str, Pipeline]]]:
+def tenants(stack: Stack, binds: str, time_scale: float, port: int,
+            lanes: dict[str, str] | None = None) -> Iterator[tuple[str, dict[str, Pipeline]]]:
     """The stand-in and the three pipelines' fleets, running; the stand-in's URL and the pipelines."""
     with tempfile.TemporaryDirectory() as folder, ExitStack() as running:
-        os.environ["PIPELINES_DIR"] = str(write_pipelines(Path(folder), binds))
+        os.environ["PIPELINES_DIR"] = str(write_pipelines(Path(folder), binds, lanes))
         try:
             stand_in = start_stand_in(port, time_scale)
             running.callback(stand_in.terminate)
@@ -214,9 +225,16 @@ def idle_and_return(stack: Stack, time_scale: float, port: int, idle_s: float) -
             recent = in_flight(busy(sampler.series[-2:]))
             return recent[-1][1][name] if recent else 0.0
 
-        sampler.until(lambda: len(sampler.series) > 2 and use_of(idle) > 0.5)  # it started
-        sampler.until(lambda: account(url)["callers"].get(idle, {}).get("in_flight", 1) == 0)
-        idle_at = sampler.elapsed()
+        def quiet_since() -> float | None:
+            """When the idle pipeline's last call ended, if none has been out for QUIET_S."""
+            calls = [(at, r["callers"].get(idle, {}).get("in_flight", 0)) for at, r in sampler.series]
+            busy_at = max((at for at, n in calls if n), default=None)
+            since = next((at for at, _ in calls if busy_at is not None and at > busy_at), None)
+            return since if since is not None and calls[-1][0] - since >= QUIET_S else None
+
+        sampler.until(lambda: len(sampler.series) > 2 and use_of(idle) >= due / 2)  # it has its share
+        sampler.until(lambda: quiet_since() is not None)
+        idle_at = quiet_since() or 0.0
         sampler.until(lambda: sampler.elapsed() >= idle_at + idle_s)
         pipelines[idle].send(int(2 * share[idle] * RETURN_S) + 100)
         back_at = sampler.elapsed()
@@ -229,6 +247,54 @@ def idle_and_return(stack: Stack, time_scale: float, port: int, idle_s: float) -
             "back_at": back_at, "filled_s": None if filled is None else filled - idle_at,
             "regained_s": None if regained is None else regained - back_at,
             "series": busy(sampler.series)}
+
+
+def latencies_s(database_url: str, run_id: str, produced_from: float) -> list[float]:
+    """End-to-end latencies of the run's completed requests produced from `produced_from`
+    (epoch s), as the run figures count them: produced to notified."""
+    with psycopg2.connect(database_url) as conn, conn.cursor() as cur:
+        cur.execute(LATENCIES_SQL, (run_id, produced_from))
+        return [float(seconds) for (seconds,) in cur.fetchall()]
+
+
+def lane_phase(stack: Stack, time_scale: float, port: int, seconds: float, crowded: bool) -> dict[str, Any]:
+    """tenant_a in the interactive lane at a steady third of the quota; `crowded`, tenant_b
+    and tenant_c offered the rest of three times the quota's worth beside it."""
+    binds, capacity = "concurrency", float(LIMITS["concurrency"]["concurrency"])
+    total_rate = sum(rates(binds, capacity, time_scale).values())
+    steady = total_rate / 3
+    with tenants(stack, binds, time_scale, port, lanes={INTERACTIVE: "interactive"}) as (url, pipelines), \
+            Progress(transient=True) as bar:
+        if crowded:
+            for name in WEIGHTS.keys() - {INTERACTIVE}:
+                pipelines[name].send(int((3 * total_rate - steady) / 2 * (WARM_UP_S + seconds)) + 100)
+        title = f"{INTERACTIVE} interactive, {'crowded' if crowded else 'alone'}"
+        sampler = Sampler(url, bar, WARM_UP_S + seconds, title)
+        started_epoch = time.time()
+        count = int(steady * (WARM_UP_S + seconds - DRAIN_S))
+        sender = threading.Thread(target=pipelines[INTERACTIVE].send, args=(count,), kwargs={"rate": steady})
+        sender.start()
+        sampler.until(lambda: sampler.elapsed() >= WARM_UP_S + seconds)
+        sender.join()
+        window = [(at, reading) for at, reading in sampler.series if at >= WARM_UP_S]
+        (t0, first), (t1, last) = window[0], window[-1]
+        result = figures(first, last, t1 - t0, binds, capacity, time_scale)
+        lat = latencies_s(stack.database_url, pipelines[INTERACTIVE].run_id, started_epoch + WARM_UP_S)
+        with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
+            cur.execute(DEAD_LETTERED_SQL, ([p.run_id for p in pipelines.values()],))
+            dead = cur.fetchone()[0]
+    left = capacity - result["used"][INTERACTIVE]
+    others = {n: w for n, w in WEIGHTS.items() if n != INTERACTIVE}
+    share_of_left = quota_share.share_of_fair({n: result["used"][n] for n in others}, others, left)
+    result.update(binds="interactive " + ("crowded" if crowded else "alone"), series=busy(sampler.series),
+                  p99_s=figures_of.percentile(lat, 0.99), completed=len(lat), dead_lettered=dead,
+                  share_of_left=share_of_left if crowded else {})
+    return result
+
+
+def interactive_lane(stack: Stack, time_scale: float, port: int, seconds: float) -> list[dict[str, Any]]:
+    """The interactive pipeline's latency alone, then with three times the quota offered."""
+    return [lane_phase(stack, time_scale, port, seconds, crowded) for crowded in (False, True)]
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -253,6 +319,12 @@ def report(results: list[dict[str, Any]]) -> Table:
                    "filled after idle", "share regained"):
         table.add_column(column)
     for r in results:
+        if "p99_s" in r:
+            left = ", ".join(f"{v:.3f}" for v in r["share_of_left"].values()) or "-"
+            table.add_row(f"{r['binds']}: p99 {r['p99_s']:.2f} s of {r['completed']}, "
+                          f"dead-lettered {r['dead_lettered']}", f"b, c of what a left: {left}", "",
+                          f"{r['quota_used']:.3f}", f"{r['refused_share']:.2%}", str(r["over_quota"]), "", "")
+            continue
         if "idle_s" in r:
             seconds = [f"{r[k]:.1f} s" if r[k] is not None else "never" for k in ("filled_s", "regained_s")]
             table.add_row(f"tenant_c idle {r['idle_s']:g} s", "", "", "", "", "", *seconds)
@@ -270,6 +342,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--idle", type=float, default=0.0,
                    help="then a run with tenant_c idle this many seconds (0: none)")
+    p.add_argument("--lanes", action="store_true",
+                   help="then tenant_a in the interactive lane, alone and beside three times the quota")
     p.add_argument("--port", type=int, default=8650, help="the stand-in's port")
     args = p.parse_args(argv)
     stack = Stack.from_environment(os.environ)
@@ -281,6 +355,9 @@ def main(argv: list[str] | None = None) -> None:
     for binds in filter(None, args.binds.split(",")):
         results.append(backlogged(stack, binds, args.seconds, args.time_scale, args.port))
         plot(results[-1], out / f"shares-{binds}.png")
+    if args.lanes:
+        results.extend(interactive_lane(stack, args.time_scale, args.port, args.seconds))
+        plot(results[-1], out / "interactive-crowded.png")
     if args.idle:
         results.append(idle_and_return(stack, args.time_scale, args.port, args.idle))
         plot(results[-1], out / "idle-and-return.png")

@@ -4,9 +4,11 @@ The demand is read off the fleet's own gates. Callers waiting for a permit, or f
 budget, mean the fleet's records are waiting for calls: it asks for all its pool can take (or
 the whole budget). Otherwise it asks for what it uses, with headroom to grow, so an idle
 pipeline's share goes to the backlogged ones on the next renewals and comes back as soon as
-its callers wait again. The grant caps the concurrency limit until the lease's end, so a fleet
-that cannot renew (the database is gone) stops starting calls before the others may take its
-share; its per-minute budgets fall to nothing at the first failed renewal past the lease.
+its callers wait again. Calls at once are asked for by the most out in the last seconds, so
+a steady load's bursts find their share already there. The grant caps the concurrency limit
+until the lease's end, so a fleet that cannot renew (the database is gone) stops starting
+calls before the others may take its share; its per-minute budgets fall to nothing at the
+first failed renewal past the lease.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ TICK_S = 0.5  # how often a holder renews: a share moves within a few of them
 LEASE_S = 3.0  # how long a renewal holds: a few ticks missed before the share is lost
 HEADROOM = 0.25  # of the calls or the rate in use, asked for beyond it so a share can grow
 RATE_WINDOW_S = 5.0  # the rate in use is read over this much of the recent past
+PEAK_WINDOW_S = 5.0  # ... and the most calls out at once (an idle fleet's share goes after it)
 _BUDGET_KIND = {REQUESTS: BUDGET_REQUESTS, TOKENS: BUDGET_TOKENS}
 
 
@@ -48,6 +51,7 @@ class QuotaHolder:
         self._clock = clock
         self._renewed_at = -math.inf
         self._taken: deque[tuple[float, dict[str, float]]] = deque()
+        self._in_use: deque[tuple[float, int]] = deque()
         self.grant: dict[str, float] = {d: 0.0 for d in (CALLS, REQUESTS, TOKENS)
                                         if declared.of(d) is not None}
         self._apply(self.grant, until=math.inf)  # nothing until the first renewal
@@ -60,10 +64,16 @@ class QuotaHolder:
             _lower(self.declared.of(d), announced.get(_BUDGET_KIND[d])) for d in (REQUESTS, TOKENS)))
 
     def demand(self, now: float, limits: Limits) -> tuple[dict[str, float], int]:
-        """What the fleet asks for of each dimension, and the calls it has out."""
+        """What the fleet asks for of each dimension, and the calls it has out. Without
+        callers waiting, the calls asked for follow the most it had out over the last
+        PEAK_WINDOW_S, so a share covers the bursts of a steady load, not only its mean."""
         in_use = self.limiter.in_flight
         waiting, _ = self.limiter.waiters()
-        calls = self.pool if waiting else min(self.pool, in_use + max(1, math.ceil(in_use * HEADROOM)))
+        self._in_use.append((now, in_use))
+        while now - self._in_use[0][0] > PEAK_WINDOW_S:
+            self._in_use.popleft()
+        peak = max(n for _, n in self._in_use)
+        calls = self.pool if waiting else min(self.pool, peak + max(1, math.ceil(peak * HEADROOM)))
         demand = {CALLS: float(calls)}
         if self.budget is not None:
             budget_waiting, taken = self.budget.usage()

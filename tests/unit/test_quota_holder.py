@@ -145,3 +145,21 @@ def test_a_share_of_a_budget_the_endpoint_never_announced_refills_at_the_share()
     clock.now += 0.5
     assert budget.try_take(1)[1] is not None
     assert budget.try_take(1)[1] is None
+
+
+def test_calls_asked_for_follow_the_most_out_in_the_last_five_seconds() -> None:
+    clock, store = Clock(), Store()
+    limiter = fixed(clock)
+    quota = holder(store, clock, limiter)
+    store.grant = {CALLS: 16}
+    quota.tick()
+    permits = [limiter.acquire() for _ in range(12)]
+    quota.tick()  # 12 out: 12 and a quarter, 15
+    for permit in permits[2:]:
+        limiter.release(permit, NOT_SENT)
+    clock.now += 4.5
+    quota.tick()  # 2 out, 12 out 4.5 s ago: still 15
+    assert [demand[CALLS] for _, demand, _ in store.renewals[-2:]] == [15.0, 15.0]
+    clock.now += 1.0
+    quota.tick()  # 12 out 5.5 s ago, forgotten: 2 and one more, 3
+    assert store.renewals[-1][1][CALLS] == 3.0
