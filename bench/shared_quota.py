@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -43,11 +44,12 @@ from bench.stacks import Stack
 from consumers.config import pipeline_spec, presets
 from consumers.config.candidate import Endpoints
 from consumers.runs.pipeline_run import Pipeline, new_run_id, running_pipeline
+from consumers.runtime.storage import free_connections
 from measure import figures as figures_of
 from measure import quota_share
 
 WEIGHTS = {"tenant_a": 2.0, "tenant_b": 1.0, "tenant_c": 1.0}
-QUOTA = "lab_account"
+QUOTA = "lab"  # each run's quota is named lab_<id>: claims a killed run left behind are not its
 BASE = "generate"  # the endpoint of the reference pipeline that spends the quota
 # What the quota allows in each run: the one dimension that binds. Concurrency 48 is under the
 # 3 x 64 calls the three fleets could have out; 600 requests a minute under the ~1,000 that
@@ -64,7 +66,8 @@ LATENCIES_SQL = ("SELECT extract(epoch FROM notified_at - produced_at) FROM requ
 DEAD_LETTERED_SQL = "SELECT count(*) FROM dead_letters WHERE run_id = ANY(%s)"
 
 
-def write_pipelines(folder: Path, binds: str, lanes: dict[str, str] | None = None) -> Path:
+def write_pipelines(folder: Path, binds: str, lanes: dict[str, str] | None = None,
+                    quota_name: str = QUOTA) -> Path:
     """A pipelines folder: the shipped specs, three tenants of the reference pipeline with
     generate on the quota, and the quota giving them their weights (and `lanes`, lane
     standard for the others)."""
@@ -74,20 +77,30 @@ def write_pipelines(folder: Path, binds: str, lanes: dict[str, str] | None = Non
     reference = yaml.safe_load(pipeline_spec.path_of(pipeline_spec.REFERENCE).read_text())
     for name in WEIGHTS:
         reference["name"] = name
-        reference["endpoints"][BASE]["quota"] = QUOTA
+        reference["endpoints"][BASE]["quota"] = quota_name
         (folder / f"{name}.yaml").write_text(yaml.safe_dump(reference, sort_keys=False))
-    quota = {"name": QUOTA, "description": "one account the three tenants spend", **LIMITS[binds],
+    quota = {"name": quota_name, "description": "one account the three tenants spend", **LIMITS[binds],
              "pipelines": {name: {"weight": weight, "lane": (lanes or {}).get(name, "standard")}
                            for name, weight in WEIGHTS.items()}}
-    (folder / "quotas" / f"{QUOTA}.yaml").write_text(yaml.safe_dump(quota, sort_keys=False))
+    (folder / "quotas" / f"{quota_name}.yaml").write_text(yaml.safe_dump(quota, sort_keys=False))
     return folder
 
 
 def account(stand_in: str) -> dict[str, Any]:
-    return requests.get(f"{stand_in}/v1/stats", timeout=5).json()["accounts"][QUOTA]
+    """The counters of the stand-in's one account."""
+    (counters,) = requests.get(f"{stand_in}/v1/stats", timeout=5).json()["accounts"].values()
+    return counters
 
 
 def start_stand_in(port: int, time_scale: float) -> subprocess.Popen:
+    """The tenants' stand-in on `port`, refused if something answers there already (another
+    run's stand-in would count this run's calls)."""
+    try:
+        requests.get(f"http://127.0.0.1:{port}/v1/stats", timeout=1)
+    except requests.RequestException:
+        pass
+    else:
+        raise SystemExit(f"port {port} is taken by another service: pass --port")
     command = [sys.executable, "-m", "consumers.stand_in", "--pipelines", ",".join(WEIGHTS),
                "--port", str(port), "--time-scale", str(time_scale), "--log-level", "WARNING"]
     process = subprocess.Popen(command, env={**os.environ, "AI_SERVICE_TOKEN": ""})
@@ -132,11 +145,14 @@ def figures(first: dict[str, Any], last: dict[str, Any], seconds: float, binds: 
 def tenants(stack: Stack, binds: str, time_scale: float, port: int,
             lanes: dict[str, str] | None = None) -> Iterator[tuple[str, dict[str, Pipeline]]]:
     """The stand-in and the three pipelines' fleets, running; the stand-in's URL and the pipelines."""
+    free_before = free_connections(stack.database_url)
     with tempfile.TemporaryDirectory() as folder, ExitStack() as running:
-        os.environ["PIPELINES_DIR"] = str(write_pipelines(Path(folder), binds, lanes))
+        quota_name = f"{QUOTA}_{uuid.uuid4().hex[:8]}"
+        os.environ["PIPELINES_DIR"] = str(write_pipelines(Path(folder), binds, lanes, quota_name))
+        running.callback(wait_released, stack.database_url, free_before)
         try:
             stand_in = start_stand_in(port, time_scale)
-            running.callback(stand_in.terminate)
+            running.callback(stop_process, stand_in)
             url = f"http://127.0.0.1:{port}"
             pipelines = {}
             for name in WEIGHTS:
@@ -149,6 +165,20 @@ def tenants(stack: Stack, binds: str, time_scale: float, port: int,
             yield url, pipelines
         finally:
             os.environ.pop("PIPELINES_DIR", None)
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    """Stop the stand-in and wait for it: the next run binds its port."""
+    process.terminate()
+    process.wait(30)
+
+
+def wait_released(database_url: str, free_before: int, timeout_s: float = 60.0) -> None:
+    """Until the fleets' database connections are closed: the next run's fleets size their
+    pools to what the server has free, and three pipelines' fleets take most of it."""
+    deadline = time.monotonic() + timeout_s
+    while free_connections(database_url) < free_before - 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def rates(binds: str, capacity: float, time_scale: float) -> dict[str, float]:

@@ -45,8 +45,8 @@ def test_calls_in_flight_between_readings() -> None:
 
 def test_the_tenants_spend_one_quota_with_their_weights(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PIPELINES_DIR", str(write_pipelines(tmp_path, "concurrency")))
-    quota = pipeline_spec.load_quota("lab_account")
+    quota = pipeline_spec.load_quota("lab")
     assert quota.concurrency == 48
     assert {name: quota.share_of(name).weight for name in ("tenant_a", "tenant_b", "tenant_c")} == \
         {"tenant_a": 2.0, "tenant_b": 1.0, "tenant_c": 1.0}
-    assert pipeline_spec.load("tenant_b").endpoints["generate"].quota == "lab_account"
+    assert pipeline_spec.load("tenant_b").endpoints["generate"].quota == "lab"
