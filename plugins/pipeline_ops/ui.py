@@ -17,6 +17,11 @@ trigger it.
 Failures as an operator meets them are on the same page: dead letters counted by pipeline, stage
 and reason (of a run or run-id prefix with `?run=`), a *Redrive* form that triggers
 `pipeline_redrive` the same way as *Roll back*, and each AI endpoint's circuit.
+
+So are the provider quotas the pipelines share (pipeline_ops.quota_page): each quota's limits,
+each pipeline's grant, calls in use and fair share, its lapsed holders, the backlog of each lane
+and a plot of the grants over the last minutes (`?quota_minutes=`, 10 by default), with the same
+figures as JSON at /pipeline-gate/api/quotas.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from consumers.config import pipeline_spec
 from measure import cost
+from pipeline_ops import quota_page
 from pipeline_ops.registry import ConfigRegistry
 
 CONN_ID = "postgres_default"
@@ -54,6 +60,7 @@ _templates.filters["cost"] = cost.shown
 
 app = FastAPI(title="Pipeline gate", description="Gate decisions, active version and promotions.",
               dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN, DAG_ID))])
+app.include_router(quota_page.routes(CONN_ID))
 
 
 def results_dir() -> Path:
@@ -189,9 +196,11 @@ def plot(run_id: str, name: str) -> FileResponse:
 @app.get("/", response_class=HTMLResponse)
 def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20,
          pipeline: str | None = None, run: str | None = None,
-         letters_by: Literal["latest", "count"] = "latest") -> HTMLResponse:
+         letters_by: Literal["latest", "count"] = "latest",
+         quota_minutes: quota_page.Minutes = quota_page.MINUTES) -> HTMLResponse:
     """The server-rendered page the navigation link opens; `pipeline` shows only its decisions and
-    dead letters, `run` (a run id or prefix) only the dead letters and circuits of those runs."""
+    dead letters, `run` (a run id or prefix) only the dead letters and circuits of those runs,
+    `quota_minutes` how far back the quotas' plots go."""
     hook = PostgresHook(postgres_conn_id=CONN_ID)
     pipeline, run = pipeline or None, run or None
     registry = ConfigRegistry(CONN_ID)
@@ -199,6 +208,7 @@ def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20,
     latest = rows[0]["run_id"] if rows else None
     plots = [{"name": name, "url": request.url_for("plot", run_id=latest, name=name).path}
              for name in PLOTS if latest and plot_path(latest, name)]
+    quotas = quota_page.quotas(hook)
     html = _templates.get_template("gate.html").render(
         decisions=rows, actives=registry.actives(), pipelines=registry.pipelines(), pipeline=pipeline,
         history=[_utc(h) for h in registry.history()],
@@ -207,7 +217,11 @@ def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20,
         plots=plots, results_dir=results_dir(), api_base=api_base(request),
         rollback_dag=ROLLBACK_DAG_ID, redrive_dag=REDRIVE_DAG_ID, run=run, letters_by=letters_by,
         dead_letters=dead_letter_groups(hook, pipeline, run, letters_by),
-        circuits=circuit_states(circuit_transitions(hook, run), deployed_endpoints(hook, run)))
+        circuits=circuit_states(circuit_transitions(hook, run), deployed_endpoints(hook, run)),
+        quotas=quotas, quota_minutes=quota_minutes,
+        quota_windows={m: f"?{request.url.include_query_params(quota_minutes=m).query}#quotas"
+                       for m in quota_page.WINDOWS},
+        quota_plots={q["quota"]: request.url_for("quota_plot", quota=q["quota"]).path for q in quotas})
     return HTMLResponse(html)
 
 

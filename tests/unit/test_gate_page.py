@@ -85,7 +85,8 @@ def render(**context: Any) -> str:
     base = {"decisions": [], "actives": [], "pipelines": [], "pipeline": None, "history": [], "alarms": [],
             "versions": [], "capacity": [], "latest": None, "plots": [], "results_dir": "results",
             "api_base": "/airflow", "rollback_dag": ui.ROLLBACK_DAG_ID, "redrive_dag": ui.REDRIVE_DAG_ID,
-            "run": None, "letters_by": "latest", "dead_letters": [], "circuits": []}
+            "run": None, "letters_by": "latest", "dead_letters": [], "circuits": [], "quotas": [],
+            "quota_minutes": 10, "quota_windows": {}, "quota_plots": {}}
     return ui._templates.get_template("gate.html").render(**{**base, **context})
 
 
