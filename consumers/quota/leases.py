@@ -172,13 +172,13 @@ class LeaseStore:
                 me = Holding(who.holder, who.pipeline, who.lane, who.weight, demand,
                              mine.granted if mine else {}, in_use)
                 grant = next_grant(in_force, me, [h for h in rows if h.holder != who.holder], reserves)
-                params = {"quota": who.quota, "holder": who.holder, "pipeline": who.pipeline,
-                          "stage": who.stage, "run_id": who.run_id, "lane": who.lane,
-                          "weight": who.weight, "in_use": in_use, "lease_s": who.lease_s,
-                          "drain_s": who.drain_s,
-                          **{f"demand_{d}": demand.get(d, 0.0) for d in DIMENSIONS},
-                          **{f"granted_{d}": grant.held.get(d, 0.0) for d in DIMENSIONS}}
-                params["granted_calls"] = int(params["granted_calls"])
+                params: dict[str, object] = {
+                    "quota": who.quota, "holder": who.holder, "pipeline": who.pipeline,
+                    "stage": who.stage, "run_id": who.run_id, "lane": who.lane, "weight": who.weight,
+                    "in_use": in_use, "lease_s": who.lease_s, "drain_s": who.drain_s,
+                    **{f"demand_{d}": demand.get(d, 0.0) for d in DIMENSIONS},
+                    **{f"granted_{d}": grant.held.get(d, 0.0) for d in DIMENSIONS},
+                    "granted_calls": int(grant.held.get(CALLS, 0.0))}
                 cur.execute(_RENEW, params)
                 cur.execute(_HISTORY, params)
         except psycopg2.Error:
