@@ -20,6 +20,7 @@ import argparse
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ from bench.stacks import Stack
 from consumers.config import pipeline_spec, presets
 from consumers.config.candidate import Endpoints
 from consumers.runs.pipeline_run import Pipeline, new_run_id, running_pipeline
+from consumers.runtime.fleet_process import FleetProcess
 from consumers.runtime.storage import free_connections
 from measure import figures as figures_of
 from measure import quota_share
@@ -53,14 +56,20 @@ QUOTA = "lab"  # each run's quota is named lab_<id>: claims a killed run left be
 BASE = "generate"  # the endpoint of the reference pipeline that spends the quota
 # What the quota allows in each run: the one dimension that binds. Concurrency 48 is under the
 # 3 x 64 calls the three fleets could have out; 600 requests a minute under the ~1,000 that
-# 48 calls of 3 s make.
-LIMITS = {"concurrency": {"concurrency": 48}, "requests": {"requests_per_minute": 600}}
+# 48 calls of 3 s make; 24,000 tokens a minute under what those take.
+LIMITS = {"concurrency": {"concurrency": 48}, "requests": {"requests_per_minute": 600},
+          "tokens": {"tokens_per_minute": 24_000}}
+TOKENS_PER_CALL = 40  # fewer than a generate call takes (its prompt and answer): the load sent is more
 WARM_UP_S = 15.0  # after the fleets joined: every pipeline's backlog has reached generate
 RETURN_S = 30.0  # how long an idle pipeline's return is watched
 SAMPLE_S = 0.5  # how often the account's counters are read
+STEP_S = 15.0  # between two processes added to a fleet
+KILLED_S = 45.0  # watched after a process is killed: its lease, then its calls' longest try
+SETTLE_S = 5.0  # a step's first seconds, while the group rebalances, are not its figure
 QUIET_S = 2.0  # no call out for this long: the pipeline is idle
 INTERACTIVE = "tenant_a"  # the pipeline moved to the interactive lane
 DRAIN_S = 10.0  # the interactive load ends this long before the run: its last requests complete
+LANE_WARM_UP_S = 30.0  # the interactive load's first seconds, while the others' calls make room
 LATENCIES_SQL = ("SELECT extract(epoch FROM notified_at - produced_at) FROM requests WHERE run_id = %s "
                  "AND status = 'completed' AND produced_at >= to_timestamp(%s)")
 DEAD_LETTERED_SQL = "SELECT count(*) FROM dead_letters WHERE run_id = ANY(%s)"
@@ -124,8 +133,11 @@ def figures(first: dict[str, Any], last: dict[str, Any], seconds: float, binds: 
 
     if binds == "concurrency":  # mean calls in flight over the window
         used = {name: delta(name, "busy_s") / seconds for name in WEIGHTS}
-    else:  # requests a minute of the endpoint's clock
+    elif binds == "requests":  # requests a minute of the endpoint's clock
         used = {name: delta(name, "requests") * 60 * time_scale / seconds for name in WEIGHTS}
+    else:  # tokens a minute, input and output (the quota counts both)
+        used = {name: (delta(name, "tokens_input") + delta(name, "tokens_output")) * 60 * time_scale / seconds
+                for name in WEIGHTS}
     served = sum(delta(name, "served") for name in WEIGHTS)
     refused = sum(sum(last["callers"].get(n, {}).get("refused", {}).values())
                   - sum(first["callers"].get(n, {}).get("refused", {}).values()) for n in WEIGHTS)
@@ -183,7 +195,8 @@ def wait_released(database_url: str, free_before: int, timeout_s: float = 60.0) 
 
 def rates(binds: str, capacity: float, time_scale: float) -> dict[str, float]:
     """Each pipeline's fair share in records a second (a generate call of 3 s each)."""
-    per_second = capacity / 3.0 / time_scale if binds == "concurrency" else capacity / 60 / time_scale
+    per_call = {"concurrency": 3.0, "requests": 60.0, "tokens": 60.0 * TOKENS_PER_CALL}[binds]
+    per_second = capacity / per_call / time_scale
     return {name: per_second * weight / sum(WEIGHTS.values()) for name, weight in WEIGHTS.items()}
 
 
@@ -293,23 +306,29 @@ def lane_phase(stack: Stack, time_scale: float, port: int, seconds: float, crowd
     binds, capacity = "concurrency", float(LIMITS["concurrency"]["concurrency"])
     total_rate = sum(rates(binds, capacity, time_scale).values())
     steady = total_rate / 3
+    run_s = LANE_WARM_UP_S + seconds
     with tenants(stack, binds, time_scale, port, lanes={INTERACTIVE: "interactive"}) as (url, pipelines), \
             Progress(transient=True) as bar:
+        # The steady load starts with the others' backlog, in threads of its own: the window
+        # opens once the shares have settled beside it.
+        loads = {INTERACTIVE: ((int(steady * (run_s - DRAIN_S)),), {"rate": steady})}
         if crowded:
-            for name in WEIGHTS.keys() - {INTERACTIVE}:
-                pipelines[name].send(int((3 * total_rate - steady) / 2 * (WARM_UP_S + seconds)) + 100)
+            loads |= {name: ((int((3 * total_rate - steady) / 2 * run_s) + 100,), {})
+                      for name in WEIGHTS.keys() - {INTERACTIVE}}
+        senders = [threading.Thread(target=pipelines[name].send, args=args, kwargs=kwargs)
+                   for name, (args, kwargs) in loads.items()]
         title = f"{INTERACTIVE} interactive, {'crowded' if crowded else 'alone'}"
-        sampler = Sampler(url, bar, WARM_UP_S + seconds, title)
+        sampler = Sampler(url, bar, run_s, title)
         started_epoch = time.time()
-        count = int(steady * (WARM_UP_S + seconds - DRAIN_S))
-        sender = threading.Thread(target=pipelines[INTERACTIVE].send, args=(count,), kwargs={"rate": steady})
-        sender.start()
-        sampler.until(lambda: sampler.elapsed() >= WARM_UP_S + seconds)
-        sender.join()
-        window = [(at, reading) for at, reading in sampler.series if at >= WARM_UP_S]
+        for sender in senders:
+            sender.start()
+        sampler.until(lambda: sampler.elapsed() >= run_s)
+        for sender in senders:
+            sender.join()
+        window = [(at, reading) for at, reading in sampler.series if at >= LANE_WARM_UP_S]
         (t0, first), (t1, last) = window[0], window[-1]
         result = figures(first, last, t1 - t0, binds, capacity, time_scale)
-        lat = latencies_s(stack.database_url, pipelines[INTERACTIVE].run_id, started_epoch + WARM_UP_S)
+        lat = latencies_s(stack.database_url, pipelines[INTERACTIVE].run_id, started_epoch + LANE_WARM_UP_S)
         with psycopg2.connect(stack.database_url) as conn, conn.cursor() as cur:
             cur.execute(DEAD_LETTERED_SQL, ([p.run_id for p in pipelines.values()],))
             dead = cur.fetchone()[0]
@@ -327,6 +346,60 @@ def interactive_lane(stack: Stack, time_scale: float, port: int, seconds: float)
     return [lane_phase(stack, time_scale, port, seconds, crowded) for crowded in (False, True)]
 
 
+@contextmanager
+def another_process(fleet: FleetProcess) -> Iterator[FleetProcess]:
+    """One more process of a stage's fleet, running inside; one killed on purpose ends quietly."""
+    try:
+        with fleet.running():
+            fleet.wait_assigned()
+            yield fleet
+    except RuntimeError:
+        if fleet.exitcode != -signal.SIGKILL:
+            raise
+
+
+def scaling(stack: Stack, time_scale: float, port: int) -> dict[str, Any]:
+    """tenant_a's generate fleet grows from one process to four, a process of its own each (as
+    pods are), then one of them is killed: the pipeline's use stays at its one share, the other
+    two's at theirs, and the killed process's grant is taken by its peers once its lease and
+    drain are over. Calls at once bind; all three are backlogged."""
+    binds, grown = "concurrency", "tenant_a"
+    capacity = float(LIMITS[binds]["concurrency"])
+    due = capacity * WEIGHTS[grown] / sum(WEIGHTS.values())
+    total = WARM_UP_S + 4 * STEP_S + KILLED_S
+    marks: list[tuple[str, float]] = []
+    with tenants(stack, binds, time_scale, port) as (url, pipelines), ExitStack() as extra, \
+            Progress(transient=True) as bar:
+        for name, rate in rates(binds, capacity, time_scale).items():
+            pipelines[name].send(int(2 * rate * total) + 100)
+        sampler = Sampler(url, bar, total, f"{grown}: one process to four, then one killed")
+        sampler.until(lambda: sampler.elapsed() >= WARM_UP_S)
+        marks.append(("1 process", sampler.elapsed()))
+        sampler.until(lambda: sampler.elapsed() >= WARM_UP_S + STEP_S)
+        settings = pipelines[grown].fleets["generate"].settings
+        processes = []
+        for n in range(1, 4):
+            process = FleetProcess(replace(settings, instance=f"p{n}"))
+            processes.append(extra.enter_context(another_process(process)))
+            marks.append((f"{n + 1} processes", sampler.elapsed()))
+            at = sampler.elapsed()
+            sampler.until(lambda at=at: sampler.elapsed() >= at + STEP_S)
+        processes[-1].kill()
+        marks.append(("one killed", sampler.elapsed()))
+        killed_at = sampler.elapsed()
+        sampler.until(lambda: sampler.elapsed() >= killed_at + KILLED_S)
+        curve = in_flight(busy(sampler.series))
+        last = sampler.series[-1][1]
+    steps = []
+    for (label, start), end in zip(marks, [*[at for _, at in marks[1:]], sampler.series[-1][0]], strict=True):
+        window = [use for at, use in curve if start + SETTLE_S <= at <= end]
+        steps.append({"step": label, **{n: sum(u[n] for u in window) / max(1, len(window)) for n in WEIGHTS}})
+    back = next((at for at, use in curve if at > killed_at and use[grown] >= 0.95 * due), None)
+    return {"binds": "scaling", "capacity": capacity, "due": due, "steps": steps, "marks": marks,
+            "over_quota": last["over_quota"], "max_in_flight": last["max_in_flight"],
+            "back_after_kill_s": None if back is None else back - killed_at, "series": busy(sampler.series)}
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     """Each pipeline's calls in flight over time (from the busy-seconds counter)."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
@@ -335,6 +408,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.plot([at for at, _ in curve], [use[name] for _, use in curve], label=f"{name} (weight {weight:g})")
     for mark in ("idle_at", "back_at") if "idle_at" in result else ():
         ax.axvline(result[mark], color="grey", linestyle="--", linewidth=1)
+    for _, at in result.get("marks", ()):
+        ax.axvline(at, color="grey", linestyle="--", linewidth=1)
     ax.axvline(WARM_UP_S, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("seconds")
     ax.set_ylabel("calls in flight at the stand-in")
@@ -355,6 +430,14 @@ def report(results: list[dict[str, Any]]) -> Table:
                           f"dead-lettered {r['dead_lettered']}", f"b, c of what a left: {left}", "",
                           f"{r['quota_used']:.3f}", f"{r['refused_share']:.2%}", str(r["over_quota"]), "", "")
             continue
+        if "steps" in r:
+            for step in r["steps"]:
+                calls = ", ".join(f"{step[n]:.1f}" for n in WEIGHTS) + " calls"
+                table.add_row(f"scaling: {step['step']}", calls, "", "", "", str(r["over_quota"]), "", "")
+            back = r["back_after_kill_s"]
+            table.add_row("scaling: share back after the kill", "", "", "", "", "", "",
+                          "never" if back is None else f"{back:.1f} s")
+            continue
         if "idle_s" in r:
             seconds = [f"{r[k]:.1f} s" if r[k] is not None else "never" for k in ("filled_s", "regained_s")]
             table.add_row(f"tenant_c idle {r['idle_s']:g} s", "", "", "", "", "", *seconds)
@@ -367,13 +450,15 @@ def report(results: list[dict[str, Any]]) -> Table:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--binds", default="concurrency", help="comma-separated: concurrency, requests")
+    p.add_argument("--binds", default="concurrency", help="comma-separated: concurrency, requests, tokens")
     p.add_argument("--seconds", type=float, default=60.0, help="the measured window, after the warm-up")
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--idle", type=float, default=0.0,
                    help="then a run with tenant_c idle this many seconds (0: none)")
     p.add_argument("--lanes", action="store_true",
                    help="then tenant_a in the interactive lane, alone and beside three times the quota")
+    p.add_argument("--scaling", action="store_true",
+                   help="then tenant_a's generate fleet from one process to four, then one killed")
     p.add_argument("--port", type=int, default=8650, help="the stand-in's port")
     args = p.parse_args(argv)
     stack = Stack.from_environment(os.environ)
@@ -388,6 +473,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.lanes:
         results.extend(interactive_lane(stack, args.time_scale, args.port, args.seconds))
         plot(results[-1], out / "interactive-crowded.png")
+    if args.scaling:
+        results.append(scaling(stack, args.time_scale, args.port))
+        plot(results[-1], out / "scaling.png")
     if args.idle:
         results.append(idle_and_return(stack, args.time_scale, args.port, args.idle))
         plot(results[-1], out / "idle-and-return.png")

@@ -82,6 +82,17 @@ class FleetProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fleet {stage} not ready within {timeout_s}s")
 
+    @property
+    def exitcode(self) -> int | None:
+        """The child's exit code once it is gone (negative: the signal that ended it)."""
+        return self._process.exitcode if self._process is not None else None
+
+    def kill(self) -> None:
+        """SIGKILL the child, as a crash of its machine would end it (a fault to measure)."""
+        if self._process is not None and self._process.pid is not None:
+            os.kill(self._process.pid, signal.SIGKILL)
+            self._process.join()
+
     def request_stop(self) -> None:
         """Tell the child to stop without waiting for it (leaving `running` waits)."""
         self._stop.set()

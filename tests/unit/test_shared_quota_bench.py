@@ -11,7 +11,8 @@ from consumers.config import pipeline_spec
 def reading(busy: tuple[float, float, float], requests: tuple[int, int, int], over_quota: int = 0) -> dict:
     names = ("tenant_a", "tenant_b", "tenant_c")
     return {"over_quota": over_quota, "max_in_flight": 48, "callers": {
-        name: {"busy_s": b, "requests": r, "served": r, "refused": {"concurrency": 0}}
+        name: {"busy_s": b, "requests": r, "served": r, "refused": {"concurrency": 0},
+               "tokens_input": 40 * r, "tokens_output": 10 * r}
         for name, b, r in zip(names, busy, requests, strict=True)}}
 
 
@@ -50,3 +51,12 @@ def test_the_tenants_spend_one_quota_with_their_weights(tmp_path, monkeypatch) -
     assert {name: quota.share_of(name).weight for name in ("tenant_a", "tenant_b", "tenant_c")} == \
         {"tenant_a": 2.0, "tenant_b": 1.0, "tenant_c": 1.0}
     assert pipeline_spec.load("tenant_b").endpoints["generate"].quota == "lab"
+
+
+def test_tokens_a_minute_count_the_prompt_and_the_answer() -> None:
+    # 60 s at time scale 1: 240, 120 and 120 requests of 40 + 10 tokens: 12,000, 6,000, 6,000
+    # tokens a minute of a quota of 24,000, all of it.
+    first, last = reading((0, 0, 0), (0, 0, 0)), reading((0, 0, 0), (240, 120, 120))
+    result = figures(first, last, 60.0, "tokens", 24_000.0, time_scale=1.0)
+    assert result["used"] == pytest.approx({"tenant_a": 12_000, "tenant_b": 6_000, "tenant_c": 6_000})
+    assert result["quota_used"] == pytest.approx(1.0)
