@@ -66,6 +66,7 @@ SAMPLE_S = 0.5  # how often the account's counters are read
 STEP_S = 15.0  # between two processes added to a fleet
 KILLED_S = 45.0  # watched after a process is killed: its lease, then its calls' longest try
 SETTLE_S = 5.0  # a step's first seconds, while the group rebalances, are not its figure
+ADDED_WINDOW = 8  # records in flight in each process added (one member each: a pod's share)
 QUIET_S = 2.0  # no call out for this long: the pipeline is idle
 INTERACTIVE = "tenant_a"  # the pipeline moved to the interactive lane
 DRAIN_S = 10.0  # the interactive load ends this long before the run: its last requests complete
@@ -154,9 +155,10 @@ def figures(first: dict[str, Any], last: dict[str, Any], seconds: float, binds: 
 
 
 @contextmanager
-def tenants(stack: Stack, binds: str, time_scale: float, port: int,
-            lanes: dict[str, str] | None = None) -> Iterator[tuple[str, dict[str, Pipeline]]]:
-    """The stand-in and the three pipelines' fleets, running; the stand-in's URL and the pipelines."""
+def tenants(stack: Stack, binds: str, time_scale: float, port: int, lanes: dict[str, str] | None = None,
+            names: tuple[str, ...] = tuple(WEIGHTS)) -> Iterator[tuple[str, dict[str, Pipeline]]]:
+    """The stand-in and the pipelines' fleets (`names`), running; the stand-in's URL and the
+    pipelines."""
     free_before = free_connections(stack.database_url)
     with tempfile.TemporaryDirectory() as folder, ExitStack() as running:
         quota_name = f"{QUOTA}_{uuid.uuid4().hex[:8]}"
@@ -167,7 +169,7 @@ def tenants(stack: Stack, binds: str, time_scale: float, port: int,
             running.callback(stop_process, stand_in)
             url = f"http://127.0.0.1:{port}"
             pipelines = {}
-            for name in WEIGHTS:
+            for name in names:
                 params = presets.PresetParams(partitions=8, concurrency=64, time_scale=time_scale,
                                               flow_members=2, pipeline=name)
                 endpoints = Endpoints.on(url, pipeline_spec.load(name))
@@ -360,27 +362,30 @@ def another_process(fleet: FleetProcess) -> Iterator[FleetProcess]:
 
 def scaling(stack: Stack, time_scale: float, port: int) -> dict[str, Any]:
     """tenant_a's generate fleet grows from one process to four, a process of its own each (as
-    pods are), then one of them is killed: the pipeline's use stays at its one share, the other
-    two's at theirs, and the killed process's grant is taken by its peers once its lease and
-    drain are over. Calls at once bind; all three are backlogged."""
-    binds, grown = "concurrency", "tenant_a"
+    pods are), then one of them is killed: the pipeline's use stays at its one share, tenant_b's
+    at its own, and the killed process's grant is taken by its peers once its lease and drain
+    are over. Calls at once bind; both are backlogged. Two pipelines, not three: the added
+    processes' database pools come out of what three pipelines' fleets leave the server."""
+    binds, grown, names = "concurrency", "tenant_a", ("tenant_a", "tenant_b")
     capacity = float(LIMITS[binds]["concurrency"])
-    due = capacity * WEIGHTS[grown] / sum(WEIGHTS.values())
+    due = capacity * WEIGHTS[grown] / sum(WEIGHTS[n] for n in names)
     total = WARM_UP_S + 4 * STEP_S + KILLED_S
     marks: list[tuple[str, float]] = []
-    with tenants(stack, binds, time_scale, port) as (url, pipelines), ExitStack() as extra, \
+    with tenants(stack, binds, time_scale, port, names=names) as (url, pipelines), ExitStack() as extra, \
             Progress(transient=True) as bar:
         for name, rate in rates(binds, capacity, time_scale).items():
-            pipelines[name].send(int(2 * rate * total) + 100)
+            if name in pipelines:
+                pipelines[name].send(int(4 * rate * total) + 100)
         sampler = Sampler(url, bar, total, f"{grown}: one process to four, then one killed")
         sampler.until(lambda: sampler.elapsed() >= WARM_UP_S)
         marks.append(("1 process", sampler.elapsed()))
         sampler.until(lambda: sampler.elapsed() >= WARM_UP_S + STEP_S)
         settings = pipelines[grown].fleets["generate"].settings
+        small = replace(settings, members=1, member=replace(settings.member, window=ADDED_WINDOW))
         processes = []
         for n in range(1, 4):
-            process = FleetProcess(replace(settings, instance=f"p{n}"))
-            processes.append(extra.enter_context(another_process(process)))
+            added = FleetProcess(replace(small, instance=f"p{n}"))
+            processes.append(extra.enter_context(another_process(added)))
             marks.append((f"{n + 1} processes", sampler.elapsed()))
             at = sampler.elapsed()
             sampler.until(lambda at=at: sampler.elapsed() >= at + STEP_S)
@@ -466,20 +471,24 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("the stack's addresses are not set: run `make up` and source .local/dev/stack.env")
     out = RESULTS / f"shared-quota-{new_run_id('q').split('-')[1]}"
     out.mkdir(parents=True)
-    results = []
+    results: list[dict[str, Any]] = []
+
+    def keep(result: dict[str, Any], plot_name: str) -> None:
+        """Plot a run and save every figure so far: a later run that fails loses only itself."""
+        results.append(result)
+        plot(result, out / plot_name)
+        (out / "figures.json").write_text(json.dumps(results, indent=1))
+
     for binds in filter(None, args.binds.split(",")):
-        results.append(backlogged(stack, binds, args.seconds, args.time_scale, args.port))
-        plot(results[-1], out / f"shares-{binds}.png")
+        keep(backlogged(stack, binds, args.seconds, args.time_scale, args.port), f"shares-{binds}.png")
     if args.lanes:
-        results.extend(interactive_lane(stack, args.time_scale, args.port, args.seconds))
-        plot(results[-1], out / "interactive-crowded.png")
-    if args.scaling:
-        results.append(scaling(stack, args.time_scale, args.port))
-        plot(results[-1], out / "scaling.png")
+        alone, crowded = interactive_lane(stack, args.time_scale, args.port, args.seconds)
+        keep(alone, "interactive-alone.png")
+        keep(crowded, "interactive-crowded.png")
     if args.idle:
-        results.append(idle_and_return(stack, args.time_scale, args.port, args.idle))
-        plot(results[-1], out / "idle-and-return.png")
-    (out / "figures.json").write_text(json.dumps(results, indent=1))
+        keep(idle_and_return(stack, args.time_scale, args.port, args.idle), "idle-and-return.png")
+    if args.scaling:
+        keep(scaling(stack, args.time_scale, args.port), "scaling.png")
     Console(width=150).print(report(results))
     print(f"figures and plots in {out}")
 
