@@ -55,11 +55,12 @@ WEIGHTS = {"tenant_a": 2.0, "tenant_b": 1.0, "tenant_c": 1.0}
 QUOTA = "lab"  # each run's quota is named lab_<id>: claims a killed run left behind are not its
 BASE = "generate"  # the endpoint of the reference pipeline that spends the quota
 # What the quota allows in each run: the one dimension that binds. Concurrency 48 is under the
-# 3 x 64 calls the three fleets could have out; 600 requests a minute under the ~1,000 that
+# 3 x 40 calls the three fleets could have out; 600 requests a minute under the ~1,000 that
 # 48 calls of 3 s make; 24,000 tokens a minute under what those take.
 LIMITS = {"concurrency": {"concurrency": 48}, "requests": {"requests_per_minute": 600},
           "tokens": {"tokens_per_minute": 24_000}}
 TOKENS_PER_CALL = 40  # fewer than a generate call takes (its prompt and answer): the load sent is more
+POOL = 40  # each stage's calls or records at once: more than any tenant's share of the quota
 WARM_UP_S = 15.0  # after the fleets joined: every pipeline's backlog has reached generate
 RETURN_S = 30.0  # how long an idle pipeline's return is watched
 SAMPLE_S = 0.5  # how often the account's counters are read
@@ -170,7 +171,7 @@ def tenants(stack: Stack, binds: str, time_scale: float, port: int, lanes: dict[
             url = f"http://127.0.0.1:{port}"
             pipelines = {}
             for name in names:
-                params = presets.PresetParams(partitions=8, concurrency=64, time_scale=time_scale,
+                params = presets.PresetParams(partitions=8, concurrency=POOL, time_scale=time_scale,
                                               flow_members=2, pipeline=name)
                 endpoints = Endpoints.on(url, pipeline_spec.load(name))
                 pipelines[name] = running.enter_context(running_pipeline(

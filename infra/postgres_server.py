@@ -125,8 +125,10 @@ def start(layout: Layout) -> None:
             create_database(layout, database)
         return
     log = directory / "server.log"
+    # Every fleet holds a pool (up to 48 connections) and a quota's lease: pipelines that share
+    # a quota run side by side on one server, three of them fifteen fleets.
     options = (f"-p {layout.postgres_port} -k {directory} -c listen_addresses=127.0.0.1 "
-               "-c max_connections=300 -c shared_buffers=256MB -c fsync=off "
+               "-c max_connections=800 -c shared_buffers=256MB -c fsync=off "
                "-c synchronous_commit=off")
     result = subprocess.run(
         _as_server_user([str(bin_dir() / "pg_ctl"), "-D", str(directory), "-l", str(log),
