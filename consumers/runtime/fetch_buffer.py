@@ -42,6 +42,7 @@ class FetchBuffer:
         self._size = 0
         self._last_consume = time.monotonic()
         self._holding_since: float | None = None
+        self._held_back: set[TP] = set()  # assigned, but lent to a canary: kept paused
 
     def __len__(self) -> int:
         return self._size
@@ -82,7 +83,10 @@ class FetchBuffer:
                 errors.append(msg)
                 continue
             self.delivered_bytes += len(msg.value() or b"") + len(msg.key() or b"")
-            self._queues.setdefault(records.place(msg)[:2], deque()).append(msg)
+            tp = records.place(msg)[:2]
+            if tp in self._held_back:  # fetched before its pause: the candidate handles it
+                continue
+            self._queues.setdefault(tp, deque()).append(msg)
             self._size += 1
         return errors
 
@@ -97,12 +101,27 @@ class FetchBuffer:
         return errors
 
     def _assigned(self) -> list[TopicPartition]:
-        return self.consumer.assignment()
+        return [tp for tp in self.consumer.assignment() if (tp.topic, tp.partition) not in self._held_back]
+
+    def hold_back(self, tp: TP, pause: bool = True) -> None:
+        """Stop fetching `tp` until `go_on`, whatever the buffer's own pauses do (`pause=False`
+        while it is not assigned yet: `reassert_pause` pauses it then)."""
+        self.drop({tp})
+        self._held_back.add(tp)
+        if pause:
+            self.consumer.pause([TopicPartition(*tp)])
+
+    def go_on(self, tp: TP) -> None:
+        """Fetch `tp` again (once the buffer's own pause, if any, is over)."""
+        self._held_back.discard(tp)
+        if not self.paused:
+            self.consumer.resume([TopicPartition(*tp)])
 
     def reassert_pause(self) -> None:
-        """Partitions assigned while paused arrive unpaused; pause them too."""
-        if self.paused:
-            self.consumer.pause(self._assigned())
+        """Partitions assigned while paused, or held back, arrive unpaused; pause them too."""
+        held = [tp for tp in self.consumer.assignment() if (tp.topic, tp.partition) in self._held_back]
+        if self.paused or held:
+            self.consumer.pause(self._assigned() + held if self.paused else held)
 
     def pop(self) -> Message | None:
         """The oldest record of the next non-empty partition (round-robin across partitions)."""
@@ -124,9 +143,10 @@ class FetchBuffer:
         return queue.popleft()
 
     def drop(self, tps: set[TP]) -> None:
-        """Forget the records of partitions this member no longer owns."""
+        """Forget the records of partitions this member no longer owns (and that they were held back)."""
         for tp in tps:
             self._size -= len(self._queues.pop(tp, ()))
+            self._held_back.discard(tp)
 
     def clear(self) -> None:
         self.drop(set(self._queues))

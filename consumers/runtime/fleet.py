@@ -31,6 +31,7 @@ from consumers.ai.client import CALLER_HEADER, AIClient, Endpoint
 from consumers.ai.learned_timeout import LearnedTimeout
 from consumers.ai.limit import AdaptiveLimit
 from consumers.ai.rate_budget import RateBudget
+from consumers.canary.loans import LoanStore
 from consumers.config import events, kafka_connection, pipeline_spec, profiles
 from consumers.config.candidate import ENDPOINTS_ENV, KEYS_ENV, WINDOW_MODES, Endpoints, PipelineConfig
 from consumers.kafka_clients.producer import KeyedProducer
@@ -38,6 +39,7 @@ from consumers.quota.holder import LEASE_S, QuotaHolder
 from consumers.quota.leases import Holder, LeaseStore, Limits
 from consumers.runtime import metrics, start_up_heap, storage
 from consumers.runtime.batch_member import BatchMember
+from consumers.runtime.borrower_member import BorrowerMember
 from consumers.runtime.fleet_settings import (
     FleetSettings,
     MissingEndpoint,
@@ -96,15 +98,27 @@ class Fleet:
             key_strategy=s.key_strategy, ai=self._client(s.ai_url, concurrency, spec),
             claim_lease_s=s.claim_lease_s,
             windows=WindowPool(concurrency) if s.member.mode == "flow" else None,
+            loans=LoanStore(s.database_url) if s.member.mode == "flow" else None,
         )
-        kind = MEMBER_KINDS[s.member.mode]
-        self.members: list[StageMember] = [kind(member_name(s.member.stage, i, s.instance), s.member,
-                                                self.ctx) for i in range(s.members)]
+        self.members = self._members()
+        self.storage.record_members(s.member.run_id, s.member.stage, s.version,
+                                    [m.name for m in self.members])
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._recorder: threading.Thread | None = None
         self._quota_stop = threading.Event()  # set once the members' calls are over
         self._renewer: threading.Thread | None = None
+
+    def _members(self) -> list[StageMember]:
+        """The stage's members: in its group, or, for a canary, on what the group lends it."""
+        s = self.settings
+        names = [member_name(s.member.stage, i, s.instance) for i in range(s.members)]
+        if s.canary is not None:
+            if s.member.mode != "flow":
+                raise ValueError(f"a canary's fleet runs in flow mode; {s.member.stage} is in "
+                                 f"{s.member.mode!r} mode")
+            return [BorrowerMember(name, s.member, self.ctx, s.canary, s.members) for name in names]
+        return [MEMBER_KINDS[s.member.mode](name, s.member, self.ctx) for name in names]
 
     def _client(self, url: str | None, pool: int, spec: pipeline_spec.PipelineSpec) -> AIClient | None:
         """The stage's AI client: told the endpoint's concurrency and per-minute budgets (a
@@ -269,6 +283,8 @@ class Fleet:
         self.producer.close()
         if self.ctx.ai is not None:
             self.ctx.ai.close()
+        if self.ctx.loans is not None:
+            self.ctx.loans.close()
         self.storage.close()
         if alive:
             raise MembersStuck(f"members still running after the shutdown deadline: {alive}")
@@ -327,6 +343,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--instance",
                    help="names this process's members <stage>-<instance>-<n>, apart from other "
                         "processes of the stage (one pod per member on Kubernetes)")
+    p.add_argument("--version", type=int, help="the registry's configuration version this fleet runs")
+    p.add_argument("--canary", type=int,
+                   help="work on the partitions the stage's group lends canary N (its members: "
+                        "<stage>-canaryN-<n> unless --instance says otherwise)")
     return p
 
 
@@ -349,7 +369,8 @@ def main() -> None:
                             events.Topics(args.prefix or args.run_id, config.spec),
                             kafka, args.database_url, endpoints)
     try:
-        fleet = Fleet(replace(settings, instance=args.instance))
+        instance = args.instance or (f"canary{args.canary}" if args.canary is not None else None)
+        fleet = Fleet(replace(settings, instance=instance, version=args.version, canary=args.canary))
     except MissingEndpoint as exc:
         p.error(str(exc))
     start_up_heap.freeze()

@@ -47,6 +47,7 @@ class FleetProcess:
         self._stop = context.Event()
         self._context = context
         self._process: multiprocessing.process.BaseProcess | None = None
+        self._killed = False
 
     @contextmanager
     def running(self) -> Iterator[FleetProcess]:
@@ -59,14 +60,18 @@ class FleetProcess:
         try:
             yield self
         finally:
-            self.request_stop()
-            self._process.join(self.settings.shutdown_deadline_s + 20)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join()
-                raise RuntimeError(f"fleet {stage} outlived its shutdown deadline and was killed")
-            if self._process.exitcode:
-                raise RuntimeError(f"fleet {stage} exited with code {self._process.exitcode}")
+            if not self._killed:  # a killed child may leave its stop event locked: not set then
+                self._stop_child(self._process, stage)
+
+    def _stop_child(self, process: multiprocessing.process.BaseProcess, stage: str) -> None:
+        self.request_stop()
+        process.join(self.settings.shutdown_deadline_s + 20)
+        if process.is_alive():
+            process.kill()
+            process.join()
+            raise RuntimeError(f"fleet {stage} outlived its shutdown deadline and was killed")
+        if process.exitcode:
+            raise RuntimeError(f"fleet {stage} exited with code {process.exitcode}")
 
     def wait_assigned(self) -> None:
         """Block until the child's members have their partitions and the group is settled."""
@@ -92,6 +97,7 @@ class FleetProcess:
         if self._process is not None and self._process.pid is not None:
             os.kill(self._process.pid, signal.SIGKILL)
             self._process.join()
+            self._killed = True
 
     def request_stop(self) -> None:
         """Tell the child to stop without waiting for it (leaving `running` waits)."""

@@ -58,6 +58,8 @@ class FleetSettings:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     shutdown_deadline_s: float = 30.0
     instance: str | None = None  # tells this process's members from another's (a pod's name)
+    version: int | None = None  # the registry's configuration version it runs
+    canary: int | None = None  # the canary whose borrowed partitions it works on (None: the group's)
 
     @property
     def claim_lease_s(self) -> float:

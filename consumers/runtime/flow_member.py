@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
+from consumers.canary import loans as canary_loans
 from consumers.kafka_clients import records
 from consumers.runtime import metrics
 from consumers.runtime.fetch_buffer import FetchBuffer
@@ -29,6 +30,10 @@ from consumers.runtime.offsets import OffsetTracker
 from consumers.runtime.stages import RecordState, StageContext
 
 log = logging.getLogger(__name__)
+
+
+LOAN_TICK_S = 1.0  # how often a member looks at its partitions' loans to a canary
+LOAN_LEASE_TICKS = 4  # the fewest ticks a loan's lease lasts
 
 
 def _tp(msg: Message) -> tuple[str, int]:
@@ -45,6 +50,7 @@ class FlowMember(GroupMember):
         self._tracker = OffsetTracker()
         self._assignment_changed = False
         self._fatal: tuple[str, Exception] | None = None  # a worker failure that ends the member
+        self._lent: set[tuple[str, int]] = set()  # assigned by the group, lent to a canary: held back
 
     def _consumer_config(self) -> dict[str, Any]:
         config = super()._consumer_config()
@@ -56,6 +62,9 @@ class FlowMember(GroupMember):
         for tp in tps:
             self._tracker.assigned(tp)
         self._assignment_changed = True
+        self._lent -= tps
+        if self.ctx.loans is not None:
+            self._hold_back_lent(self.ctx.loans, tps)
 
     def _app_stats(self) -> dict[str, Any]:
         """Flow mode counts what its buffer took from the client too, and its pause cycles."""
@@ -78,7 +87,7 @@ class FlowMember(GroupMember):
         poll_interval_s = s.kafka_config()["max.poll.interval.ms"] / 1000
         self._buffer = FetchBuffer(self._consumer, high=s.buffer, keepalive_s=min(1.0, poll_interval_s / 10),
                                    pause_after_s=poll_interval_s / 3)
-        last_commit = time.monotonic()
+        last_commit = last_loans = time.monotonic()
         workers = self.ctx.windows.size if self.ctx.windows is not None else s.window
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"{self.name}-w") as pool:
             try:
@@ -99,6 +108,9 @@ class FlowMember(GroupMember):
                         self._commit_completed(self.assignment, asynchronous=True)
                         self._store_group_events()
                         last_commit = time.monotonic()
+                    if self.ctx.loans is not None and time.monotonic() - last_loans >= LOAN_TICK_S:
+                        self._tend_loans(self.ctx.loans, self._buffer)
+                        last_loans = time.monotonic()
             finally:
                 self._shutdown_flow(self._buffer)
         if self._fatal is not None:  # a worker failed while the member was stopping
@@ -184,6 +196,7 @@ class FlowMember(GroupMember):
         deadline, and commit what was handled."""
         if self._buffer is not None:
             self._release_flow(self._buffer, tps, commit)
+        self._lent -= tps
 
     def _release_flow(self, buffer: FetchBuffer, tps: set[tuple[str, int]], commit: bool) -> None:
         buffer.drop(tps)
@@ -198,6 +211,98 @@ class FlowMember(GroupMember):
                             "consumed again", self.name, abandoned)
             self._commit_completed(tps)
         self._tracker.forget(tps)
+
+    # ----------------------------------------------------------------- loans to a canary
+    @property
+    def loan_lease_s(self) -> float:
+        """How long a canary keeps a partition without renewing: its group's session timeout, so
+        a killed candidate's partitions come back as a killed member's would, and never under a
+        few ticks, so one slow renewal does not take them away."""
+        session_s = float(self.settings.kafka_config().get("session.timeout.ms", 45000)) / 1000
+        return max(session_s, LOAN_LEASE_TICKS * LOAN_TICK_S)
+
+    def _hold_back_lent(self, store: canary_loans.LoanStore, tps: set[tuple[str, int]]) -> None:
+        """Partitions the group just gave this member: hold back those lent to a canary (all of
+        them while the loans cannot be read: the candidate may be on any), before any record
+        of theirs is dispatched. The next tick takes back what is not lent."""
+        assert self._buffer is not None  # group events are served inside the loop's polls
+        try:
+            loans = store.loans(self.settings.group_id, self.topic)
+            lent = {tp for tp in tps if tp[1] in loans}
+        except Exception as exc:  # noqa: BLE001 - a dependency: sorted out by the next tick
+            log.warning("%s: partition loans unreadable (%s); holding back %d new partitions",
+                        self.name, exc, len(tps))
+            lent = set(tps)
+        for tp in lent:
+            self._buffer.hold_back(tp, pause=False)  # not assigned yet: paused by reassert_pause
+        self._lent |= lent
+
+    def _tend_loans(self, store: canary_loans.LoanStore, buffer: FetchBuffer) -> None:
+        """Hand over the partitions a canary asks for, and take back those it returned, those
+        whose lease lapsed (the candidate died) and those held back that are not lent. The
+        store unreachable, nothing changes hands."""
+        try:
+            loans = store.loans(self.settings.group_id, self.topic)
+        except Exception as exc:  # noqa: BLE001 - a dependency: tried again next tick
+            log.warning("%s: partition loans unreadable (%s); nothing changes hands", self.name, exc)
+            return
+        for tp in sorted(self.assignment):
+            loan = loans.get(tp[1])
+            if loan is not None and loan.state == canary_loans.LENDING:
+                self._lend(store, buffer, tp)
+            elif tp in self._lent and (loan is None or loan.state == canary_loans.RETURNED or loan.lapsed):
+                self._take_back(store, buffer, tp, loan)
+
+    def _lend(self, store: canary_loans.LoanStore, buffer: FetchBuffer, tp: tuple[str, int]) -> None:
+        """Drain `tp`, commit what was handled and lend it from the group's committed position."""
+        self._release_flow(buffer, {tp}, commit=True)
+        buffer.hold_back(tp)
+        self._lent.add(tp)
+        position = self._start_of(self._consumer, tp)
+        store.handed_over(self.settings.group_id, tp[0], tp[1], position, self.loan_lease_s)
+        self._record("lend", [f"{tp[0]}:{tp[1]}@{position}"])
+
+    def _take_back(self, store: canary_loans.LoanStore, buffer: FetchBuffer, tp: tuple[str, int],
+                   loan: canary_loans.Loan | None) -> None:
+        """Go on from where the canary stopped: the position it returned; when it died, the later
+        of where it was lent and its group's last commit; when `tp` is not lent, this group's
+        commit. The position is committed in this group before the loan's row goes, so whoever
+        owns `tp` next starts there too."""
+        if loan is None:
+            position = self._start_of(self._consumer, tp)
+        elif loan.state == canary_loans.RETURNED and loan.position is not None:
+            position = loan.position
+        else:
+            position = max(self._borrower_commit(tp, loan.canary_id), loan.position or 0)
+        if not self._commit({tp: position}):
+            return  # held back until a commit goes through
+        if loan is not None:
+            store.taken_back(self.settings.group_id, tp[0], tp[1])
+        self._lent.discard(tp)
+        self._tracker.assigned(tp)
+        self._tracker.mark_committed({tp: position})
+        self._consumer.seek(TopicPartition(tp[0], tp[1], position))
+        buffer.go_on(tp)
+        self._record("take_back", [f"{tp[0]}:{tp[1]}@{position}"])
+
+    def _borrower_commit(self, tp: tuple[str, int], canary_id: int) -> int:
+        """The canary group's last commit on `tp` (0 when none)."""
+        group = canary_loans.candidate_group(self.settings.group_id, canary_id)
+        reader = Consumer(self.settings.kafka.client(**{"group.id": group, "enable.auto.commit": False}))
+        try:
+            offset = reader.committed([TopicPartition(*tp)], timeout=10)[0].offset
+        finally:
+            reader.close()
+        return offset if offset >= 0 else 0
+
+    @staticmethod
+    def _start_of(consumer: Consumer, tp: tuple[str, int]) -> int:
+        """Where `tp` goes on under `consumer`'s group: its commit, else (as the group's offset
+        reset says) the partition's first offset."""
+        offset = consumer.committed([TopicPartition(*tp)], timeout=10)[0].offset
+        if offset >= 0:
+            return int(offset)
+        return int(consumer.get_watermark_offsets(TopicPartition(*tp), timeout=10)[0])
 
     def _shutdown_flow(self, buffer: FetchBuffer) -> None:
         """Stop taking work, let in-flight records finish within the deadline, commit.

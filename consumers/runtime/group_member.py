@@ -43,8 +43,7 @@ class GroupMember(StageMember):
             self._transactions = self._transactional_outbox()
             self.ctx = replace(self.ctx, outbox=self._transactions)
         self._consumer = Consumer(self._consumer_config())
-        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                 on_lost=self._on_lost)
+        self._join()
         try:
             self._loop(stop)
         finally:
@@ -52,6 +51,11 @@ class GroupMember(StageMember):
             if self._transactions is not None:
                 self._transactions.close()
             self._closed()
+
+    def _join(self) -> None:
+        """Subscribe: the group hands out the partitions."""
+        self._consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_lost)
 
     def _consumer_config(self) -> dict[str, Any]:
         config = self.settings.kafka_config()

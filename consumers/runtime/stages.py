@@ -36,6 +36,7 @@ from typing import Any
 
 from consumers.ai.client import AIBadAnswer, AIClient, AIUnavailable, AIWaiting, EndpointDown, Try
 from consumers.ai.limit import NOT_SENT
+from consumers.canary.loans import LoanStore
 from consumers.config import pipeline_spec
 from consumers.config.events import InvalidEvent, Topics, encode
 from consumers.config.http_work import RenderError
@@ -62,6 +63,7 @@ class StageContext:
     ai: AIClient | None = None  # the stage's endpoint, when its work is an AI call
     claim_lease_s: float = 30.0  # longer than one try plus the backoff before the next
     windows: WindowPool | None = None  # flow: the members' windows, pooled
+    loans: LoanStore | None = None  # flow: partitions lent to a canary (consumers.canary.loans)
 
     @property
     def spec(self) -> StageSpec:

@@ -23,6 +23,7 @@ COPY consumers/runtime/ consumers/runtime/
 COPY consumers/kafka_clients/ consumers/kafka_clients/
 COPY consumers/ai/ consumers/ai/
 COPY consumers/quota/ consumers/quota/
+COPY consumers/canary/ consumers/canary/
 COPY consumers/config/ consumers/config/
 COPY measure/__init__.py measure/sizing.py measure/quota_share.py measure/
 COPY pipelines/ pipelines/

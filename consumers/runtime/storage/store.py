@@ -105,6 +105,14 @@ class Storage:
                         "ON CONFLICT (run_id) DO NOTHING",
                         (run_id, scenario, json.dumps(params or {})))
 
+    def record_members(self, run_id: str, stage: str, version: int | None, members: list[str]) -> None:
+        """Which version each member runs, so every row it writes says which version handled it."""
+        with self._tx() as cur:
+            cur.executemany("INSERT INTO fleet_members (run_id, member, stage, version) "
+                            "VALUES (%s, %s, %s, %s) ON CONFLICT (run_id, member) "
+                            "DO UPDATE SET version = excluded.version, started_at = now()",
+                            [(run_id, m, stage, version) for m in members])
+
     def finish_run(self, run_id: str) -> None:
         with self._tx() as cur:
             cur.execute("UPDATE runs SET finished_at = now() WHERE run_id = %s", (run_id,))

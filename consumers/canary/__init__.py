@@ -1,0 +1,1 @@
+"""Canaries on live topics: the partitions a candidate borrows from the active group."""
