@@ -28,7 +28,9 @@ class StageConfig:
     """How one stage consumes. `ai_calls` caps the AI calls the fleet has in flight at once, apart
     from the records its members hold (which also wait on recording results and acknowledged
     sends); `adaptive` makes that cap follow a limit discovered from the endpoint
-    (`consumers.ai.limit`). Without either, the members' windows are the only bound."""
+    (`consumers.ai.limit`). Without either, the members' windows are the only bound. `work`
+    changes the stage's AI work ({field: value}: another endpoint of the spec, the model, the
+    prompt; `pipeline_spec.with_work_changes`), so a candidate can switch a model or a prompt."""
 
     mode: str = "flow"
     members: int = 1
@@ -36,6 +38,7 @@ class StageConfig:
     batch_size: int = 1
     ai_calls: int | None = None
     adaptive: bool = False
+    work: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def concurrent(self) -> int:
@@ -49,6 +52,14 @@ class StageConfig:
         held = self.members * self.concurrent
         return held if self.ai_calls is None else min(held, self.ai_calls)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Its JSON form; without `work` when it changes nothing, so a configuration stored before
+        work changes existed keeps its JSON (the registry finds a stored one by it)."""
+        data = asdict(self)
+        if not data["work"]:
+            del data["work"]
+        return data
+
 
 @dataclass(frozen=True)
 class PipelineConfig:
@@ -57,7 +68,9 @@ class PipelineConfig:
     `stages` holds the stages configured explicitly; any other stage of the pipeline consumes
     with `default_stage` (its JSON form puts each stage beside the global settings, e.g.
     `{"partitions": 16, "check": {"mode": "flow", "window": 16}}`). The AI settings left None
-    take the stage's values from the pipeline spec.
+    take the stage's values from the pipeline spec. A stage's `work` changes its AI work
+    (`{"draft": {"work": {"endpoint": "large_model_next"}}}`): `spec` is the spec with every such
+    change applied, and a change the spec cannot take is refused when the configuration is made.
     """
 
     pipeline: str = pipeline_spec.REFERENCE
@@ -80,9 +93,19 @@ class PipelineConfig:
     # hop's outputs waiting for their transaction's commit (docs/benchmarks.md).
     exactly_once: bool = False
 
+    def __post_init__(self) -> None:
+        if self.work_changes:  # refused here, not when a fleet of the configuration starts
+            pipeline_spec.load(self.pipeline, self.work_changes)
+
+    @property
+    def work_changes(self) -> dict[str, Mapping[str, Any]]:
+        """Each configured stage's changes to its AI work, by stage (those that change any)."""
+        return {name: stage.work for name, stage in self.stages.items() if stage.work}
+
     @property
     def spec(self) -> pipeline_spec.PipelineSpec:
-        return pipeline_spec.load(self.pipeline)
+        """The pipeline's spec as this configuration runs it: its work changes applied."""
+        return pipeline_spec.load(self.pipeline, self.work_changes)
 
     def ai_timeout(self, stage: str) -> float:
         """Seconds one AI try may take at most: the configured value, or the spec's at this time
@@ -132,7 +155,7 @@ class PipelineConfig:
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stages"}
-        return {**data, **{name: asdict(stage) for name, stage in self.stages.items()}}
+        return {**data, **{name: stage.to_dict() for name, stage in self.stages.items()}}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

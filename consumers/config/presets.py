@@ -58,8 +58,9 @@ class PresetParams:
 
     @property
     def bottleneck(self) -> str:
-        """The endpoint with the highest mean latency: with equal limits, the pipeline's bottleneck."""
-        return max(self.spec.endpoints, key=lambda name: self.spec.endpoints[name].latency.mean_s)
+        """The endpoint with the highest mean latency of those the stages call: with equal limits,
+        the pipeline's bottleneck."""
+        return max(self.spec.called_endpoints, key=lambda name: self.spec.endpoints[name].latency.mean_s)
 
     @property
     def slowest_call_s(self) -> float:

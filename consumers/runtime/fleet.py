@@ -85,7 +85,7 @@ class Fleet:
     def __init__(self, settings: FleetSettings) -> None:
         self.settings = settings
         s = settings
-        spec = pipeline_spec.load(s.pipeline)
+        spec = pipeline_spec.load(s.pipeline, s.work_changes)
         check_endpoint(spec, s)  # before anything connects or joins
         concurrency = s.member.window * s.members if s.member.mode in WINDOW_MODES else s.members
         self.storage = storage.sized_pool(s.database_url, min(DB_CONNECTIONS, concurrency + 2))

@@ -4,7 +4,9 @@ a fleet its stage's endpoint was not given to."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from consumers.ai.client import RetryPolicy
 from consumers.config import events, pipeline_spec
@@ -47,6 +49,9 @@ class FleetSettings:
     prefix: str
     database_url: str
     pipeline: str = pipeline_spec.REFERENCE
+    # The configuration's changes to its stages' AI work (PipelineConfig.work_changes): the fleet
+    # runs the spec they make. Plain data, as the settings go to a fleet's own process.
+    work_changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     key_strategy: str = "uuid"  # keys of the events this stage sends downstream
     ai_url: str | None = None  # the stage's AI endpoint, when its work calls one
     ai_endpoint: str = ""  # its name in the pipeline spec
@@ -91,7 +96,7 @@ def settings_for(config: PipelineConfig, stage: str, run_id: str, topics: events
     work = topics.spec.stages[stage].work
     return FleetSettings(
         member=member, members=stage_cfg.members, prefix=topics.prefix, database_url=database_url,
-        pipeline=config.pipeline, key_strategy=config.key_strategy,
+        pipeline=config.pipeline, work_changes=config.work_changes, key_strategy=config.key_strategy,
         ai_url=endpoints.urls.get(work.endpoint) if isinstance(work, HttpWork) else None,
         ai_endpoint=work.endpoint if isinstance(work, HttpWork) else "",
         ai_timeout_s=config.ai_timeout(stage), ai_timeout_floor_s=config.ai_timeout_floor(stage),

@@ -40,6 +40,7 @@ from fastapi.responses import FileResponse, HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from consumers.config import pipeline_spec
+from consumers.config.candidate import PipelineConfig
 from measure import cost
 from pipeline_ops import quota_page
 from pipeline_ops.registry import ConfigRegistry
@@ -123,22 +124,23 @@ def circuit_transitions(hook: PostgresHook, run: str | None = None, limit: int =
 
 def deployed_endpoints(hook: PostgresHook, run: str | None = None) -> list[dict[str, Any]]:
     """The AI endpoint of each running fleet's stage, with when the fleet started: an endpoint
-    whose circuit never moved is closed since then. A fleet whose pipeline spec cannot be read
-    has no endpoint the page can name, and is left out."""
+    whose circuit never moved is closed since then. A fleet whose configuration or pipeline spec
+    cannot be read has no endpoint the page can name, and is left out."""
     rows = hook.get_records(
-        "SELECT d.run_id, d.stage, c.pipeline, d.started_at FROM deployments d "
+        "SELECT d.run_id, d.stage, c.config, d.started_at FROM deployments d "
         "JOIN configurations c USING (version) WHERE d.state = 'running' "
         "AND (%(run)s::text IS NULL OR starts_with(d.run_id, %(run)s))", parameters={"run": run})
-    named = [(run_id, stage, _endpoint(pipeline, stage), at) for run_id, stage, pipeline, at in rows]
+    named = [(run_id, stage, _endpoint(config, stage), at) for run_id, stage, config, at in rows]
     return [_utc({"run_id": run_id, "stage": stage, "endpoint": endpoint, "started_at": at})
             for run_id, stage, endpoint, at in named if endpoint is not None]
 
 
-def _endpoint(pipeline: str, stage: str) -> str | None:
-    """The endpoint a stage of a pipeline calls (None: no AI work, or no readable spec)."""
+def _endpoint(config: dict[str, Any], stage: str) -> str | None:
+    """The endpoint a stage of a configuration calls, its work changes applied (None: no AI
+    work, or no readable configuration or spec)."""
     try:
-        spec = pipeline_spec.load(pipeline)
-    except pipeline_spec.SpecError:
+        spec = PipelineConfig.from_dict(config).spec
+    except ValueError:  # a SpecError among them
         return None
     work = spec.stages[stage].work if stage in spec.stages else None
     return work.endpoint if isinstance(work, pipeline_spec.HttpWork) else None

@@ -25,6 +25,6 @@ def test_the_keys_come_from_the_passwords_of_the_endpoints_connections(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_LLM", "http://:sk-test-123@127.0.0.1:4000/")
     assert endpoint_keys(pipeline_spec.load("support_tickets")) == {
-        "small_model": "sk-test-123", "large_model": "sk-test-123"}
+        "small_model": "sk-test-123", "large_model": "sk-test-123", "large_model_next": "sk-test-123"}
     monkeypatch.setenv("AIRFLOW_CONN_AI_SERVICE", "http://127.0.0.1:8600/?stand_in=true")
     assert endpoint_keys(pipeline_spec.load("genai_image")) == {}

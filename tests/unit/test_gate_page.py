@@ -65,10 +65,18 @@ def test_equal_times_are_ordered_by_run_and_stage() -> None:
 def test_running_fleets_name_the_endpoint_their_stage_calls() -> None:
     # text_moderation: moderate, summarize and classify call an endpoint of their own name; join
     # runs no AI work. A pipeline without a spec names no endpoint.
-    hook = Rows([("r1", "moderate", "text_moderation", at(9, 0)), ("r1", "join", "text_moderation", at(9, 0)),
-                 ("r2", "check", "no_such_pipeline", at(9, 0)), ("r1", "gone", "text_moderation", at(9, 0))])
+    moderation = {"pipeline": "text_moderation"}
+    hook = Rows([("r1", "moderate", moderation, at(9, 0)), ("r1", "join", moderation, at(9, 0)),
+                 ("r2", "check", {"pipeline": "no_such_pipeline"}, at(9, 0)),
+                 ("r1", "gone", moderation, at(9, 0))])
     assert ui.deployed_endpoints(hook, run="r") == [deployed("r1", "moderate", at(9, 0))]
     assert hook.parameters == {"run": "r"}
+
+
+def test_a_fleet_switched_to_another_endpoint_names_that_one() -> None:
+    switched = {"pipeline": "support_tickets", "draft": {"work": {"endpoint": "large_model_next"}}}
+    hook = Rows([("r1", "draft", switched, at(9, 0)), ("r1", "triage", switched, at(9, 0))])
+    assert [d["endpoint"] for d in ui.deployed_endpoints(hook)] == ["large_model_next", "small_model"]
 
 
 def test_times_are_shown_in_utc_whatever_the_session_zone() -> None:

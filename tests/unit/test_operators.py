@@ -246,7 +246,8 @@ def measured(steady: list[float]) -> tuple[dict, FakeHook]:
     return trials, hook
 
 
-CANDIDATE = {"version": 7, "run_id": "tuning-x-v7", "pipeline": pipeline_spec.REFERENCE}
+CANDIDATE = {"version": 7, "run_id": "tuning-x-v7", "pipeline": pipeline_spec.REFERENCE,
+             "config": {"pipeline": pipeline_spec.REFERENCE}}
 
 
 def gate_operator(trials: Any, **thresholds: Any) -> PromotionGateOperator:
@@ -304,7 +305,8 @@ def test_the_gate_reads_the_skew_of_the_pipelines_measured_topic(monkeypatch: py
     registry = FakeRegistry(hook=hook)
     use(monkeypatch, registry)
     moderation = PromotionGateOperator(task_id="gate", trials=trials,
-                                       candidate={**CANDIDATE, "pipeline": "text_moderation"})
+                                       candidate={**CANDIDATE, "pipeline": "text_moderation",
+                                                  "config": {"pipeline": "text_moderation"}})
     moderation.choose_branch({"ti": FakeTaskInstance()})
     assert hook.topics == [f"tuning-x-v7-t{n}.texts" for n in (1, 2, 3)]  # text_moderation's load.measure
     assert registry.asked_active == ["text_moderation"]
@@ -332,6 +334,23 @@ def test_the_gate_prices_each_trial_from_its_attempt_rows_and_checks_a_ceiling(
     assert gate_operator(trials, max_cost_per_request="0.001").choose_branch(context) == "reject"
     failed = [r["name"] for r in registry.decisions[1]["reasons"] if not r["passed"]]
     assert failed == ["max_cost_per_request"]
+
+
+def test_the_gate_prices_a_switched_stage_at_the_endpoint_the_candidate_calls(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # draft switched to large_model_next (0.00375 / 0.015 per 1,000 tokens): 100 prompt and 50
+    # answer tokens cost 0.001125 a call, not large_model's 0.00075.
+    trials, hook = measured([95.0, 96.0, 97.0])
+    call = ("draft", "ok", 200, 100, 50, None, True)
+    hook.attempts = {r: [(f"q{i}", *call) for i in range(320)] for r in trials["run_ids"]}
+    registry = FakeRegistry(hook=hook)
+    use(monkeypatch, registry)
+    candidate = {**CANDIDATE, "pipeline": "support_tickets", "config": {
+        "pipeline": "support_tickets", "draft": {"work": {"endpoint": "large_model_next"}}}}
+    PromotionGateOperator(task_id="gate", candidate=candidate, trials=trials).choose_branch(
+        {"ti": FakeTaskInstance()})
+    (trial, *_) = registry.decisions[0]["figures"]["trials"]
+    assert trial["cost"]["cost_per_request"] == pytest.approx(0.001125)
 
 
 def test_gate_rejects_a_candidate_slower_than_the_active_version(monkeypatch: pytest.MonkeyPatch) -> None:

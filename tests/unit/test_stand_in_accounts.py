@@ -288,7 +288,7 @@ def test_a_config_naming_an_unknown_account_or_a_bad_one_is_refused() -> None:
 
 
 def test_specs_naming_a_quota_build_one_account_for_their_endpoints() -> None:
-    tickets = load("support_tickets")  # two chat models on one path
+    tickets = load("support_tickets")  # three chat models on one path
     spec = tickets.model_copy(update={"endpoints": {name: e.model_copy(update={"quota": "team"})
                                                     for name, e in tickets.endpoints.items()}})
     team = SimpleNamespace(name="team", description="one key for both models", concurrency=4,
@@ -298,8 +298,8 @@ def test_specs_naming_a_quota_build_one_account_for_their_endpoints() -> None:
     config = ServiceConfig.from_specs([spec], quotas={"team": team, "unused": unused})
     assert config.accounts == {"team": AccountConfig(name="team", concurrency=4, requests_per_minute=600,
                                                      tokens="output")}
-    assert {name: c.account for name, c in config.endpoints.items()} == {"small_model": "team",
-                                                                        "large_model": "team"}
+    assert {name: c.account for name, c in config.endpoints.items()} == {
+        "small_model": "team", "large_model": "team", "large_model_next": "team"}
     with pytest.raises(SpecError, match=r"team"):  # no quota file of that name
         ServiceConfig.from_specs([spec])
     assert ServiceConfig.from_specs([tickets], quotas={"team": team}).accounts == {}

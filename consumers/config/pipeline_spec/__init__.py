@@ -4,8 +4,9 @@ The runtime (`consumers.runtime.stages`), provisioning, the ACLs, the load sourc
 read everything pipeline-specific from a `PipelineSpec`, so a team brings its own workload by
 writing a spec, not by changing the platform. The package: the models (`models`), the checks
 across fields (`validation`), the provider quotas endpoints of several pipelines share
-(`quota`, one file each in `pipelines/quotas/`), the code a spec names (`references`), where
-specs and quotas are found (`files`), and a command to check one
+(`quota`, one file each in `pipelines/quotas/`), the code a spec names (`references`), a
+candidate configuration's changes to its stages' AI work (`work_changes`), where specs and
+quotas are found (`files`), and a command to check one
 (`python -m consumers.config.pipeline_spec check <spec>|quotas/<name>`).
 """
 
@@ -36,10 +37,11 @@ from consumers.config.pipeline_spec.models import (
 from consumers.config.pipeline_spec.quota import LANES, Lane, PipelineShare, QuotaSpec, parse_quota
 from consumers.config.pipeline_spec.references import resolve
 from consumers.config.pipeline_spec.validation import parse
+from consumers.config.pipeline_spec.work_changes import with_work_changes
 
 __all__ = [
     "DEAD_LETTER", "LANES", "PIPELINES_DIR", "REFERENCE", "RUN_FIELDS", "TERMINAL_STATUSES", "EndpointSpec",
     "HttpWork", "Lane", "PipelineShare", "PipelineSpec", "PythonWork", "QuotaSpec", "Route", "SpecError",
     "StageSpec", "available", "directory", "load", "load_quota", "parse", "parse_quota", "path_of",
-    "quota_names", "quotas", "resolve", "roles",
+    "quota_names", "quotas", "resolve", "roles", "with_work_changes",
 ]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ import yaml
 from consumers.config.pipeline_spec.models import PipelineSpec, SpecError
 from consumers.config.pipeline_spec.quota import QuotaSpec, parse_quota, spending_checks
 from consumers.config.pipeline_spec.validation import parse
+from consumers.config.pipeline_spec.work_changes import with_work_changes
 
 PIPELINES_DIR = Path(__file__).resolve().parents[3] / "pipelines"
 REFERENCE = "genai_image"
@@ -39,13 +40,16 @@ def path_of(name_or_path: str) -> Path:
     return directory() / f"{name_or_path}.yaml"
 
 
-def load(name_or_path: str = REFERENCE) -> PipelineSpec:
+def load(name_or_path: str = REFERENCE,
+         work_changes: Mapping[str, Mapping[str, Any]] | None = None) -> PipelineSpec:
     """The spec named `name` in the pipelines folder, or at a path; validated (and cached
-    until the file changes), the quotas its endpoints name with it (`quota.spending_checks`)."""
+    until the file changes), the quotas its endpoints name with it (`quota.spending_checks`).
+    With a candidate configuration's `work_changes` (`work_changes.with_work_changes`), the
+    spec as that configuration runs it: the changed calls are held to their quotas too."""
     path = path_of(name_or_path)
     if not path.is_file():
         raise SpecError(str(path), [("", f"no such spec (found: {', '.join(available()) or 'none'})")])
-    spec = _load(path.resolve(), path.stat().st_mtime_ns)
+    spec = with_work_changes(_load(path.resolve(), path.stat().st_mtime_ns), work_changes or {})
     named = {e.quota for e in spec.endpoints.values() if e.quota}
     problems = list(spending_checks(spec, {q: load_quota(q) for q in named if quota_path_of(q).is_file()}))
     if problems:

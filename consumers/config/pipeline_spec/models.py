@@ -308,6 +308,14 @@ class PipelineSpec(_Model):
         return (f"{self.name}: stages {', '.join(self.stages)}; endpoints {', '.join(endpoints) or 'none'}"
                 + (f"\nnot served by the stand-in (real APIs only): {', '.join(real)}" if real else ""))
 
+    @property
+    def called_endpoints(self) -> tuple[str, ...]:
+        """The endpoints some stage calls, in declaration order: the demand on the AI services.
+        An endpoint no stage calls (a model's next version, for a candidate to switch to) is
+        none, and sizes nothing."""
+        called = {s.work.endpoint for s in self.stages.values() if isinstance(s.work, HttpWork)}
+        return tuple(name for name in self.endpoints if name in called)
+
     def endpoint_of(self, stage: str) -> EndpointSpec | None:
         work = self.stages[stage].work
         return self.endpoints[work.endpoint] if isinstance(work, HttpWork) else None

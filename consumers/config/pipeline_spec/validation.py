@@ -83,7 +83,7 @@ def cross_checks(spec: PipelineSpec) -> Iterable[tuple[str, str]]:
                        f"(declared: {sorted(spec.endpoints)})")
             endpoint = spec.endpoints.get(stage.work.endpoint)
             yield from ((f"{at}.work.{field}", problem) for field, problem
-                        in _http_problems(stage.work, endpoint.model if endpoint else None))
+                        in http_problems(stage.work, endpoint.model if endpoint else None))
         if isinstance(stage.work, PythonWork):
             problem = _callable_problem(stage.work.callable)
             if problem:
@@ -123,7 +123,7 @@ def cross_checks(spec: PipelineSpec) -> Iterable[tuple[str, str]]:
             yield f"endpoints.{name}.model", "the stand-in tells apart by model only openai_chat endpoints"
 
 
-def _http_problems(work: HttpWork, model: str | None) -> Iterable[tuple[str, str]]:
+def http_problems(work: HttpWork, model: str | None) -> Iterable[tuple[str, str]]:
     """(field, problem) of an HTTP work: what its protocol needs and forbids, its templates'
     syntax, its kept paths."""
     chat_fields = {"model": work.model, "messages": work.messages, "max_tokens": work.max_tokens,

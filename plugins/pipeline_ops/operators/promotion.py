@@ -12,6 +12,7 @@ from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.sdk import BaseOperator
 
 from consumers.config import events, pipeline_spec
+from consumers.config.candidate import PipelineConfig
 from consumers.config.pipeline_spec import PipelineSpec
 from consumers.runs.run_figures import ATTEMPTS_SQL, attempt_costs
 from measure import figures as measure
@@ -70,7 +71,8 @@ class PromotionGateOperator(BaseBranchOperator):
         if not measured or not measured.get("trials"):
             raise RuntimeError("no trials to decide on: the trials task returned nothing")
         registry = ConfigRegistry(self.postgres_conn_id)
-        spec = pipeline_spec.load(candidate["pipeline"])
+        # The spec as the candidate ran it: a stage switched to another endpoint is priced at its prices.
+        spec = PipelineConfig.from_dict(candidate["config"]).spec
         trials = [trial_figures(registry.hook, spec, t["run_id"], t["produced"], measured["ai_limit"])
                   for t in measured["trials"]]
         active = registry.active(spec.name)
