@@ -160,6 +160,17 @@ class PipelineConfig:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
+    def with_overrides(self, overrides: Mapping[str, Any]) -> PipelineConfig:
+        """This configuration with `overrides` (the form's JSON) applied: a stage's keys change
+        only what they name of its settings, as it consumes now; anything else is replaced."""
+        data = self.to_dict()
+        for key, value in overrides.items():
+            if isinstance(value, Mapping) and key in self.spec.stages:
+                data[key] = {**asdict(self.stage(key)), **value}
+            else:
+                data[key] = value
+        return PipelineConfig.from_dict(data)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PipelineConfig:
         """Build from a (possibly partial) dict; unknown keys are an error, not ignored."""

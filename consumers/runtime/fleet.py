@@ -101,7 +101,7 @@ class Fleet:
             loans=LoanStore(s.database_url) if s.member.mode == "flow" else None,
         )
         self.members = self._members()
-        self.storage.record_members(s.member.run_id, s.member.stage, s.version,
+        self.storage.record_members(s.member.run_id, s.member.stage, s.version, s.canary,
                                     [m.name for m in self.members])
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

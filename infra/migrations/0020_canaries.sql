@@ -55,6 +55,7 @@ CREATE TABLE fleet_members (
     member      text NOT NULL,
     stage       text NOT NULL,
     version     integer,                       -- NULL: started outside the registry
+    canary      bigint REFERENCES canaries (id),  -- a canary's fleet; NULL: the group's own
     started_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, member)
 );

@@ -105,13 +105,15 @@ class Storage:
                         "ON CONFLICT (run_id) DO NOTHING",
                         (run_id, scenario, json.dumps(params or {})))
 
-    def record_members(self, run_id: str, stage: str, version: int | None, members: list[str]) -> None:
-        """Which version each member runs, so every row it writes says which version handled it."""
+    def record_members(self, run_id: str, stage: str, version: int | None, canary: int | None,
+                       members: list[str]) -> None:
+        """Which version each member runs, and for which canary if any, so every row it writes
+        says which version handled it."""
         with self._tx() as cur:
-            cur.executemany("INSERT INTO fleet_members (run_id, member, stage, version) "
-                            "VALUES (%s, %s, %s, %s) ON CONFLICT (run_id, member) "
-                            "DO UPDATE SET version = excluded.version, started_at = now()",
-                            [(run_id, m, stage, version) for m in members])
+            cur.executemany("INSERT INTO fleet_members (run_id, member, stage, version, canary) "
+                            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, member) DO UPDATE SET "
+                            "version = excluded.version, canary = excluded.canary, started_at = now()",
+                            [(run_id, m, stage, version, canary) for m in members])
 
     def finish_run(self, run_id: str) -> None:
         with self._tx() as cur:

@@ -78,6 +78,11 @@ def health_of(info: supervisor.ProcessInfo | None, metrics_port: int) -> str:
     return HEALTH.get(info.state, "dead")
 
 
+def canary_deployment(run_id: str, canary: int) -> str:
+    """The deployment key a canary's fleets are recorded under, apart from the run's own."""
+    return f"{run_id}.canary-{canary}"
+
+
 class FleetSupervisor:
     """Start, scale, check and stop the fleets of one run, as supervisord programs."""
 
@@ -124,15 +129,34 @@ class FleetSupervisor:
         self._wait_ready(client, run_id, config, stages, since, ready_timeout_s)
         return self.describe(run_id)
 
+    def start_canary(self, run_id: str, canary: int, version: int, config: PipelineConfig,
+                     env: FleetEnvironment, stages: tuple[str, ...]) -> list[dict]:
+        """Start canary `canary`'s fleets of `stages`, writing under run `run_id`: recorded as the
+        deployment `canary_deployment(run_id, canary)`, so `stop` of that key stops them alone.
+        They are ready without partitions (the steps lend them theirs)."""
+        key = canary_deployment(run_id, canary)
+        self.records.refuse_running(key)
+        client = self._client()
+        try:
+            for stage in stages:
+                self._deploy(client, run_id, version, config, env, stage, free_port(), canary=canary)
+        except Exception:
+            self.stop(key)
+            raise
+        return self.describe(key)
+
     def _deploy(self, client: supervisor.Client, run_id: str, version: int, config: PipelineConfig,
-                env: FleetEnvironment, stage: str, port: int, replaces: int | None = None) -> None:
+                env: FleetEnvironment, stage: str, port: int, replaces: int | None = None,
+                canary: int | None = None) -> None:
         """Write and load the stage's program; record it (and close the row it replaces)."""
-        name = supervisor.program_name("fleet", run_id, stage)
-        replaced = client.add(fleet_program(name, run_id, stage, config, env.variables(stage), port))
+        key = run_id if canary is None else canary_deployment(run_id, canary)
+        name = supervisor.program_name("fleet", key, stage)
+        replaced = client.add(fleet_program(name, run_id, stage, config, env.variables(stage), port,
+                                            version=version, canary=canary))
         if replaces is not None:
             self.records.close(replaces, "scaled", replaced.exit_status if replaced else None,
                                replaced.state if replaced else None)
-        self.records.open(run_id, version, stage, name, config.stage(stage).members, port,
+        self.records.open(key, version, stage, name, config.stage(stage).members, port,
                           str(self.paths.program_log(name)))
 
     def running(self, run_id: str) -> list[Deployment]:

@@ -31,24 +31,34 @@ class ResolveCandidateOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         registry = ConfigRegistry(self.postgres_conn_id)
         overrides = (json.loads(self.overrides) if isinstance(self.overrides, str) else self.overrides) or {}
-        if overrides.get("pipeline", self.pipeline) != self.pipeline:
-            raise ValueError(f"the overrides name the pipeline {overrides['pipeline']}: choose the pipeline "
-                             f"with the form's `pipeline` field ({self.pipeline})")
-        active = registry.active(self.pipeline) if self.candidate == "active" else None
-        if active is not None:
-            config, name = active.config, active.name
-        else:
-            name = "flow" if self.candidate == "active" else self.candidate
-            if self.candidate == "active":
-                self.log.info("no active configuration of %s yet: measuring the %s preset",
-                              self.pipeline, name)
-            defaults = presets.PresetParams(pipeline=self.pipeline)
-            params = replace(defaults, **{k: type(getattr(defaults, k))(v)  # form values may be text
-                                          for k, v in self.preset_params.items() if hasattr(defaults, k)})
-            config = presets.build(name, params)
-        config = PipelineConfig.from_dict({**config.to_dict(), **overrides})
+        name, config = resolve(registry, self.pipeline, self.candidate, overrides, self.preset_params,
+                               self.log)
         version = registry.register(name, config, note=f"from {context['run_id']}")
         run_id = f"{self.run_prefix}-{context['ts_nodash'].lower()}-v{version}"
         self.log.info("candidate %s of %s is version %d; run %s", name, self.pipeline, version, run_id)
         return {"version": version, "name": name, "pipeline": config.pipeline, "run_id": run_id,
                 "config": config.to_dict()}
+
+
+def resolve(registry: ConfigRegistry, pipeline: str, candidate: str, overrides: dict[str, Any],
+            preset_params: dict[str, Any], log: Any) -> tuple[str, PipelineConfig]:
+    """A form's candidate: the pipeline's `active` version, a registered version by number, or a
+    preset (built with the form's preset parameters), with the form's overrides applied."""
+    if overrides.get("pipeline", pipeline) != pipeline:
+        raise ValueError(f"the overrides name the pipeline {overrides['pipeline']}: choose the pipeline "
+                         f"with the form's `pipeline` field ({pipeline})")
+    active = registry.active(pipeline) if candidate == "active" else None
+    if candidate.isdigit():
+        chosen = registry.get(int(candidate), pipeline)
+        config, name = chosen.config, chosen.name
+    elif active is not None:
+        config, name = active.config, active.name
+    else:
+        name = "flow" if candidate == "active" else candidate
+        if candidate == "active":
+            log.info("no active configuration of %s yet: measuring the %s preset", pipeline, name)
+        defaults = presets.PresetParams(pipeline=pipeline)
+        params = replace(defaults, **{k: type(getattr(defaults, k))(v)  # form values may be text
+                                      for k, v in preset_params.items() if hasattr(defaults, k)})
+        config = presets.build(name, params)
+    return name, config.with_overrides(overrides)
