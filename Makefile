@@ -35,7 +35,7 @@ TEST_RUN := $(if $(filter 1,$(TEST_WORKERS)),.venv/bin/pytest -q -rfEs --duratio
   ( .venv/bin/pytest -q -rfEs --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
     -m "not serial"; r=$$?; .venv/bin/pytest -q -rfEs --durations=5 -m serial $(SERIAL_MODULES) || r=1; exit $$r ))
 
-.PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats shared-quota limit-matrix faults test test-unit test-fast lint airflow
+.PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats canary canary-stats shared-quota limit-matrix faults test test-unit test-fast lint airflow
 
 deps: venv jars postgres-server browser
 
@@ -110,6 +110,14 @@ bench-smoke:
 # The gate's statistics: false-promotion and false-rejection rates over many decisions.
 gate-stats: up
 	$(DEV_ENV) && $(PY) -m bench.gate_stats
+
+# Canaries on live support tickets (bench/canary.py): a slower, dearer draft model rolled back, an
+# identical candidate promoted, a candidate killed mid-step; canary-stats runs 20 of each kind.
+canary: up
+	$(DEV_ENV) && $(PY) -m bench.canary $(BENCH_ARGS)
+
+canary-stats: up
+	$(DEV_ENV) && $(PY) -m bench.canary --stats 20 $(BENCH_ARGS)
 
 # Three pipelines on one provider quota, weights 2 : 1 : 1 (bench/shared_quota.py): backlogged
 # under a concurrency and a requests-per-minute quota, then one of them idle for a minute.

@@ -206,3 +206,50 @@ class CanarySteps:
         return True
 
 
+
+
+PASS, MARGINAL, FAIL, DONE = "pass", "marginal", "fail", "done"
+
+
+def run_step(canary: Canary, steps: CanarySteps, records: CanaryRecords, step: int) -> dict[str, Any]:
+    """Step `step` (from 1): lend its share, wait until the candidate holds it, judge one window,
+    record it. A step past the plan's analysis steps has nothing to measure (DONE)."""
+    analysed = canary.plan.steps[:-1]  # the last (share 1) is the promotion's hand-over
+    if step > len(analysed):
+        return {"step": step, "outcome": DONE, "reason": "no analysis step left"}
+    share = analysed[step - 1]
+    lent = steps.lend(share)
+    records.step_started(canary.id, step, share, sum(len(p) for p in lent.values()))
+    if not steps.wait_held(lent):
+        window, verdict, why = Window(time.time(), time.time(), {}), None, \
+            "the candidate did not take the partitions lent to it"
+    else:
+        window, verdict, why = steps.measure(lent, canary.plan.window_s)
+    outcome = verdict.outcome if verdict is not None else FAIL
+    records.step_judged(canary.id, step, window, outcome,
+                        verdict.to_dict() if verdict is not None else {"reason": why})
+    return {"step": step, "share": share, "outcome": outcome, "reason": why,
+            "summary": verdict.summary() if verdict is not None else why}
+
+
+def promote(canary: Canary, steps: CanarySteps, records: CanaryRecords, restart_live: Callable[[], None],
+            stop_canary: Callable[[], None], note: str) -> None:
+    """The candidate holds every partition while `restart_live` restarts the live fleets at its
+    configuration (they hold back what is lent), then hands them back: no partition waits for a
+    fleet to start. The canary's fleets stop once the live ones have taken everything back."""
+    if not steps.wait_held(steps.lend(1.0)):
+        raise TimeoutError(f"canary {canary.id}: the candidate did not take every partition")
+    restart_live()
+    if not steps.recall():
+        raise TimeoutError(f"canary {canary.id}: the live fleets did not take every partition back")
+    stop_canary()
+    records.close(canary.id, "promoted", note)
+
+
+def roll_back(canary: Canary, steps: CanarySteps, records: CanaryRecords, stop_canary: Callable[[], None],
+              reason: str) -> None:
+    """Every partition back to the live fleets, then the canary's fleets stop."""
+    if not steps.recall():
+        raise TimeoutError(f"canary {canary.id}: the live fleets did not take every partition back")
+    stop_canary()
+    records.close(canary.id, "rolled_back", reason)

@@ -10,23 +10,31 @@ has nothing to measure and lets its decision promote.
 from __future__ import annotations
 
 import json
-import time
+from contextlib import closing
 from typing import Any
 
 from airflow.providers.standard.operators.branch import BaseBranchOperator
 from airflow.sdk import BaseOperator
 
 from consumers.config.canary_plan import CanaryPlan, canary_refusals, changed_stages
-from consumers.runs.canary_samples import ACTIVE, CANDIDATE, Window
+from consumers.runs.canary_samples import ACTIVE, CANDIDATE
 from measure.canary import CanaryThresholds
-from pipeline_ops.canary import Canary, CanaryRecords, CanarySteps
+from pipeline_ops.canary import (
+    DONE,
+    MARGINAL,
+    PASS,
+    Canary,
+    CanaryRecords,
+    CanarySteps,
+    promote,
+    roll_back,
+    run_step,
+)
 from pipeline_ops.connections import database_url, kafka_access
 from pipeline_ops.fleets.supervisord import FleetSupervisor, canary_deployment
 from pipeline_ops.operators.candidate import resolve
 from pipeline_ops.operators.runs import Connections
 from pipeline_ops.registry import ConfigRegistry
-
-PASS, MARGINAL, FAIL, DONE = "pass", "marginal", "fail", "done"
 
 
 class CanaryRefused(ValueError):
@@ -129,28 +137,10 @@ class CanaryStepOperator(_CanaryTask):
     def execute(self, context: Any) -> dict[str, Any]:
         records = CanaryRecords(self.conns.postgres)
         canary = records.get(_canary_id(self.canary))
-        analysed = canary.plan.steps[:-1]  # the last (share 1) is the promotion's hand-over
-        if self.step > len(analysed):
-            return {"step": self.step, "outcome": DONE, "reason": "no analysis step left"}
-        share = analysed[self.step - 1]
-        steps = self._steps(canary)
-        try:
-            lent = steps.lend(share)
-            records.step_started(canary.id, self.step, share, sum(len(p) for p in lent.values()))
-            if not steps.wait_held(lent):
-                reason = "the candidate did not take the partitions lent to it"
-                records.step_judged(canary.id, self.step, Window(time.time(), time.time(), {}), FAIL,
-                                    {"reason": reason})
-                return {"step": self.step, "share": share, "outcome": FAIL, "reason": reason}
-            window, verdict, why = steps.measure(lent, canary.plan.window_s)
-        finally:
-            steps.close()
-        figures = verdict.to_dict() if verdict is not None else {"reason": why}
-        outcome = verdict.outcome if verdict is not None else FAIL
-        records.step_judged(canary.id, self.step, window, outcome, figures)
-        self.log.info("canary %d step %d (%.0f %%): %s", canary.id, self.step, 100 * share,
-                      verdict.summary() if verdict is not None else why)
-        return {"step": self.step, "share": share, "outcome": outcome, "reason": why}
+        with closing(self._steps(canary)) as steps:
+            result = run_step(canary, steps, records, self.step)
+        self.log.info("canary %d step %d: %s", canary.id, self.step, result.get("summary", result["reason"]))
+        return result
 
 
 class CanaryDecideOperator(BaseBranchOperator):
@@ -193,33 +183,25 @@ class CanaryCloseOperator(_CanaryTask):
         if self.action == "settle" and records.state(canary.id) != "running":
             return {"canary": canary.id, "state": records.state(canary.id)}
         fleets = self._supervisor()
-        steps = self._steps(canary)
-        try:
-            if self.action == "promote":
-                return self._promote(canary, steps, fleets, records, context)
-            if not steps.recall():
-                raise TimeoutError(f"canary {canary.id}: the live fleets did not take every partition back")
-        finally:
-            steps.close()
-        fleets.stop(canary_deployment(canary.run_id, canary.id))
-        reason = self.reason or ("its run ended without a decision" if self.action == "settle" else "judged")
-        records.close(canary.id, "rolled_back", reason)
-        return {"canary": canary.id, "state": "rolled_back", "reason": reason}
 
-    def _promote(self, canary: Canary, steps: CanarySteps, fleets: FleetSupervisor, records: CanaryRecords,
-                 context: Any) -> dict[str, Any]:
-        """The candidate holds every partition while the live fleets restart at its configuration
-        (they hold back what is lent), then hands them back: nothing waits for a fleet to start."""
-        lent = steps.lend(1.0)
-        if not steps.wait_held(lent):
-            raise TimeoutError(f"canary {canary.id}: the candidate did not take every partition")
-        registry = ConfigRegistry(self.conns.postgres)
-        config = registry.get(canary.candidate_version).config
-        registry.activate(canary.candidate_version, "canary", canary.run_id, reason=f"canary {canary.id}")
-        fleets.scale(canary.run_id, canary.candidate_version, config, self.conns.environment(config),
-                     stages=canary.stages)
-        if not steps.recall():
-            raise TimeoutError(f"canary {canary.id}: the live fleets did not take every partition back")
-        fleets.stop(canary_deployment(canary.run_id, canary.id))
-        records.close(canary.id, "promoted", f"every step passed ({context['run_id']})")
-        return {"canary": canary.id, "state": "promoted"}
+        def stop_canary() -> None:
+            fleets.stop(canary_deployment(canary.run_id, canary.id))
+
+        with closing(self._steps(canary)) as steps:
+            if self.action == "promote":
+                registry = ConfigRegistry(self.conns.postgres)
+                config = registry.get(canary.candidate_version).config
+
+                def restart_live() -> None:
+                    registry.activate(canary.candidate_version, "canary", canary.run_id,
+                                      reason=f"canary {canary.id}")
+                    fleets.scale(canary.run_id, canary.candidate_version, config,
+                                 self.conns.environment(config), stages=canary.stages)
+
+                promote(canary, steps, records, restart_live, stop_canary,
+                        f"every step passed ({context['run_id']})")
+                return {"canary": canary.id, "state": "promoted"}
+            reason = self.reason or ("its run ended without a decision" if self.action == "settle"
+                                     else "judged")
+            roll_back(canary, steps, records, stop_canary, reason)
+        return {"canary": canary.id, "state": "rolled_back", "reason": reason}
