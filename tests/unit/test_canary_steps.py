@@ -3,7 +3,8 @@ by hand."""
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from typing import Any, ClassVar
 
 import pytest
 
@@ -27,7 +28,7 @@ def test_a_step_lends_the_first_ceil_share_times_partitions(share: float, partit
 
 def test_a_growing_share_keeps_the_partitions_it_had() -> None:
     steps = [lent_partitions(share, 12) for share in (0.1, 0.25, 0.5, 1.0)]
-    assert all(set(a) <= set(b) for a, b in zip(steps, steps[1:], strict=False))
+    assert all(set(a) <= set(b) for a, b in itertools.pairwise(steps))
 
 
 class FakeTi:
@@ -39,7 +40,7 @@ class FakeTi:
 
 
 class FakeRecords:
-    decisions: list[tuple[int, int, str]] = []
+    decisions: ClassVar[list[tuple[int, int, str]]] = []
 
     def decided(self, canary: int, step: int, decision: str) -> None:
         self.decisions.append((canary, step, decision))
