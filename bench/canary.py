@@ -70,6 +70,11 @@ CANDIDATES = {"slower": ACTIVE_CONFIG.with_overrides({STAGE: {"work": {"endpoint
               "identical": ACTIVE_CONFIG}
 EXPECTED = {"slower": "rolled_back", "identical": "promoted"}
 
+# The draft results over a canary's life (its row's start to end) and those its fleet made.
+HANDLED_SQL = ("SELECT count(*) FILTER (WHERE f.canary = %s), count(*) FROM stage_results s "
+               "JOIN fleet_members f USING (run_id, member) JOIN canaries c ON c.run_id = s.run_id "
+               "WHERE s.stage = %s AND c.id = %s AND s.completed_at BETWEEN c.started_at AND c.ended_at")
+
 console = Console()
 logging.getLogger("airflow.task.hooks").setLevel(logging.WARNING)  # every statement the hooks run
 
@@ -184,7 +189,9 @@ def one_canary(kind: str, live: Live, registry: ConfigRegistry, records: CanaryR
             roll_back(canary, steps, records, lambda: None,
                       "promotion decided; hand-over skipped between trials" if promoted
                       else f"step {results[-1]['step']}: {results[-1]['outcome']}")
+    handled, total = rows(live.stack.database_url, HANDLED_SQL, (canary.id, STAGE, canary.id))[0]
     return {"kind": kind, "canary": canary.id, "decision": "promoted" if promoted else "rolled_back",
+            "candidate_handled": handled, "candidate_share": handled / total if total else None,
             "steps": [{k: r[k] for k in ("step", "outcome", "reason") if k in r} | {"share": r.get("share")}
                       for r in results], "summaries": [r.get("summary") for r in results],
             "seconds": round(time.monotonic() - started, 1), "taken_back_s": taken_back_s}
@@ -267,7 +274,8 @@ def main() -> None:
                 trial["killed"] = kill is not None
                 trials.append(trial)
                 console.print(f"[{i}/{len(runs)}] {kind}{' (killed)' if kill else ''}: {trial['decision']} "
-                              f"after {len(trial['steps'])} step(s), {trial['seconds']} s; "
+                              f"after {len(trial['steps'])} step(s), {trial['seconds']} s, "
+                              f"{trial['candidate_handled']} drafts by the candidate; "
                               f"{trial['summaries'][-1] or ''}")
             sent = load.sent
         drained_by = time.monotonic() + 120
