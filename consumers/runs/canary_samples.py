@@ -26,15 +26,18 @@ from measure.canary import VersionSample
 # Dead-letter reasons that are the call's failure, not the record's: the request failed for good.
 ERROR_REASONS = ("ai_unavailable", "ai_bad_answer", "work_failed")
 
+# Each side's results in the window, with their requests' end-to-end latency and AI seconds per
+# stage: the window's requests only (by their key, indexed), not the whole live run's tries.
 _RESULTS_SQL = """
 SELECT f.canary IS NOT NULL, s.request_id, s.stage, s.kafka_partition,
        extract(epoch FROM r.notified_at - r.produced_at), ai.per_stage
 FROM stage_results s JOIN fleet_members f USING (run_id, member)
 JOIN requests r ON r.pipeline = s.pipeline AND r.request_id = s.request_id
-LEFT JOIN (SELECT request_id, json_object_agg(stage, ai_s) AS per_stage FROM (
-    SELECT request_id, stage, sum(extract(epoch FROM ended_at - started_at)) AS ai_s FROM ai_attempts
-    WHERE run_id = %(run)s AND outcome = 'ok' GROUP BY request_id, stage) calls
-  GROUP BY request_id) ai ON ai.request_id = s.request_id
+LEFT JOIN LATERAL (
+  SELECT json_object_agg(stage, ai_s) AS per_stage FROM (
+    SELECT a.stage, sum(extract(epoch FROM a.ended_at - a.started_at)) AS ai_s FROM ai_attempts a
+    WHERE a.pipeline = s.pipeline AND a.request_id = s.request_id AND a.run_id = s.run_id
+      AND a.outcome = 'ok' GROUP BY a.stage) calls) ai ON true
 WHERE s.run_id = %(run)s AND s.stage = ANY(%(stages)s) AND (f.canary IS NULL OR f.canary = %(canary)s)
   AND s.completed_at >= to_timestamp(%(start)s) AND s.completed_at < to_timestamp(%(end)s)
 """
