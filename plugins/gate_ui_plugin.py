@@ -13,8 +13,8 @@ from pipeline_ops.ui import MOUNT, app
 
 class PipelineGatePlugin(AirflowPlugin):
     """The promotion gate's decisions, the active version and the promotions, the pipelines'
-    dead letters (with their redrive) and AI endpoint circuits, and the quotas they share, in the
-    Airflow UI."""
+    dead letters (with their redrive) and AI endpoint circuits, the quotas they share, and the
+    canaries on live traffic, in the Airflow UI."""
 
     name = "pipeline_gate"
     # Airflow reads these off the class; its base declares them without ClassVar.

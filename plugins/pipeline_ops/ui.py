@@ -22,6 +22,11 @@ So are the provider quotas the pipelines share (pipeline_ops.quota_page): each q
 each pipeline's grant, calls in use and fair share, its lapsed holders, the backlog of each lane
 and a plot of the grants over the last minutes (`?quota_minutes=`, 10 by default), with the same
 figures as JSON at /pipeline-gate/api/quotas.
+
+And the canaries on live traffic (pipeline_ops.canary_page): the latest canaries with each
+step's share, window, verdict and decision, its checks with the candidate's figure beside the
+baseline's and the quota share, and a plot per canary of both sides' completions and latency,
+with the same figures as JSON at /pipeline-gate/api/canaries.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from consumers.config import pipeline_spec
 from consumers.config.candidate import PipelineConfig
 from measure import cost
-from pipeline_ops import quota_page
+from pipeline_ops import canary_page, quota_page
 from pipeline_ops.registry import ConfigRegistry
 
 CONN_ID = "postgres_default"
@@ -62,6 +67,7 @@ _templates.filters["cost"] = cost.shown
 app = FastAPI(title="Pipeline gate", description="Gate decisions, active version and promotions.",
               dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN, DAG_ID))])
 app.include_router(quota_page.routes(CONN_ID))
+app.include_router(canary_page.routes(CONN_ID))
 
 
 def results_dir() -> Path:
@@ -211,6 +217,7 @@ def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20,
     plots = [{"name": name, "url": request.url_for("plot", run_id=latest, name=name).path}
              for name in PLOTS if latest and plot_path(latest, name)]
     quotas = quota_page.quotas(hook)
+    canaries = canary_page.canaries(hook)
     html = _templates.get_template("gate.html").render(
         decisions=rows, actives=registry.actives(), pipelines=registry.pipelines(), pipeline=pipeline,
         history=[_utc(h) for h in registry.history()],
@@ -223,7 +230,9 @@ def page(request: Request, limit: Annotated[int, Query(ge=1, le=500)] = 20,
         quotas=quotas, quota_minutes=quota_minutes,
         quota_windows={m: f"?{request.url.include_query_params(quota_minutes=m).query}#quotas"
                        for m in quota_page.WINDOWS},
-        quota_plots={q["quota"]: request.url_for("quota_plot", quota=q["quota"]).path for q in quotas})
+        quota_plots={q["quota"]: request.url_for("quota_plot", quota=q["quota"]).path for q in quotas},
+        canaries=canaries,
+        canary_plots={c["id"]: request.url_for("canary_plot", canary_id=c["id"]).path for c in canaries})
     return HTMLResponse(html)
 
 

@@ -94,7 +94,7 @@ def render(**context: Any) -> str:
             "versions": [], "capacity": [], "latest": None, "plots": [], "results_dir": "results",
             "api_base": "/airflow", "rollback_dag": ui.ROLLBACK_DAG_ID, "redrive_dag": ui.REDRIVE_DAG_ID,
             "run": None, "letters_by": "latest", "dead_letters": [], "circuits": [], "quotas": [],
-            "quota_minutes": 10, "quota_windows": {}, "quota_plots": {}}
+            "quota_minutes": 10, "quota_windows": {}, "quota_plots": {}, "canaries": [], "canary_plots": {}}
     return ui._templates.get_template("gate.html").render(**{**base, **context})
 
 
