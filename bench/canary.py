@@ -58,14 +58,17 @@ from pipeline_ops.registry import ConfigRegistry
 
 PIPELINE = "support_tickets"
 STAGE = "draft"  # the stage both candidates change (a model switch) or keep
-TIME_SCALE = 0.1
-LIMIT = 16  # the stand-in's concurrency per endpoint: the draft model binds
+# Against a real model a request's end-to-end latency is mostly its AI calls; at smaller time
+# scales the platform's own milliseconds (and this machine's stalls, which fall on one side of a
+# canary at a time) weigh more, and an identical candidate's windows drifted by 10 % and more.
+TIME_SCALE = 0.2
+LIMIT = 32  # the stand-in's concurrency per endpoint: the draft model binds
 LOAD_SHARE = 0.8
 REVIEW_TIMEOUT_S = 1.0  # a marginal step is not reviewed here: its timeout rolls it back
 ACTIVE_CONFIG = PipelineConfig(pipeline=PIPELINE, partitions=10, time_scale=TIME_SCALE, replication_factor=1,
                                exactly_once=True,
-                               stages={"triage": StageConfig("flow", members=1, window=16),
-                                       STAGE: StageConfig("flow", members=1, window=16)})
+                               stages={"triage": StageConfig("flow", members=1, window=32),
+                                       STAGE: StageConfig("flow", members=1, window=32)})
 CANDIDATES = {"slower": ACTIVE_CONFIG.with_overrides({STAGE: {"work": {"endpoint": "large_model_next"}}}),
               "identical": ACTIVE_CONFIG}
 EXPECTED = {"slower": "rolled_back", "identical": "promoted"}

@@ -3,10 +3,12 @@
 Both sides write under the live run; a row says which side handled it through its member
 (`fleet_members`: the canary's fleets carry its id, the active group's none), which tells them
 apart even when the candidate's configuration is the active one's (an identical candidate
-registers as the same version). A side's requests in the window are those whose changed stage
-it completed then; their end-to-end latency runs from produced to notified (as `measure.figures`
-defines it), so a request still on its way downstream when the window closes is read once it
-arrives. Dead letters carry no member: they go to the side that held their partition, which no
+registers as the same version). A side's requests in the window are those produced in it whose
+changed stage it completed before the window closed: a partition handed over waits while it
+changes hands, and the records it gathered meanwhile, produced before the window, would charge
+that wait to the side that takes it. Their end-to-end latency runs from produced to notified (as
+`measure.figures` defines it), so a request still on its way downstream when the window closes
+is read once it arrives. Dead letters carry no member: they go to the side that held their partition, which no
 hand-over moves inside a window. Tries are priced at the side's own spec's prices (a candidate
 may call another endpoint), each billed try charged to its request as `measure.cost` does.
 """
@@ -39,7 +41,7 @@ LEFT JOIN LATERAL (
     WHERE a.pipeline = s.pipeline AND a.request_id = s.request_id AND a.run_id = s.run_id
       AND a.outcome = 'ok' GROUP BY a.stage) calls) ai ON true
 WHERE s.run_id = %(run)s AND s.stage = ANY(%(stages)s) AND (f.canary IS NULL OR f.canary = %(canary)s)
-  AND s.completed_at >= to_timestamp(%(start)s) AND s.completed_at < to_timestamp(%(end)s)
+  AND s.completed_at < to_timestamp(%(end)s) AND r.produced_at >= to_timestamp(%(start)s)
 """
 
 _ATTEMPTS_SQL = """

@@ -65,3 +65,8 @@ ALTER TABLE rebalance_events DROP CONSTRAINT rebalance_events_event_check;
 ALTER TABLE rebalance_events ADD CONSTRAINT rebalance_events_event_check
     CHECK (event IN ('assign', 'revoke', 'lost', 'max_poll_exceeded',
                      'lend', 'take_back', 'borrow', 'give_back'));
+
+-- A version made active by a canary that passed every step.
+ALTER TABLE promotions DROP CONSTRAINT promotions_action_check;
+ALTER TABLE promotions ADD CONSTRAINT promotions_action_check
+    CHECK (action IN ('promote', 'rollback', 'initial', 'canary'));

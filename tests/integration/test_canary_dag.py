@@ -54,7 +54,7 @@ def live(stack: Stack) -> Iterator[Live]:
     fit_stand_in(CONFIG, 16)
     registry = ConfigRegistry()
     version = registry.register("canary-live", CONFIG, note="test_canary_dag")
-    registry.activate(version, "test", run_id)
+    registry.activate(version, "promote", run_id)
     fleets = FleetSupervisor()
     env = FleetEnvironment(stack.kafka, stack.database_url,
                            Endpoints.on(stack.env["AI_SERVICE_URL"], CONFIG.spec).urls)
@@ -124,11 +124,12 @@ def test_an_identical_candidate_is_promoted_through_every_step(stack: Stack, liv
     assert run.state == "success", run.output[-6000:]
     canary, state, steps = canary_of(stack, live)
     assert (state, steps) == ("promoted", [(1, "pass")])
-    # the live draft fleet was restarted at the candidate's configuration, the canary's stopped
-    def states(deployment: str) -> list[str]:
-        return [row[0] for row in query(stack.database_url, "SELECT state FROM deployments WHERE "
-                                        "run_id = %s AND stage = 'draft' ORDER BY id", deployment)]
+    # nothing to restart (the candidate configures every stage as the live fleets run it); the
+    # canary's fleets stopped, one per AI stage (an identical candidate canaries them all)
+    def states(deployment: str) -> list[tuple[str, str]]:
+        return query(stack.database_url, "SELECT stage, state FROM deployments WHERE run_id = %s "
+                     "ORDER BY stage, id", deployment)
 
-    assert states(live.run_id) == ["scaled", "running"]
-    assert states(f"{live.run_id}.canary-{canary}") == ["stopped"]
+    assert states(live.run_id) == [("draft", "running"), ("triage", "running")]
+    assert states(f"{live.run_id}.canary-{canary}") == [("draft", "stopped"), ("triage", "stopped")]
     all_handled(stack, live, sent)

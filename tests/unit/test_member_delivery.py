@@ -216,6 +216,7 @@ def make_member(mode: str, sink: Sink, windows: WindowPool | None = None) -> Gro
                               record_dead_letter=lambda *a: sink.sent.append("table"))
     topics = Topics("unit", pipeline_spec.load("genai_image"))
     ctx = SimpleNamespace(topics=topics, storage=storage, outbox=sink, entry=True, ai=None, windows=windows,
+                          loans=None,
                           key=lambda event: Key("genai_image", event["request_id"], event["run_id"]),
                           outgoing=lambda topic, event: Outgoing(topic, b"{}"))
     settings = MemberSettings(run_id="r", stage="check", mode=mode, group_id="g",

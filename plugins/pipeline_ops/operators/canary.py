@@ -191,12 +191,16 @@ class CanaryCloseOperator(_CanaryTask):
             if self.action == "promote":
                 registry = ConfigRegistry(self.conns.postgres)
                 config = registry.get(canary.candidate_version).config
+                # Only the stages the candidate configures differently restart: a program whose
+                # command is unchanged is not restarted by supervisord, and nothing would come.
+                changed = tuple(changed_stages(registry.get(canary.active_version).config, config))
 
                 def restart_live() -> None:
                     registry.activate(canary.candidate_version, "canary", canary.run_id,
                                       reason=f"canary {canary.id}")
-                    fleets.scale(canary.run_id, canary.candidate_version, config,
-                                 self.conns.environment(config), stages=canary.stages)
+                    if changed:
+                        fleets.scale(canary.run_id, canary.candidate_version, config,
+                                     self.conns.environment(config), stages=changed)
 
                 promote(canary, steps, records, restart_live, stop_canary,
                         f"every step passed ({context['run_id']})")
