@@ -2,10 +2,11 @@
 with non-default values and a pipeline picked in its dropdown, watch the run finish, read the
 gate's decision (capacity, throughput, utilization with its interval, every check) on the gate
 page under its pipeline's name, filter the page down to that pipeline, and roll back from it;
-read a run's dead letters and endpoint circuits on the gate page, and redrive from it. The
-form's run is the LLM pipeline's (support_tickets): it also shows what the tuning DAG measures
-and promotes for a pipeline other than the reference one, and the binding limit and AI cost the
-gate page shows for a pipeline whose endpoints declare prices.
+read a run's dead letters and endpoint circuits on the gate page, and redrive from it; start a
+canary of a slower model on a live deployment from `pipeline_canary`'s form and read its rollback
+on the gate page. The form's run is the LLM pipeline's (support_tickets): it also shows what the
+tuning DAG measures and promotes for a pipeline other than the reference one, and the binding
+limit and AI cost the gate page shows for a pipeline whose endpoints declare prices.
 
 Airflow (standalone) runs on the test stack for this module only; Chromium is Debian's
 (`make browser`), driven headless by Playwright. Screenshots go to results/ui/. The form's run
@@ -33,6 +34,15 @@ from consumers.config import events, pipeline_spec
 from consumers.config.pipeline_spec import REFERENCE
 from measure import cost
 from pipeline_ops.registry import ConfigRegistry
+from tests.integration.canary_fixtures import PIPELINE as CANARY_PIPELINE
+from tests.integration.canary_fixtures import (
+    SLOWER,
+    active_of,
+    all_handled,
+    canary_of,
+    live_deployment,
+    steady_load,
+)
 from tests.integration.conftest import stand_in_lock
 from tests.integration.kafka_helpers import create_topic
 from tests.integration.pipeline_fixtures import another_version, query
@@ -441,6 +451,98 @@ def test_dead_letters_and_circuits_on_the_gate_page_and_a_redrive_from_it(stack:
     except BaseException:
         page.screenshot(path=SHOTS / "failure.png")
         raise
+
+
+# --- a canary from its form ------------------------------------------------------------------
+
+CANARY_DAG_ID = "pipeline_canary"
+# The canary's form as a person fills it in: the live deployment's run id, the slower model as the
+# overrides (in the form's JSON editor), a window the test's steady load fills; steps as defaulted.
+CANARY_WINDOW_S = 8
+
+
+def fill_json(page: Any, dialog: Any, name: str, value: object) -> None:
+    """Replace the text of the form's JSON editor for the param `name` with `value`, pasted as a
+    person would paste it (typed, the editor would close each bracket and quote once more)."""
+    editor = dialog.locator(f"#element_{name}")
+    editor.scroll_into_view_if_needed()
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.evaluate("text => navigator.clipboard.writeText(text)", json.dumps(value))
+    editor.locator(".view-lines").click()
+    page.keyboard.press("ControlOrMeta+A")
+    page.keyboard.press("ControlOrMeta+V")
+    # the form takes it and shows it indented again
+    playwright_api.expect(editor).to_contain_text(json.dumps(value, indent=2).split("\n")[1].strip())
+    playwright_api.expect(dialog.get_by_text("SyntaxError")).to_have_count(0)
+
+
+def trigger_canary_from_the_form(page: Any, airflow: str, run_id: str) -> str:
+    """Fill the canary DAG's form for a slower draft model on the live run, submit it; the run id."""
+    expect = playwright_api.expect
+    page.goto(f"{airflow}/dags/{CANARY_DAG_ID}")
+    page.get_by_role("button", name="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    expect(dialog.get_by_text(f"Trigger Dag - {CANARY_DAG_ID}")).to_be_visible()
+    choose(page, dialog, "pipeline", CANARY_PIPELINE)
+    dialog.locator("#element_run_id").fill(run_id)
+    fill_json(page, dialog, "overrides", SLOWER)
+    window = dialog.get_by_role("spinbutton", name="window_s", exact=True)
+    window.fill(str(CANARY_WINDOW_S))
+    window.blur()
+    expect(window).to_have_value(str(CANARY_WINDOW_S))
+    page.screenshot(path=SHOTS / "canary_form.png")
+    with page.expect_response(lambda r: r.request.method == "POST"
+                              and r.url.endswith(f"/api/v2/dags/{CANARY_DAG_ID}/dagRuns")) as posted:
+        dialog.get_by_test_id("trigger-dag-submit").click()
+    assert posted.value.ok, posted.value.text()
+    return posted.value.json()["dag_run_id"]
+
+
+@pytest.mark.timeout(900)
+def test_a_canary_from_its_form_to_its_rollback_on_the_gate_page(stack: Stack, airflow: str, password: str,
+                                                                 api: Api, page: Any) -> None:
+    """A person starts a canary of a slower, dearer draft model on a live deployment from the
+    canary DAG's form, and reads on the gate page that it rolled back by itself at its first
+    step: the step's verdict, each check's outcome, the cost per request failed with the
+    candidate's figure beside the baseline's, the plot; the live version stays active and every
+    ticket is handled."""
+    expect = playwright_api.expect
+    wait_for_dag(api, CANARY_DAG_ID, 180)
+    with stand_in_lock(stack), live_deployment(stack) as live, paused_again(api, CANARY_DAG_ID):
+        log_in(page, airflow, password)
+        with steady_load(stack, live) as sent:
+            run_id = trigger_canary_from_the_form(page, airflow, live.run_id)
+            run = wait_for_run(api, run_id, 600, CANARY_DAG_ID)
+        assert run["conf"]["run_id"] == live.run_id and run["conf"]["overrides"] == SLOWER
+        assert run["conf"]["window_s"] == CANARY_WINDOW_S
+        canary, state, steps = canary_of(stack, live)
+        assert (state, steps) == ("rolled_back", [(1, "fail")])
+        assert active_of(stack) == [(live.version,)]
+
+        gate = gate_frame(page, airflow)
+        section = gate.locator(f'section.canary[data-canary="{canary}"]')
+        expect(section).to_be_visible()
+        expect(section.locator("h3 .badge")).to_have_text("rolled back")
+        step = section.locator('.canary-step[data-step="1"]')
+        expect(step.locator("h4 .badge")).to_have_text("fail")
+        listed = next(c for c in api.get("/pipeline-gate/api/canaries") if c["id"] == canary)
+        checks = {k["name"]: k for k in listed["steps"][0]["checks"]}
+        # the dearer model's cost fails whatever this machine's load does to the latencies
+        spent = checks["cost_per_request"]
+        assert spent["outcome"] == "fail" and spent["measured"] > 1.3 * spent["baseline"], spent
+        for name, check in checks.items():
+            row = step.locator(f'tr[data-check="{name}"]')
+            expect(row.locator("td.outcome .badge")).to_have_text(check["outcome"])
+        expect(step.locator('tr[data-check="cost_per_request"] td.p-value')).not_to_have_text("–")
+        plot = section.locator("img").first
+        expect(plot).to_be_visible()
+        # drawn from the canary's rows when asked: its width once it has loaded (0 if it failed)
+        width = plot.evaluate("img => img.complete ? img.naturalWidth : new Promise(done => {"
+                              "img.onload = () => done(img.naturalWidth); img.onerror = () => done(0); })")
+        assert width > 0, "the canary's plot did not load"
+        section.scroll_into_view_if_needed()
+        page.screenshot(path=SHOTS / "gate_canary.png")
+        all_handled(stack, live, sent)
 
 
 # --- the form's tuning run ------------------------------------------------------------------
