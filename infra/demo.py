@@ -23,27 +23,59 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg2
+from psycopg2.extensions import connection
 
 from infra.layout import REPO, Layout, current
 
+FINISHED = ("success", "failed", "skipped", "upstream_failed", "removed")
+TASKS_SQL = ("SELECT ti.task_id, ti.state, ti.start_date, ti.end_date FROM task_instance ti "
+             "JOIN dag_run r ON r.dag_id = ti.dag_id AND r.run_id = ti.run_id "
+             "WHERE r.dag_id = %s AND r.logical_date = %s ORDER BY ti.start_date NULLS LAST, ti.task_id")
+
 
 def run_dag(layout: Layout, dag_id: str, conf: dict) -> tuple[str, str]:
-    """`airflow dags test` one run with its output in .local/<stack>/<dag_id>.log; return its
-    state (from the metadata database) and the run's logical date in ts_nodash form."""
+    """`airflow dags test` one run with its output in .local/<stack>/<dag_id>.log, each task shown
+    as it starts and ends; return its state (from the metadata database) and the run's logical
+    date in ts_nodash form."""
     logical_date = datetime.now(UTC).replace(microsecond=0)
     airflow = str(Path(sys.executable).parent / "airflow")
     started = time.monotonic()
     print(f"running {dag_id} with {json.dumps(conf)} (log: .local/{layout.name}/{dag_id}.log)")
-    with open(layout.root / f"{dag_id}.log", "w") as log:
-        subprocess.run([airflow, "dags", "test", dag_id, logical_date.isoformat(), "-c", json.dumps(conf)],
-                       stdout=log, stderr=subprocess.STDOUT, cwd=REPO, check=False)
-    with closing(psycopg2.connect(layout.database_url("airflow"))) as conn, conn, conn.cursor() as cur:
-        cur.execute("SELECT state FROM dag_run WHERE dag_id = %s AND logical_date = %s",
-                    (dag_id, logical_date.isoformat()))
-        row = cur.fetchone()
+    with open(layout.root / f"{dag_id}.log", "w") as log, \
+            closing(psycopg2.connect(layout.database_url("airflow"))) as conn:
+        conn.autocommit = True
+        cmd = [airflow, "dags", "test", dag_id, logical_date.isoformat(), "-c", json.dumps(conf)]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        follow_tasks(conn, dag_id, logical_date, proc)
+        with conn.cursor() as cur:
+            cur.execute("SELECT state FROM dag_run WHERE dag_id = %s AND logical_date = %s",
+                        (dag_id, logical_date.isoformat()))
+            row = cur.fetchone()
     state = row[0] if row else "missing"
     print(f"{dag_id}: {state} in {time.monotonic() - started:.0f}s")
     return state, logical_date.strftime("%Y%m%dt%H%M%S")
+
+
+def follow_tasks(conn: connection, dag_id: str, logical_date: datetime, proc: subprocess.Popen) -> None:
+    """Until `proc` ends: each task of the run printed when it starts and when it ends, with the
+    time it took, as the run's own task instances record them."""
+    shown: dict[str, str] = {}
+    while True:
+        ended = proc.poll() is not None  # read once more after the end: the last task's state
+        with conn.cursor() as cur:
+            cur.execute(TASKS_SQL, (dag_id, logical_date.isoformat()))
+            tasks = cur.fetchall()
+        for task_id, state, start, end in tasks:
+            if state in FINISHED and shown.get(task_id) != "ended":
+                took = f" in {(end - start).total_seconds():.0f}s" if start and end else ""
+                print(f"  {(end or datetime.now(UTC)).astimezone(UTC):%H:%M:%S} {task_id} {state}{took}")
+                shown[task_id] = "ended"
+            elif start and task_id not in shown:
+                print(f"  {start.astimezone(UTC):%H:%M:%S} {task_id} started")
+                shown[task_id] = "started"
+        if ended:
+            return
+        time.sleep(1)
 
 
 def main() -> int:

@@ -49,8 +49,9 @@ def interval(bounds: dict[str, Any] | None, digits: int = 3) -> str:
     return (f"{bounds['estimate']:.{digits}f} [{bounds['low']:.{digits}f}, {bounds['high']:.{digits}f}]")
 
 
-def headline(figures: dict[str, Any]) -> list[str]:
-    """Capacity, throughput and utilization over the trials, with their intervals."""
+def headline(figures: dict[str, Any], spec: PipelineSpec | None = None) -> list[str]:
+    """Capacity, throughput and utilization over the trials, with their intervals, and the cost
+    (with `spec`, a cost nothing priced says which endpoints to declare prices for, and where)."""
     summary, trials = figures["summary"], figures["trials"]
     first = trials[0]
     binding = ", ".join(summary.get("binding_limits") or []) or first.get("binding_limit") or "-"
@@ -65,7 +66,9 @@ def headline(figures: dict[str, Any]) -> list[str]:
         f"{summary['trials']} trials)",
     ]
     spent = summary.get("cost")
-    if spent is not None:
+    if spent is not None and spent["cost_per_1k_requests"] is None and spec is not None:
+        lines.append(unpriced(spec))
+    elif spent is not None:
         lines.append(f"  cost         {cost.shown(spent['cost_per_1k_requests'])} per 1,000 completed "
                      f"requests, {interval(summary.get('cost_per_request'), COST_DIGITS)} per request; "
                      f"failed calls {cost.shown(spent['failed_cost'])}, paid twice "
@@ -81,10 +84,20 @@ def headline(figures: dict[str, Any]) -> list[str]:
     return lines
 
 
+def unpriced(spec: PipelineSpec) -> str:
+    """The cost line of a run no reported cost nor declared price could price: what is missing
+    and where to declare it."""
+    missing = ", ".join(sorted(name for name, endpoint in spec.endpoints.items() if endpoint.price is None))
+    return (f"  cost         unknown: no gateway reported the calls' cost and endpoints {missing} declare "
+            f"no price; declare `price: {{input_per_1k: ..., output_per_1k: ...}}` (what 1,000 input and "
+            f"output tokens cost) under each in {pipeline_spec.path_of(spec.name)} (docs/cost.md)")
+
+
 def text(candidate: dict[str, Any], decision: dict[str, Any]) -> str:
     figures = decision["figures"]
+    spec = pipeline_spec.load(candidate["pipeline"])
     lines = [f"gate report for version {candidate['version']} ({candidate['name']}) of "
-             f"{candidate['pipeline']}, run {candidate['run_id']}", *headline(figures),
+             f"{candidate['pipeline']}, run {candidate['run_id']}", *headline(figures, spec),
              "  " + decision["summary"]]
     if decision.get("alarm"):
         lines.append(f"  REGRESSION ALARM {decision['alarm']}: the active version no longer passes the gate")

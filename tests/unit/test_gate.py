@@ -269,6 +269,26 @@ def test_the_page_and_the_report_show_the_cost_and_unknown_where_nothing_priced_
                             "abandoned);", "tokens", "per", "request", "1500", "in,", "300", "out"]
 
 
+def test_a_cost_nothing_priced_says_which_endpoints_to_declare_prices_for_and_where() -> None:
+    from consumers.config import pipeline_spec
+    from pipeline_ops import report
+
+    unpriced = cost.run_costs([Attempt("r1", "generate", "ok", 200, None, None)], 1, {})
+    trials = [{**trial(), "ai_limit": 8, "bottleneck_stage": "generate",
+               "binding_limit": "generate.concurrency", "service_s": {"generate": 3.0}, "run_id": f"t{n}",
+               "cost": unpriced} for n in (1, 2)]
+    figures = {"summary": summarise(trials), "trials": trials}
+    # the reference pipeline declares no price for either of its endpoints
+    (line,) = [line for line in report.headline(figures, pipeline_spec.load("genai_image"))
+               if line.lstrip().startswith("cost")]
+    assert "unknown: no gateway reported the calls' cost and endpoints check, generate declare no " \
+           "price" in line
+    assert line.endswith(f"under each in {pipeline_spec.PIPELINES_DIR / 'genai_image.yaml'} (docs/cost.md)")
+    # without the spec, the figures as they are
+    (bare,) = [line for line in report.headline(figures) if line.lstrip().startswith("cost")]
+    assert bare.split()[:2] == ["cost", "unknown"] and "declare" not in bare
+
+
 def test_the_binding_limit_is_named_in_the_summary_the_page_and_the_report() -> None:
     from pipeline_ops import report
 
