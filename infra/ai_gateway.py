@@ -33,6 +33,7 @@ from infra.layout import LOCAL, Layout, chosen, port_in_use
 NONE, LITELLM = "none", "litellm"
 MODES = (NONE, LITELLM)
 VENV = LOCAL / "litellm-venv"
+PID_FILE = "gateway.pid"  # beside its config: what `stop_every` stops
 KEY_ENV = "LITELLM_MASTER_KEY"
 # The stand-in's bearer token, when it requires one (the OpenAI client behind LiteLLM wants a key
 # even for a service that checks none).
@@ -147,6 +148,7 @@ def start(directory: Path, port: int, upstream: str, key: str, models: Sequence[
     log = log_file(directory)
     pid = spawn(command(write_config(directory, upstream, models), port), log,
                 env=environment(key, os.environ.get(UPSTREAM_KEY_ENV)), cwd=directory)
+    (directory / PID_FILE).write_text(str(pid))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not alive(pid):
@@ -156,6 +158,18 @@ def start(directory: Path, port: int, upstream: str, key: str, models: Sequence[
         time.sleep(0.5)
     terminate(pid, grace_s=10)
     raise RuntimeError(f"LiteLLM's proxy did not listen on {port} within {timeout_s:.0f}s:\n{tail(log)}")
+
+
+def stop_every(layout: Layout) -> None:
+    """Every proxy started in a directory under the stack's gateway folder and still running
+    stopped: the stack's own, and one a test started there and an interrupted run left (its
+    pid file names it; a pid since reused by another program is left alone)."""
+    for path in folder(layout).glob(f"**/{PID_FILE}"):
+        pid = int(path.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        if alive(pid) and cmdline.exists() and b"litellm" in cmdline.read_bytes():
+            terminate(pid, grace_s=10)
+        path.unlink(missing_ok=True)
 
 
 def folder(layout: Layout) -> Path:

@@ -453,6 +453,7 @@ def down(layout: Layout) -> None:
     airflow_ui.stop(layout)
     supervisor.shutdown(stack_paths(layout))
     terminate(state.gateway, state.ai_service, grace_s=10)
+    ai_gateway.stop_every(layout)  # a test's proxy on the stack's gateway port, if one is left
     spark_connect.stop(state.spark_connect.pid if state.spark_connect else None)  # before its master
     spark_cluster.stop(state.spark)
     kafka_cluster.stop_nodes(*state.kafka.values())

@@ -49,9 +49,9 @@ _SEVERITY: dict[Outcome, int] = {PASS: 0, MARGINAL: 1, FAIL: 2}
 Shares = dict[str, dict[str, float | int | None]]  # version -> its figures of the shared quota
 
 # Values kept per sample: the rank test sorts n1 + n2 values and the shift selects among n1 x n2
-# differences in some 20 passes over n1 + n2 (rather than sorting 25 million pairs), about 0.1 s
-# a check at 5,000 each. With thousands per side a shift of a few percent is already
-# significant, so thinning costs the test no decision that matters.
+# differences in passes over n1 + n2 rather than sorting every pair. With thousands per side a
+# shift of a few percent is already significant, so thinning costs the test no decision that
+# matters.
 MAX_SAMPLE = 5000
 # Against U's exact distribution (no ties), the continuity-corrected normal approximation is off
 # by at most 0.0043 in p at 10 values per side and 0.0014 at 30; near p = 0.01 it overstates p by

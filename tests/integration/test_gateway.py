@@ -16,6 +16,7 @@ picked free beforehand could meanwhile go to a fleet's metrics.
 from __future__ import annotations
 
 import secrets
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -63,12 +64,15 @@ class Gateway:
 
 
 @pytest.fixture(scope="module")
-def gateway(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def gateway(stack: Stack) -> Iterator[Gateway]:
     config = ServiceConfig({"chat": CHAT, "small_model": SMALL_MODEL}, time_scale=STAND_IN_SCALE)
     server = serve(config, port=0)
     stand_in = f"http://127.0.0.1:{server.server_address[1]}"
     key = ai_gateway.new_key(secrets.token_urlsafe(24))
-    port, directory = stack.layout.ai_gateway_port, tmp_path_factory.mktemp("gateway")
+    # under the stack's gateway folder: the stack's `down` stops it if this run is interrupted
+    port, directory = stack.layout.ai_gateway_port, ai_gateway.folder(stack.layout) / "test"
+    shutil.rmtree(directory, ignore_errors=True)  # an earlier run's log would answer for this one's
+    directory.mkdir(parents=True)
     started = time.monotonic()
     pid = ai_gateway.start(directory, port, stand_in, key, [MODEL, DOCUMENTED])
     print(f"LiteLLM's proxy listened {time.monotonic() - started:.1f} s after its start")
