@@ -31,7 +31,7 @@ from consumers.config.kafka_connection import KafkaConnection
 from consumers.kafka_clients.producer import KeyedProducer
 from infra import kafka_cluster, postgres_server
 from infra.layout import Layout
-from infra.stack import load_state, save_state
+from infra.stack import StackState, restart_broker
 
 BROKER_DOWN_S = 30.0
 BROKER_FROZEN_S = 20.0
@@ -93,15 +93,7 @@ def busiest_leader(leaders: Mapping[Any, int]) -> tuple[int, int]:
 
 def _busiest_broker(t: Target) -> tuple[int, int, int]:
     node, led = busiest_leader(partition_leaders(t.kafka, t.topics.all()))
-    return node, led, load_state(t.layout)["kafka"][str(node)]
-
-
-def _start_broker(layout: Layout, node: int) -> dict[str, Any]:
-    """Start a stopped broker; the stack's state (what `infra.stack down` stops) knows its pid."""
-    state = load_state(layout)
-    state["kafka"][str(node)] = kafka_cluster.start_node(layout, node)
-    save_state(layout, state)
-    return state
+    return node, led, StackState.load(t.layout).kafka[node]
 
 
 def in_flight_window(config: PipelineConfig, stage: str) -> int:
@@ -182,11 +174,10 @@ class BrokerKill(Fault):
         try:
             t.wait(BROKER_DOWN_S, f"broker {node} (leader of {led} partitions) killed")
         finally:
-            state = _start_broker(t.layout, node)
+            state = restart_broker(t.layout, node)
         end = time.time()
         t.say(f"broker {node} restarted; waiting until it is registered")
-        kafka_cluster.wait_registered(t.layout, {int(n): p for n, p in state["kafka"].items()},
-                                      state["brokers"])
+        kafka_cluster.wait_registered(t.layout, state.kafka, state.brokers)
         return Injection(start, end, {"broker": node, "partitions_led": led, "pid": pid,
                                    "registered_after_s": round(time.time() - end, 1)})
 

@@ -41,7 +41,7 @@ from consumers.runtime.storage import Storage
 from host import supervisor
 from infra import kafka_cluster
 from infra.layout import Layout, current
-from infra.stack import load_state
+from infra.stack import StackState
 from infra.supervisor import stack_paths
 
 console = Console()
@@ -167,10 +167,9 @@ class Phase:
 
     def prepare(self) -> None:
         """Every broker up, fresh topics, the run row, the AI service healed, fleets stable."""
-        state = load_state(self.layout)
+        state = StackState.load(self.layout)
         self.say("waiting for every broker")
-        kafka_cluster.wait_registered(self.layout, {int(n): p for n, p in state["kafka"].items()},
-                                      state["brokers"])
+        kafka_cluster.wait_registered(self.layout, state.kafka, state.brokers)
         self.say("provisioning topics")
         provision_pipeline(self.config, self.topics, self.kafka)
         storage = Storage(self.env["DATABASE_URL"], pool_size=1)

@@ -33,7 +33,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bench.limit_simulation import (
-    Z99,
     Draw,
     Schedule,
     Stalls,
@@ -46,6 +45,7 @@ from bench.limit_simulation import (
     stalls_between,
     used_share,
 )
+from consumers.config.pipeline_spec.models import Z99
 
 MEDIAN = 1.2  # s, every shape's: the tests' heavy-tailed median, so shapes differ only in their tails
 PHASE = 40 * MEDIAN  # a schedule's phase, as the benchmark's burst holds each limit

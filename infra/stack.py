@@ -516,11 +516,18 @@ def stop_broker(layout: Layout, node: int) -> None:
     print(f"kafka node {node} stopped")
 
 
-def start_broker(layout: Layout, node: int) -> None:
+def restart_broker(layout: Layout, node: int) -> StackState:
+    """A stopped broker started again, its pid kept in the stack's state (what `down` stops);
+    the state as it is then. It has not registered with the cluster yet."""
     state = StackState.load(layout)
     if not alive(state.kafka.get(node)):
         state.kafka[node] = kafka_cluster.start_node(layout, node)
         state.save(layout)
+    return state
+
+
+def start_broker(layout: Layout, node: int) -> None:
+    state = restart_broker(layout, node)
     kafka_cluster.wait_registered(layout, state.kafka, state.brokers)
     print(f"kafka node {node} running")
 
