@@ -215,11 +215,12 @@ class FlowMember(GroupMember):
     # ----------------------------------------------------------------- loans to a canary
     @property
     def loan_lease_s(self) -> float:
-        """How long a canary keeps a partition without renewing: its group's session timeout, so
-        a killed candidate's partitions come back as a killed member's would, and never under a
-        few ticks, so one slow renewal does not take them away."""
+        """How long a canary keeps a partition without renewing: two ticks under its group's
+        session timeout, so a killed candidate's partitions are back (the lapse seen at the next
+        tick, the take-back committed) within the time a killed member's would be, and never under
+        a few ticks, so one slow renewal does not take them away."""
         session_s = float(self.settings.kafka_config().get("session.timeout.ms", 45000)) / 1000
-        return max(session_s, LOAN_LEASE_TICKS * LOAN_TICK_S)
+        return max(session_s - 2 * LOAN_TICK_S, LOAN_LEASE_TICKS * LOAN_TICK_S)
 
     def _hold_back_lent(self, store: canary_loans.LoanStore, tps: set[tuple[str, int]]) -> None:
         """Partitions the group just gave this member: hold back those lent to a canary (all of

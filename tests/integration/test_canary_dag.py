@@ -1,7 +1,8 @@
 """The canary DAG from its form to its decision, against the real stack: a live deployment of
 support_tickets under supervisord takes a steady load while `pipeline_canary` runs; a slower,
 dearer draft model is rolled back by itself at its first step, an identical candidate is
-promoted through every step, and every ticket is handled."""
+promoted through every step, and every ticket is handled; a candidate with more partitions is
+refused, naming the field."""
 
 from __future__ import annotations
 
@@ -60,3 +61,15 @@ def test_an_identical_candidate_is_promoted_through_every_step(stack: Stack, liv
     assert states(live.run_id) == [("draft", "running"), ("triage", "running")]
     assert states(f"{live.run_id}.canary-{canary}") == [("draft", "stopped"), ("triage", "stopped")]
     all_handled(stack, live, sent)
+
+
+def test_a_candidate_with_more_partitions_is_refused_naming_the_field(stack: Stack, live: Live) -> None:
+    def canaries() -> list[tuple]:
+        return query(stack.database_url, "SELECT count(*) FROM canaries WHERE run_id = %s", live.run_id)
+
+    before = canaries(), active_of(stack)
+    run = stack.run_dag("pipeline_canary", conf=json.dumps({**FORM, "run_id": live.run_id,
+                                                             "overrides": {"partitions": 8}}))
+    assert run.state == "failed"
+    assert "cannot canary on the live topics (use pipeline_tuning): partitions:" in run.output
+    assert (canaries(), active_of(stack)) == before  # refused before anything was recorded or started
