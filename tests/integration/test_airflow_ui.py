@@ -60,6 +60,7 @@ ROLLBACK_DAG_ID = "pipeline_rollback"
 REDRIVE_DAG_ID = "pipeline_redrive"
 PIPELINE = "support_tickets"  # not the form's default
 SPEC = pipeline_spec.load(PIPELINE)
+CANDIDATE = "flow"
 BURST = 200  # the form's default is 320: seeing 200 in the run's conf proves the form was used
 # The candidates of a pipeline other than the reference one at a time scale where its models'
 # calls outlast a record's own hops and the group session (9 s) outlasts a loaded machine's
@@ -221,6 +222,9 @@ def trigger_from_the_form(page: Any, airflow: str, pipeline: str) -> str:
     dialog = page.get_by_role("dialog")
     expect(dialog.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
     choose(page, dialog, "pipeline", pipeline)
+    # the flow preset, not the default `active`: another module may have made one of its own the
+    # pipeline's active version (the canaries' live deployment does)
+    choose(page, dialog, "candidate", CANDIDATE)
     for name, value in FORM.items():
         field = dialog.get_by_role("spinbutton", name=name, exact=True)
         field.fill(str(value))
@@ -251,7 +255,7 @@ def finished_tuning(api: Api, run_id: str) -> dict[str, Any]:
     Returns what the resolve task registered (version, name, pipeline, pipeline run id)."""
     run = wait_for_run(api, run_id, RUN_TIMEOUT_S)
     assert run["run_type"] == "manual"
-    assert {k: run["conf"][k] for k in FORM} == FORM
+    assert {k: run["conf"][k] for k in FORM} == FORM and run["conf"]["candidate"] == CANDIDATE
     tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")["task_instances"]
     states = {t["task_id"]: t["state"] for t in tasks}
     assert {states[t] for t in ("check_pipeline", "trials", "gate", "report")} == {"success"}, states
