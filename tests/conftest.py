@@ -35,8 +35,9 @@ def cluster(stack: Stack) -> Stack:
 # worker in its own order, except that the modules driving the stack's Airflow form one unit.
 # They share its metadata database and the promotion history that their checks read, and an
 # Airflow scheduler would also take up the tasks of an `airflow dags test` run of a DAG it finds
-# unpaused: the module that runs the measuring DAG tests comes first, then the two that share one
-# standalone Airflow (`standalone_airflow`, tests/integration/conftest.py), started once.
+# unpaused: the module that runs the measuring DAG tests comes first, then the canary DAG's (its
+# live deployment becomes its pipeline's active version, which the UI's checks read), then the two
+# that share one standalone Airflow (`standalone_airflow`, tests/integration/conftest.py), started once.
 #
 # The Airflow unit is the longest: one worker runs it whole while the other two take every other
 # unit in the order below. First the DAG tests that hold nothing of the stack's (the smoke DAG, a
@@ -48,7 +49,7 @@ def cluster(stack: Stack) -> Stack:
 # benchmark checks that its Spark measurement ran on the stack's), the Spark master's last, and
 # the supervised fleets, which hold the stand-in once the measuring runs are done.
 AIRFLOW_MODULES = tuple(f"tests/integration/{name}.py" for name in
-                        ("test_dags", "test_triage", "test_airflow_ui"))
+                        ("test_dags", "test_canary_dag", "test_triage", "test_airflow_ui"))
 FIRST = tuple(f"tests/integration/{name}.py" for name in (
     "test_dag_smoke_and_refused_spec", "test_redrive", "test_secured", "test_router_peer", "test_pipeline",
     "test_gateway", "test_bad_input", "test_share_group", "test_spark_diagnosis", "test_bench_smoke",
