@@ -8,9 +8,10 @@ changed stage it completed before the window closed: a partition handed over wai
 changes hands, and the records it gathered meanwhile, produced before the window, would charge
 that wait to the side that takes it. Their end-to-end latency runs from produced to notified (as
 `measure.figures` defines it), so a request still on its way downstream when the window closes
-is read once it arrives. Dead letters carry no member: they go to the side that held their partition, which no
-hand-over moves inside a window. Tries are priced at the side's own spec's prices (a candidate
-may call another endpoint), each billed try charged to its request as `measure.cost` does.
+is read once it arrives. Dead letters carry no member: they go to the side that held their
+partition, which no hand-over moves inside a window. Tries are priced at the side's own spec's
+prices (a candidate may call another endpoint), each billed try charged to its request as
+`measure.cost` does.
 """
 
 from __future__ import annotations

@@ -216,25 +216,40 @@ def log_in(page: Any, airflow: str, password: str) -> None:
 def trigger_from_the_form(page: Any, airflow: str, pipeline: str) -> str:
     """Fill the tuning DAG's trigger form with FORM and `pipeline` from its dropdown, submit it,
     and return the run id."""
-    expect = playwright_api.expect
-    page.goto(f"{airflow}/dags/{DAG_ID}")
-    page.get_by_role("button", name="Trigger").first.click()
-    dialog = page.get_by_role("dialog")
-    expect(dialog.get_by_text(f"Trigger Dag - {DAG_ID}")).to_be_visible()
+    dialog = trigger_dialog(page, airflow, DAG_ID)
     choose(page, dialog, "pipeline", pipeline)
     # the flow preset, not the default `active`: another module may have made one of its own the
     # pipeline's active version (the canaries' live deployment does)
     choose(page, dialog, "candidate", CANDIDATE)
     for name, value in FORM.items():
-        field = dialog.get_by_role("spinbutton", name=name, exact=True)
-        field.fill(str(value))
-        field.blur()
-        expect(field).to_have_value(str(value))
-    expect(dialog.get_by_label(f"Unpause {DAG_ID} on trigger")).to_be_checked()
+        fill_number(dialog, name, value)
+    playwright_api.expect(dialog.get_by_label(f"Unpause {DAG_ID} on trigger")).to_be_checked()
     dialog.get_by_role("spinbutton", name="burst", exact=True).scroll_into_view_if_needed()
     page.screenshot(path=SHOTS / "trigger_form.png")
+    return submit(page, dialog, DAG_ID)
+
+
+def trigger_dialog(page: Any, airflow: str, dag_id: str) -> Any:
+    """The DAG's trigger form, opened from its page."""
+    page.goto(f"{airflow}/dags/{dag_id}")
+    page.get_by_role("button", name="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    playwright_api.expect(dialog.get_by_text(f"Trigger Dag - {dag_id}")).to_be_visible()
+    return dialog
+
+
+def fill_number(dialog: Any, name: str, value: float) -> None:
+    """Type `value` into the form's number field for the param `name`; the form keeps it."""
+    field = dialog.get_by_role("spinbutton", name=name, exact=True)
+    field.fill(str(value))
+    field.blur()
+    playwright_api.expect(field).to_have_value(str(value))
+
+
+def submit(page: Any, dialog: Any, dag_id: str) -> str:
+    """Submit the trigger form; the id of the run it created."""
     with page.expect_response(lambda r: r.request.method == "POST"
-                              and r.url.endswith(f"/api/v2/dags/{DAG_ID}/dagRuns")) as posted:
+                              and r.url.endswith(f"/api/v2/dags/{dag_id}/dagRuns")) as posted:
         dialog.get_by_test_id("trigger-dag-submit").click()
     assert posted.value.ok, posted.value.text()
     return posted.value.json()["dag_run_id"]
@@ -482,24 +497,13 @@ def fill_json(page: Any, dialog: Any, name: str, value: object) -> None:
 
 def trigger_canary_from_the_form(page: Any, airflow: str, run_id: str) -> str:
     """Fill the canary DAG's form for a slower draft model on the live run, submit it; the run id."""
-    expect = playwright_api.expect
-    page.goto(f"{airflow}/dags/{CANARY_DAG_ID}")
-    page.get_by_role("button", name="Trigger").first.click()
-    dialog = page.get_by_role("dialog")
-    expect(dialog.get_by_text(f"Trigger Dag - {CANARY_DAG_ID}")).to_be_visible()
+    dialog = trigger_dialog(page, airflow, CANARY_DAG_ID)
     choose(page, dialog, "pipeline", CANARY_PIPELINE)
     dialog.locator("#element_run_id").fill(run_id)
     fill_json(page, dialog, "overrides", SLOWER)
-    window = dialog.get_by_role("spinbutton", name="window_s", exact=True)
-    window.fill(str(CANARY_WINDOW_S))
-    window.blur()
-    expect(window).to_have_value(str(CANARY_WINDOW_S))
+    fill_number(dialog, "window_s", CANARY_WINDOW_S)
     page.screenshot(path=SHOTS / "canary_form.png")
-    with page.expect_response(lambda r: r.request.method == "POST"
-                              and r.url.endswith(f"/api/v2/dags/{CANARY_DAG_ID}/dagRuns")) as posted:
-        dialog.get_by_test_id("trigger-dag-submit").click()
-    assert posted.value.ok, posted.value.text()
-    return posted.value.json()["dag_run_id"]
+    return submit(page, dialog, CANARY_DAG_ID)
 
 
 @pytest.mark.timeout(900)

@@ -42,14 +42,6 @@ def ai() -> Iterator[AIService]:
         yield service
 
 
-# The steps' hand-overs and the judge's wiring are tested here, its error rates in the benchmark
-# (docs/canary.md), where an identical candidate's latency shifted past the default 10 % at its
-# first step in 2 of 20 canaries. On this loaded machine, with one short window, the latency and
-# overhead tolerances are wider so that an identical candidate passes; the slower model still
-# fails on its cost (1.5 times the baseline's).
-THRESHOLDS = CanaryThresholds(max_latency_increase=0.5, max_overhead_increase=0.5)
-
-
 def register(database_url: str, name: str, config: PipelineConfig) -> int:
     return int(scalar(database_url, "INSERT INTO configurations (name, pipeline, config, note) "
                       "VALUES (%s, %s, %s, 'canary test') RETURNING version", name, config.pipeline,
@@ -75,7 +67,8 @@ def run_canary_step(stack: Stack, ai: AIService, candidate: PipelineConfig) -> t
         records = CanaryRecords()
         versions = [register(stack.database_url, name, config)
                     for name, config in (("active", ACTIVE_CONFIG), ("candidate", candidate))]
-        canary = records.get(records.open(PIPELINE, pipeline.run_id, *versions, ["draft"], PLAN, THRESHOLDS))
+        canary = records.get(records.open(PIPELINE, pipeline.run_id, *versions, ["draft"], PLAN,
+                                          CanaryThresholds()))
         settings = settings_for(candidate, "draft", pipeline.run_id, pipeline.topics, stack.kafka,
                                 stack.database_url, ai.endpoints_of(PIPELINE))
         loader = threading.Thread(target=load, name="live-load")

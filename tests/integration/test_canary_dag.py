@@ -26,13 +26,7 @@ from tests.stack import Stack
 # The fleets call the stack's AI stand-in, which DAG runs reconfigure: alone on it for the module.
 pytestmark = [pytest.mark.usefixtures("stand_in_for_module"), pytest.mark.timeout(1500)]
 
-# What is tested here is the DAG's wiring from its form to its decision; the judge's error rates
-# are the benchmark's (docs/canary.md), where an identical candidate's latency shifted by more
-# than the default 10 % at its first step in 2 of 20 canaries. On this loaded machine, with one
-# partition of four and a window of 8 s, the latency and overhead tolerances are wider so that an
-# identical candidate passes; the slower model still fails on its cost (1.5 times the baseline's).
-FORM = {"pipeline": "support_tickets", "candidate": "active", "steps": [0.25, 1.0], "window_s": 8,
-        "thresholds": {"max_latency_increase": 0.5, "max_overhead_increase": 0.5}}
+FORM = {"pipeline": "support_tickets", "candidate": "active", "steps": [0.25, 1.0], "window_s": 8}
 
 
 @pytest.fixture(scope="module")
