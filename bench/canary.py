@@ -51,9 +51,9 @@ from consumers.runtime.fleet_settings import settings_for
 from consumers.stand_in.config import ServiceConfig
 from consumers.stand_in.server import serve
 from infra.kafka_tools import topic_values
-from measure.canary import CanaryThresholds
+from measure.canary import PASS, CanaryThresholds
 from measure.figures import TERMINAL
-from pipeline_ops.canary import DONE, PASS, CanaryRecords, CanarySteps, promote, roll_back, run_step
+from pipeline_ops.canary import DONE, CanaryRecords, CanarySteps, promote, roll_back, run_step
 from pipeline_ops.registry import ConfigRegistry
 
 PIPELINE = "support_tickets"

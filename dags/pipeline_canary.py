@@ -48,6 +48,9 @@ OPENED = "{{ ti.xcom_pull(task_ids='open') | tojson }}"
                                    f"step, ending at 1 (at most {MAX_STEPS} steps before it)"),
         "window_s": Param(60, type="number", exclusiveMinimum=0,
                           description="seconds of analysis per step, once the candidate holds its share"),
+        "extensions": Param(2, type="integer", minimum=0,
+                            description="windows a marginal step may add before a person is asked: "
+                                        "more of the same minutes settle a shift not yet significant"),
         "thresholds": Param(asdict(CanaryThresholds()), type="object",
                             description="the judge's bounds (measure.canary.CanaryThresholds)"),
     },
@@ -55,14 +58,15 @@ OPENED = "{{ ti.xcom_pull(task_ids='open') | tojson }}"
 ### Canary
 The candidate's fleets run beside the live deployment's on its topics; each step lends them the
 first share of each changed stage's partitions (the active group keeps the rest), waits until
-they hold them, and judges one window of both versions' rows: end-to-end latency, the platform's
-overhead and cost per request (Mann-Whitney U with the Hodges-Lehmann shift), error and
+they hold them, and judges one window of both versions' rows: end-to-end latency and the platform's
+overhead per second, cost per request (Mann-Whitney U with the Hodges-Lehmann shift), error and
 dead-letter rates, and whether each of the candidate's partitions keeps up. Pass goes on, fail
-rolls back at once, marginal waits for a person's review (rolled back after
-{APPROVAL_TIMEOUT}). After the last step the candidate takes every partition while the live
-fleets restart at its configuration, and it is the active version. A candidate that changes
-partitions, replication, keys or the group protocol is refused with the field at fault: it goes
-through `pipeline_tuning`. The gate page shows each canary's steps (docs/canary.md).
+rolls back at once, marginal lengthens the window (up to `extensions` times) and then waits for
+a person's review (rolled back after {APPROVAL_TIMEOUT}). After the last step the candidate
+takes every partition while the live fleets restart at its configuration, and it is the active
+version. A candidate that changes partitions, replication, keys or the group protocol is
+refused with the field at fault: it goes through `pipeline_tuning`. The gate page shows each
+canary's steps (docs/canary.md).
 """,
 )
 def pipeline_canary() -> None:
@@ -71,7 +75,8 @@ def pipeline_canary() -> None:
         task_id="open", pipeline="{{ params.pipeline }}", run_id="{{ params.run_id }}",
         candidate="{{ params.candidate }}", overrides="{{ params.overrides | tojson }}",
         steps="{{ params.steps | tojson }}", window_s="{{ params.window_s }}",
-        thresholds="{{ params.thresholds | tojson }}", approval_timeout_s=APPROVAL_TIMEOUT.total_seconds())
+        extensions="{{ params.extensions }}", thresholds="{{ params.thresholds | tojson }}",
+        approval_timeout_s=APPROVAL_TIMEOUT.total_seconds())
     promote = CanaryCloseOperator(task_id="promote", canary=OPENED, action="promote", trigger_rule=joins)
     rollback = CanaryCloseOperator(task_id="rollback", canary=OPENED, action="rollback", trigger_rule=joins)
     settle = CanaryCloseOperator(task_id="settle", canary=OPENED, action="settle", trigger_rule="all_done")

@@ -6,6 +6,15 @@ A canary splits a topic by partitions: the candidate's members consume some, the
 compares the two versions metric by metric, as Kayenta's NetflixACAJudge does: a Mann-Whitney U
 test per distribution, classified pass / marginal / fail, the verdict the worst of the checks.
 
+- times as series (`interval_medians`): latency and overhead are judged on each version's
+  median per interval of production time, not per request. Requests one process handles in
+  the same second share that second's stalls (a pause of the process, a slow batch of commits),
+  so they are not independent, and a test that counts them as such overstates its evidence the
+  fewer processes a side has: a canary's first step is one member holding one partition. The
+  intervals' medians are about as independent as the stalls are short, which is what Kayenta
+  judges too (a metric's time series over the same minutes). The cost per request stays per
+  request: what a request's tokens cost does not depend on when it ran.
+
 - rank test (`mann_whitney`): U of the candidate (pairs where the candidate's value is the
   larger, ties counted half), its z under the normal approximation with the tie-corrected
   variance and a continuity correction, the one-sided p-value for "candidate larger" (for
@@ -20,7 +29,8 @@ test per distribution, classified pass / marginal / fail, the verdict the worst 
 - classification of a "lower is better" metric: fail when the candidate is significantly worse
   (one-sided p < alpha) and its shift (relative for the distributions, absolute for the rates)
   is beyond the tolerance; marginal when the shift is beyond the tolerance without being
-  significant, or when either version has fewer than `min_samples` values; pass otherwise. A
+  significant, or when either version has fewer values than it takes (`min_intervals`,
+  `min_samples`); pass otherwise. A
   significant but small shift passes: with thousands of requests a 2 % difference is
   significant, and the tolerance says what is worth holding a release for.
 - keep-up: each candidate partition's completions over its arrivals in the window (see
@@ -37,7 +47,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -47,6 +57,7 @@ MARGINAL: Outcome = "marginal"
 FAIL: Outcome = "fail"
 _SEVERITY: dict[Outcome, int] = {PASS: 0, MARGINAL: 1, FAIL: 2}
 Shares = dict[str, dict[str, float | int | None]]  # version -> its figures of the shared quota
+Timed = tuple[float, float]  # (when its request was produced, epoch seconds; the value)
 
 # Values kept per sample: the rank test sorts n1 + n2 values and the shift selects among n1 x n2
 # differences in passes over n1 + n2 rather than sorting every pair. With thousands per side a
@@ -77,6 +88,18 @@ def thin(values: Sequence[float], cap: int = MAX_SAMPLE) -> list[float]:
         return ordered
     stride = 2 * (cap - 1)  # rank i * (n - 1) / (cap - 1), rounded half up, in integers
     return [ordered[(2 * i * (n - 1) + cap - 1) // stride] for i in range(cap)]
+
+
+def interval_medians(values: Sequence[Timed], interval_s: float) -> list[float]:
+    """The median of the values produced in each interval of `interval_s` seconds (intervals
+    counted from the epoch, so both versions' line up), in time order; intervals without a value
+    give none."""
+    if not interval_s > 0:
+        raise ValueError("an interval is a positive number of seconds")
+    grouped: dict[int, list[float]] = {}
+    for at, value in values:
+        grouped.setdefault(math.floor(at / interval_s), []).append(value)
+    return [statistics.median(grouped[k]) for k in sorted(grouped)]
 
 
 @dataclass(frozen=True)
@@ -257,7 +280,9 @@ class CanaryThresholds:
     max_added_error_rate: float = 0.01  # absolute: candidate's rate - baseline's
     max_added_dead_letter_rate: float = 0.01
     min_keep_up: float = 0.95  # completions / arrivals on each candidate partition
-    min_samples: int = 30  # per version and metric; fewer: marginal
+    min_samples: int = 30  # requests per version for the cost and the rates; fewer: marginal
+    interval_s: float = 1.0  # of production time: latency and overhead are judged per interval
+    min_intervals: int = 10  # intervals with a request, per version; fewer: marginal
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 0.5:
@@ -270,9 +295,12 @@ class CanaryThresholds:
                 raise ValueError(f"{name} is a difference of rates: in [0, 1)")
         if not 0 < self.min_keep_up <= 1:
             raise ValueError("min_keep_up is completions over arrivals: in (0, 1]")
-        if self.min_samples < MIN_SAMPLES_FLOOR:
-            raise ValueError(f"min_samples must be at least {MIN_SAMPLES_FLOOR}: below it the rank "
-                             "test's normal approximation does not hold")
+        for name in ("min_samples", "min_intervals"):
+            if getattr(self, name) < MIN_SAMPLES_FLOOR:
+                raise ValueError(f"{name} must be at least {MIN_SAMPLES_FLOOR}: below it the rank "
+                                 "test's normal approximation does not hold")
+        if not 0 < self.interval_s < math.inf:
+            raise ValueError("interval_s is a positive number of seconds")
 
 
 @dataclass(frozen=True)
@@ -280,9 +308,10 @@ class VersionSample:
     """One version over the analysis window.
 
     `latencies_s`: each completed request's end-to-end latency (produced -> notified, as
-    measure.figures); `overheads_s`: the platform's own part of it (the latency less the time in
-    AI calls); `costs`: each completed request's AI cost (its failed and repeated calls
-    included, as measure.cost charges them), None when the version's endpoints are unpriced.
+    measure.figures) with when it was produced; `overheads_s`: the platform's own part of it (the
+    latency less the time in AI calls), likewise; `costs`: each completed request's AI cost (its
+    failed and repeated calls included, as measure.cost charges them), None when the version's
+    endpoints are unpriced.
     `completed`, `errors`, `dead_lettered`: the requests it settled in the window, each counted
     once by its outcome (a route's rejection is an answer: completed); the rates are over their
     sum. `partitions`: partition -> (records arrived, records completed) in the window.
@@ -290,8 +319,8 @@ class VersionSample:
     (its fetch and concurrency limits), what a partition may have arrived and not completed at
     the window's edge without falling behind."""
 
-    latencies_s: Sequence[float]
-    overheads_s: Sequence[float]
+    latencies_s: Sequence[Timed]
+    overheads_s: Sequence[Timed]
     costs: Sequence[float] | None
     completed: int
     errors: int
@@ -351,31 +380,31 @@ def _classify(beyond: bool, significant: bool) -> Outcome:
     return FAIL if beyond and significant else MARGINAL if beyond else PASS
 
 
-def _too_few(n_baseline: int, n_candidate: int, minimum: int) -> str:
-    return f"not enough data: {n_baseline} baseline and {n_candidate} candidate values (< {minimum})"
+def _too_few(n_baseline: int, n_candidate: int, minimum: int, what: str = "requests") -> str:
+    return f"not enough data: {n_baseline} baseline and {n_candidate} candidate {what} (< {minimum})"
 
 
 def _rank_check(name: str, baseline: Sequence[float], candidate: Sequence[float], tolerance: float,
-                thresholds: CanaryThresholds, figure: Callable[[Sequence[float]], float]) -> Check:
-    """A "lower is better" distribution: the rank test, judged on the relative shift. With a
-    baseline median of 0 there is no relative shift: any positive shift counts as beyond.
-    `figure` gives the figures shown beside the test: the median for times, the mean for the
-    cost (the cost per completed request, as measure.cost has it)."""
-    required = (f"shift <= {tolerance:.0%} of the baseline's median (Hodges-Lehmann); fail when beyond "
-                f"it and one-sided Mann-Whitney p < {thresholds.alpha:g}")
-    measured = figure(candidate) if candidate else None
-    reference = figure(baseline) if baseline else None
+                thresholds: CanaryThresholds, shown: tuple[float | None, float | None], minimum: int,
+                what: str) -> Check:
+    """A "lower is better" distribution: the rank test of `what` (the values tested, at least
+    `minimum` per version), judged on the relative shift. With a baseline median of 0 there is
+    no relative shift: any positive shift counts as beyond. `shown` the candidate's and the
+    baseline's figures beside the test."""
+    required = (f"shift of the {what} <= {tolerance:.0%} of the baseline's median (Hodges-Lehmann); "
+                f"fail when beyond it and one-sided Mann-Whitney p < {thresholds.alpha:g}")
+    measured, reference = shown
     if not baseline or not candidate:
         return Check(name, MARGINAL, measured, reference, required,
-                     note=_too_few(len(baseline), len(candidate), thresholds.min_samples))
+                     note=_too_few(len(baseline), len(candidate), minimum, what))
     test = mann_whitney(baseline, candidate, 1 - thresholds.alpha)
     beyond = test.shift > 0 if test.relative_shift is None else test.relative_shift > tolerance
     significant = test.p_greater < thresholds.alpha
     interval = {"estimate": test.relative_shift, "low": test.relative_low, "high": test.relative_high,
                 "confidence": test.confidence}
-    if min(test.observed) < thresholds.min_samples:
+    if min(test.observed) < minimum:
         outcome: Outcome = MARGINAL
-        note = _too_few(*test.observed, thresholds.min_samples)
+        note = _too_few(*test.observed, minimum, what)
     else:
         outcome = _classify(beyond, significant)
         note = {FAIL: "significantly worse, beyond the tolerance",
@@ -383,6 +412,19 @@ def _rank_check(name: str, baseline: Sequence[float], candidate: Sequence[float]
                 PASS: ("significant but " if significant else "") + "within the tolerance"}[outcome]
     return Check(name, outcome, measured, reference, required, test.z, test.p_greater,
                  test.relative_shift, interval, test.as_dict(), note)
+
+
+def _series_check(name: str, baseline: Sequence[Timed], candidate: Sequence[Timed], tolerance: float,
+                  thresholds: CanaryThresholds) -> Check:
+    """A time judged as a series: the rank test of each version's per-interval medians (see the
+    module docstring), the per-request medians shown."""
+    def median(values: Sequence[Timed]) -> float | None:
+        return statistics.median(v for _, v in values) if values else None
+
+    return _rank_check(name, interval_medians(baseline, thresholds.interval_s),
+                       interval_medians(candidate, thresholds.interval_s), tolerance, thresholds,
+                       (median(candidate), median(baseline)), thresholds.min_intervals,
+                       f"medians per {thresholds.interval_s:g} s")
 
 
 def _rate_check(name: str, bad: tuple[int, int], baseline: VersionSample, candidate: VersionSample,
@@ -458,14 +500,14 @@ def judge(baseline: VersionSample, candidate: VersionSample,
     if shared:
         raise ValueError(f"partitions {sorted(shared)} in both versions: a canary splits by partitions")
     checks = [
-        _rank_check("latency", baseline.latencies_s, candidate.latencies_s, t.max_latency_increase, t,
-                    statistics.median),
-        _rank_check("overhead", baseline.overheads_s, candidate.overheads_s, t.max_overhead_increase, t,
-                    statistics.median),
+        _series_check("latency", baseline.latencies_s, candidate.latencies_s, t.max_latency_increase, t),
+        _series_check("overhead", baseline.overheads_s, candidate.overheads_s, t.max_overhead_increase, t),
     ]
     if baseline.costs is not None and candidate.costs is not None:
-        checks.append(_rank_check("cost_per_request", baseline.costs, candidate.costs, t.max_cost_increase,
-                                  t, statistics.fmean))
+        b, c = baseline.costs, candidate.costs
+        checks.append(_rank_check("cost_per_request", b, c, t.max_cost_increase, t,
+                                  (statistics.fmean(c) if c else None, statistics.fmean(b) if b else None),
+                                  t.min_samples, "requests' costs"))
     else:
         priced = baseline.costs is not None or candidate.costs is not None
         checks.append(Check("cost_per_request", MARGINAL if priced else PASS, None, None,

@@ -109,11 +109,15 @@ class CanaryPlan:
     (0, 1], strictly increasing, ending with the whole stage, e.g. (0.1, 0.5, 1.0)), each held
     for `window_s` seconds of analysis against the active version before the next, a person's
     approval waited for at most `approval_timeout_s` (as Argo Rollouts and Flagger step a
-    canary's traffic weight with an analysis between steps)."""
+    canary's traffic weight with an analysis between steps). A marginal window is lengthened by
+    up to `extensions` more of `window_s` before a person is asked: more of the same minutes
+    settle a shift beyond the tolerance that is not yet significant (Argo Rollouts' analysis
+    likewise measures again while it is inconclusive)."""
 
     steps: tuple[float, ...]
     window_s: float
     approval_timeout_s: float
+    extensions: int = 2
 
     def __post_init__(self) -> None:
         steps = tuple(self.steps)  # JSON gives a list
@@ -131,6 +135,9 @@ class CanaryPlan:
             value = getattr(self, name)
             if not _number(value) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(self.extensions, int) or isinstance(self.extensions, bool) or self.extensions < 0:
+            raise ValueError(f"extensions must be a whole number of windows, 0 or more, "
+                             f"got {self.extensions!r}")
 
 
 def _number(value: Any) -> bool:

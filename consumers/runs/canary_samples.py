@@ -24,7 +24,7 @@ from typing import Any
 from consumers.config.candidate import PipelineConfig
 from consumers.runs.run_figures import prices_of, rows
 from measure import cost
-from measure.canary import VersionSample
+from measure.canary import Timed, VersionSample
 
 # Dead-letter reasons that are the call's failure, not the record's: the request failed for good.
 ERROR_REASONS = ("ai_unavailable", "ai_bad_answer", "work_failed")
@@ -32,7 +32,7 @@ ERROR_REASONS = ("ai_unavailable", "ai_bad_answer", "work_failed")
 # Each side's results in the window, with their requests' end-to-end latency and AI seconds per
 # stage: the window's requests only (by their key, indexed), not the whole live run's tries.
 _RESULTS_SQL = """
-SELECT f.canary IS NOT NULL, s.request_id, s.stage, s.kafka_partition,
+SELECT f.canary IS NOT NULL, s.request_id, s.stage, s.kafka_partition, extract(epoch FROM r.produced_at),
        extract(epoch FROM r.notified_at - r.produced_at), ai.per_stage
 FROM stage_results s JOIN fleet_members f USING (run_id, member)
 JOIN requests r ON r.pipeline = s.pipeline AND r.request_id = s.request_id
@@ -90,19 +90,20 @@ def samples(database_url: str, run_id: str, canary_id: int, stages: Sequence[str
     through the window (`partition_key`s of `stages`, in that order)."""
     params = {"run": run_id, "canary": canary_id, "stages": list(stages), "start": window.start,
               "end": window.end, "errors": ERROR_REASONS}
-    latencies: dict[str, list[float]] = defaultdict(list)
-    overheads: dict[str, list[float]] = defaultdict(list)
+    latencies: dict[str, list[Timed]] = defaultdict(list)
+    overheads: dict[str, list[Timed]] = defaultdict(list)
     done: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     requests: dict[str, set[str]] = defaultdict(set)
     index = {stage: i for i, stage in enumerate(stages)}
-    for canary, request_id, stage, partition, e2e, per_stage in rows(database_url, _RESULTS_SQL, params):
+    for canary, request_id, stage, partition, produced, e2e, per_stage in rows(database_url, _RESULTS_SQL,
+                                                                                params):
         side = CANDIDATE if canary else ACTIVE
         requests[side].add(request_id)
         done[side][partition_key(index[stage], partition)] += 1
         if e2e is not None:
-            latencies[side].append(float(e2e))
+            latencies[side].append((float(produced), float(e2e)))
             ai_s = configs[side].spec.path_s({name: float(s) for name, s in (per_stage or {}).items()})
-            overheads[side].append(max(0.0, float(e2e) - ai_s))
+            overheads[side].append((float(produced), max(0.0, float(e2e) - ai_s)))
     dead: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # side -> [errors, dead letters]
     owner = {key: side for side, held in partitions.items() for key in held}
     for stage, partition, is_error, count in rows(database_url, _DEAD_LETTERS_SQL, params):

@@ -29,7 +29,7 @@ from consumers.config.canary_plan import CanaryPlan
 from consumers.config.candidate import PipelineConfig
 from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.canary_samples import ACTIVE, CANDIDATE, Window, partition_key, samples
-from measure.canary import CanaryThresholds, Verdict, judge
+from measure.canary import FAIL, MARGINAL, CanaryThresholds, Verdict, judge
 
 HOLD_TIMEOUT_S = 120.0  # for the candidate to take what a step lends it
 CHECK_EVERY_S = 1.0
@@ -61,7 +61,8 @@ class CanaryRecords:
     def open(self, pipeline: str, run_id: str, active: int, candidate: int, stages: list[str],
              plan: CanaryPlan, thresholds: CanaryThresholds) -> int:
         document = {"steps": list(plan.steps), "window_s": plan.window_s,
-                    "approval_timeout_s": plan.approval_timeout_s, "thresholds": vars(thresholds)}
+                    "approval_timeout_s": plan.approval_timeout_s, "extensions": plan.extensions,
+                    "thresholds": vars(thresholds)}
         return int(self.hook.get_first(
             "INSERT INTO canaries (pipeline, run_id, active_version, candidate_version, stages, plan) "
             "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
@@ -74,7 +75,8 @@ class CanaryRecords:
             raise LookupError(f"no canary {canary_id}")
         plan = row[6]
         return Canary(row[0], row[1], row[2], row[3], row[4], tuple(row[5]),
-                      CanaryPlan(tuple(plan["steps"]), plan["window_s"], plan["approval_timeout_s"]),
+                      CanaryPlan(tuple(plan["steps"]), plan["window_s"], plan["approval_timeout_s"],
+                                 plan["extensions"]),
                       CanaryThresholds(**plan["thresholds"]))
 
     def step_started(self, canary_id: int, step: int, share: float, partitions: int) -> None:
@@ -171,28 +173,34 @@ class CanarySteps:
             reader.close()
 
     def measure(self, lent: dict[str, list[int]], window_s: float,
-                alive: Callable[[], bool] | None = None) -> tuple[Window, Verdict | None, str]:
-        """Run one analysis window; its samples judged, or None and why when the candidate lost a
-        partition meanwhile."""
+                extensions: int = 0) -> tuple[Window, Verdict | None, str]:
+        """Run one analysis window of `window_s`, lengthened by up to `extensions` more while its
+        verdict is marginal (`CanaryPlan`), each look judging everything since the window
+        opened; the verdict, or None and why when the candidate lost a partition meanwhile."""
         start, ends_before = time.time(), self.log_ends()
-        deadline = time.monotonic() + window_s
-        while time.monotonic() < deadline:
-            if not self.held(lent) or (alive is not None and not alive()):
-                window = Window(start, time.time(), {})
-                return window, None, "the candidate stopped holding its partitions (its fleet died?)"
-            time.sleep(CHECK_EVERY_S)
-        end, ends_after = time.time(), self.log_ends()
-        window = Window(start, end, {k: ends_after[k] - ends_before.get(k, 0) for k in ends_after})
+        c = self.canary
         candidate = {partition_key(i, p) for i, t in enumerate(self.targets) for p in lent[t.stage]}
         everything = {partition_key(i, p) for i, t in enumerate(self.targets) for p in range(t.partitions)}
-        c = self.canary
-        found = samples(self.database_url, c.run_id, c.id, list(c.stages), window,
-                        {ACTIVE: self.configs[ACTIVE], CANDIDATE: self.configs[CANDIDATE]},
-                        {ACTIVE: everything - candidate, CANDIDATE: candidate},
-                        member_in_flight=HELD_PER_WINDOW * max(
-                            self.configs[CANDIDATE].stage(s).window for s in c.stages))
-        verdict = judge(found[ACTIVE], found[CANDIDATE], c.thresholds)
-        return window, verdict, verdict.outcome
+        looks = 0
+        while True:
+            looks += 1
+            deadline = time.monotonic() + window_s
+            while time.monotonic() < deadline:
+                if not self.held(lent):
+                    window = Window(start, time.time(), {})
+                    return window, None, "the candidate stopped holding its partitions (its fleet died?)"
+                time.sleep(CHECK_EVERY_S)
+            end, ends_after = time.time(), self.log_ends()
+            window = Window(start, end, {k: ends_after[k] - ends_before.get(k, 0) for k in ends_after})
+            found = samples(self.database_url, c.run_id, c.id, list(c.stages), window,
+                            {ACTIVE: self.configs[ACTIVE], CANDIDATE: self.configs[CANDIDATE]},
+                            {ACTIVE: everything - candidate, CANDIDATE: candidate},
+                            member_in_flight=HELD_PER_WINDOW * max(
+                                self.configs[CANDIDATE].stage(s).window for s in c.stages))
+            verdict = judge(found[ACTIVE], found[CANDIDATE], c.thresholds)
+            if verdict.outcome != MARGINAL or looks > extensions:
+                break
+        return window, verdict, f"{verdict.outcome} after {looks} window(s) of {window_s:g} s"
 
     def recall(self, timeout_s: float = HOLD_TIMEOUT_S) -> bool:
         """Ask every lent partition back and wait until the active group has taken all back."""
@@ -206,13 +214,11 @@ class CanarySteps:
         return True
 
 
-
-
-PASS, MARGINAL, FAIL, DONE = "pass", "marginal", "fail", "done"
+DONE = "done"  # a step past the plan's analysis steps: nothing to measure
 
 
 def run_step(canary: Canary, steps: CanarySteps, records: CanaryRecords, step: int) -> dict[str, Any]:
-    """Step `step` (from 1): lend its share, wait until the candidate holds it, judge one window,
+    """Step `step` (from 1): lend its share, wait until the candidate holds it, judge its window,
     record it. A step past the plan's analysis steps has nothing to measure (DONE)."""
     analysed = canary.plan.steps[:-1]  # the last (share 1) is the promotion's hand-over
     if step > len(analysed):
@@ -224,7 +230,7 @@ def run_step(canary: Canary, steps: CanarySteps, records: CanaryRecords, step: i
         window, verdict, why = Window(time.time(), time.time(), {}), None, \
             "the candidate did not take the partitions lent to it"
     else:
-        window, verdict, why = steps.measure(lent, canary.plan.window_s)
+        window, verdict, why = steps.measure(lent, canary.plan.window_s, canary.plan.extensions)
     outcome = verdict.outcome if verdict is not None else FAIL
     records.step_judged(canary.id, step, window, outcome,
                         verdict.to_dict() if verdict is not None else {"reason": why})

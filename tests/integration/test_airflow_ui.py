@@ -477,7 +477,7 @@ def test_dead_letters_and_circuits_on_the_gate_page_and_a_redrive_from_it(stack:
 CANARY_DAG_ID = "pipeline_canary"
 # The canary's form as a person fills it in: the live deployment's run id, the slower model as the
 # overrides (in the form's JSON editor), a window the test's steady load fills; steps as defaulted.
-CANARY_WINDOW_S = 8
+CANARY_WINDOW_S = 12
 
 
 def fill_json(page: Any, dialog: Any, name: str, value: object) -> None:

@@ -33,7 +33,7 @@ ACTIVE_CONFIG = PipelineConfig(pipeline=PIPELINE, partitions=6, time_scale=TIME_
                                stages={"triage": StageConfig("flow", members=1, window=16),
                                        "draft": StageConfig("flow", members=1, window=16)})
 SLOWER = ACTIVE_CONFIG.with_overrides({"draft": {"work": {"endpoint": "large_model_next"}}})
-PLAN = CanaryPlan((0.34, 1.0), window_s=8.0, approval_timeout_s=60.0)
+PLAN = CanaryPlan((0.34, 1.0), window_s=12.0, approval_timeout_s=60.0)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def run_canary_step(stack: Stack, ai: AIService, candidate: PipelineConfig) -> t
                                   stack.database_url)) as steps):
             lent = steps.lend(PLAN.steps[0])
             assert steps.wait_held(lent, timeout_s=60)
-            _, verdict, why = steps.measure(lent, PLAN.window_s)
+            _, verdict, why = steps.measure(lent, PLAN.window_s, PLAN.extensions)
             assert steps.recall(timeout_s=60)
         stop.set()
         loader.join()

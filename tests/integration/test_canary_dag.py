@@ -26,7 +26,7 @@ from tests.stack import Stack
 # The fleets call the stack's AI stand-in, which DAG runs reconfigure: alone on it for the module.
 pytestmark = [pytest.mark.usefixtures("stand_in_for_module"), pytest.mark.timeout(1500)]
 
-FORM = {"pipeline": "support_tickets", "candidate": "active", "steps": [0.25, 1.0], "window_s": 8}
+FORM = {"pipeline": "support_tickets", "candidate": "active", "steps": [0.25, 1.0], "window_s": 12}
 
 
 @pytest.fixture(scope="module")

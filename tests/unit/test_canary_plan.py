@@ -95,6 +95,7 @@ def test_a_plan_steps_up_to_the_whole_stage() -> None:
     plan = CanaryPlan(steps=[0.1, 0.5, 1.0], window_s=300, approval_timeout_s=3600.0)  # type: ignore[arg-type]
     assert plan.steps == (0.1, 0.5, 1.0)
     assert CanaryPlan((1.0,), 60.0, 60.0).steps == (1.0,)
+    assert (plan.extensions, CanaryPlan((1.0,), 60.0, 60.0, extensions=0).extensions) == (2, 0)
 
 
 @pytest.mark.parametrize(("changes", "message"), [
@@ -110,6 +111,9 @@ def test_a_plan_steps_up_to_the_whole_stage() -> None:
     ({"window_s": float("inf")}, "window_s must be"),
     ({"approval_timeout_s": -1.0}, "approval_timeout_s must be"),
     ({"approval_timeout_s": "1h"}, "approval_timeout_s must be"),
+    ({"extensions": -1}, "extensions must be a whole number of windows"),
+    ({"extensions": 1.5}, "extensions must be"),
+    ({"extensions": True}, "extensions must be"),
 ])
 def test_a_plan_that_does_not_step_up_to_the_whole_stage_is_refused(changes: dict[str, Any],
                                                                     message: str) -> None:

@@ -17,8 +17,11 @@ def sample(latencies: Sequence[float], *, overheads: Sequence[float] | None = No
            costs: Sequence[float] | None = None, errors: int = 0, dead_lettered: int = 0,
            partitions: Mapping[int, tuple[int, int]] | None = None, ai_calls: int = 0,
            in_flight: int = 0) -> VersionSample:
-    """A version whose every request completed; overheads a tenth of the latencies unless given."""
-    return VersionSample(latencies, [0.1 * v for v in latencies] if overheads is None else overheads,
+    """A version whose every request completed, the i-th produced in second i (one per interval:
+    the per-interval medians are the values); overheads a tenth of the latencies unless given."""
+    timed = list(enumerate(latencies))
+    return VersionSample([(float(i), v) for i, v in timed],
+                         [(float(i), 0.1 * v if overheads is None else overheads[i]) for i, v in timed],
                          costs, len(latencies), errors, dead_lettered, partitions or {0: (1, 1)}, ai_calls,
                          in_flight)
 
@@ -140,7 +143,8 @@ def test_proportions_by_hand() -> None:
 @pytest.mark.parametrize("bad", [
     {"alpha": 0.0}, {"alpha": 0.5}, {"max_latency_increase": -0.1}, {"max_cost_increase": math.inf},
     {"max_added_error_rate": 1.0}, {"max_added_dead_letter_rate": -0.01}, {"min_keep_up": 0.0},
-    {"min_keep_up": 1.1}, {"min_samples": 5},
+    {"min_keep_up": 1.1}, {"min_samples": 5}, {"min_intervals": 9}, {"interval_s": 0.0},
+    {"interval_s": math.inf},
 ])
 def test_thresholds_refuse_what_means_nothing(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
@@ -176,6 +180,35 @@ def test_thirty_percent_slower_on_8_requests_is_not_enough_data() -> None:
     assert outcome(verdict, "latency") == "marginal"
     assert verdict.checks[0].note.startswith("not enough data: 8 baseline and 8 candidate")
     assert verdict.outcome == "marginal"
+
+
+def test_interval_medians_by_hand() -> None:
+    # seconds 0: 3, 1, 2 -> 2; 1: 5 -> 5; 3: 4, 6 -> 5 (second 2 has none); -1.5 is in second -2
+    values = [(0.1, 3.0), (0.9, 1.0), (1.0, 5.0), (0.5, 2.0), (3.2, 4.0), (3.99, 6.0), (-1.5, 7.0)]
+    assert canary.interval_medians(values, 1.0) == [7.0, 2.0, 5.0, 5.0]
+    assert canary.interval_medians(values, 2.0) == [7.0, 2.5, 5.0]  # [-2, 0) 7; [0, 2) 1 2 3 5; [2, 4) 4 6
+    with pytest.raises(ValueError):
+        canary.interval_medians(values, 0.0)
+
+
+def test_a_stall_shared_by_one_seconds_requests_counts_once() -> None:
+    # 30 seconds of one 2 s request each on both sides, but in the candidate's first second a stall
+    # held 50 requests, each answered in 4 s. Per second the candidate's medians are 4 once and 2
+    # 29 times: of the 30 x 30 differences 870 are 0, so the shift is 0 and the check passes.
+    baseline = VersionSample([(float(i), 2.0) for i in range(30)], [(float(i), 0.2) for i in range(30)],
+                             None, 30, 0, 0, {0: (30, 30)}, 30)
+    stalled = [(0.01 * k + 0.001, 4.0) for k in range(50)] + [(float(i), 2.0) for i in range(1, 30)]
+    candidate = VersionSample(stalled, [(at, 0.1 * v) for at, v in stalled], None, 79, 0, 0,
+                              {1: (79, 79)}, 79)
+    latency = judge(baseline, candidate).checks[0]
+    assert (latency.outcome, latency.effect, latency.measured, latency.baseline) == ("pass", 0.0, 4.0, 2.0)
+    assert latency.test is not None and latency.test["n"] == [30, 30]
+    # Counted per request (intervals of 0.01 s split the stall's 50), 50 of 79 are 2 s slower: the
+    # differences are 2 for 50 x 30 pairs and 0 for 29 x 30, the median 2, the shift 100 %; U =
+    # 1500 + 870 / 2 = 1935 of 2370 pairs, far past its mean 1185: a failure the stall made.
+    per_request = judge(baseline, candidate, CanaryThresholds(interval_s=0.01)).checks[0]
+    assert (per_request.outcome, per_request.effect) == ("fail", 1.0)
+    assert per_request.test is not None and per_request.test["u"] == 1935.0
 
 
 def test_five_percent_slower_on_many_requests_passes_though_significant() -> None:

@@ -18,11 +18,9 @@ from airflow.sdk import BaseOperator
 
 from consumers.config.canary_plan import CanaryPlan, canary_refusals, changed_stages
 from consumers.runs.canary_samples import ACTIVE, CANDIDATE
-from measure.canary import CanaryThresholds
+from measure.canary import MARGINAL, PASS, CanaryThresholds
 from pipeline_ops.canary import (
     DONE,
-    MARGINAL,
-    PASS,
     Canary,
     CanaryRecords,
     CanarySteps,
@@ -86,13 +84,14 @@ class CanaryOpenOperator(_CanaryTask):
     record the canary and start its fleets beside the live deployment `run_id`."""
 
     template_fields = ("pipeline", "run_id", "candidate", "overrides", "steps", "window_s",
-                       "thresholds")
+                       "extensions", "thresholds")
 
     def __init__(self, *, pipeline: str, run_id: str, candidate: str, overrides: Any, steps: Any,
-                 window_s: Any, thresholds: Any, approval_timeout_s: float, **kwargs: Any) -> None:
+                 window_s: Any, extensions: Any, thresholds: Any, approval_timeout_s: float,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.pipeline, self.run_id, self.candidate, self.overrides = pipeline, run_id, candidate, overrides
-        self.steps, self.window_s, self.thresholds = steps, window_s, thresholds
+        self.steps, self.window_s, self.extensions, self.thresholds = steps, window_s, extensions, thresholds
         self.approval_timeout_s = approval_timeout_s
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -111,7 +110,8 @@ class CanaryOpenOperator(_CanaryTask):
                                 + "; ".join(f"{r.field}: {r.reason}" for r in refusals))
         stages = changed_stages(active.config, config) or list(config.spec.ai_stages)
         steps = _document(self.steps)
-        plan = CanaryPlan(tuple(float(s) for s in steps), float(self.window_s), self.approval_timeout_s)
+        plan = CanaryPlan(tuple(float(s) for s in steps), float(self.window_s), self.approval_timeout_s,
+                          int(self.extensions))
         thresholds = thresholds_of(_document(self.thresholds) or {})
         version = registry.register(name, config, note=f"canary candidate from {context['run_id']}")
         records = CanaryRecords(self.conns.postgres)
