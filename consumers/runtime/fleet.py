@@ -30,6 +30,7 @@ from consumers.ai.circuit import Circuit
 from consumers.ai.client import CALLER_HEADER, AIClient, Endpoint
 from consumers.ai.learned_timeout import LearnedTimeout
 from consumers.ai.limit import AdaptiveLimit
+from consumers.ai.limit.log import ChangeLog
 from consumers.ai.rate_budget import RateBudget
 from consumers.canary.loans import LoanStore
 from consumers.config import events, kafka_connection, pipeline_spec, profiles
@@ -90,6 +91,7 @@ class Fleet:
         concurrency = s.member.window * s.members if s.member.mode in WINDOW_MODES else s.members
         self.storage = storage.sized_pool(s.database_url, min(DB_CONNECTIONS, concurrency + 2))
         self.quota: QuotaHolder | None = None  # set by `_client` when the endpoint spends a quota
+        self.limit_log = ChangeLog()  # an adaptive limit's moves, written down by `_record_changes`
         self.producer = KeyedProducer(s.member.kafka, profile=s.member.profile, key_strategy=s.key_strategy,
                                       batch_records=s.member.producer_batch_records)
         self.ctx = StageContext(
@@ -128,7 +130,7 @@ class Fleet:
             return None
         s = self.settings
         declared = spec.endpoints[s.ai_endpoint]
-        limiter = (AdaptiveLimit(maximum=pool) if s.adaptive
+        limiter = (AdaptiveLimit(maximum=pool, watchers=(self.limit_log,)) if s.adaptive
                    else AdaptiveLimit.fixed(s.ai_calls) if s.ai_calls
                    else AdaptiveLimit.fixed(pool) if declared.quota else None)
         budget = (RateBudget() if s.adaptive
@@ -186,8 +188,8 @@ class Fleet:
         writes: list[tuple[deque[Any], Callable[[list[Any]], None]]] = [(
             circuit.changes,
             lambda changes: self.storage.record_circuit(s.member.run_id, stage, endpoint, changes))]
-        if s.adaptive and ai.limiter is not None:
-            writes.append((ai.limiter.changes, lambda changes: self.storage.record_limits(
+        if s.adaptive:
+            writes.append((self.limit_log.entries, lambda changes: self.storage.record_limits(
                 s.member.run_id, stage, [(epoch_of(at), limit, n) for at, limit, n in changes])))
         if s.adaptive and ai.rate_budget is not None:
             writes.append((ai.rate_budget.changes, lambda changes: self.storage.record_budgets(

@@ -24,6 +24,7 @@ from bench.limit_simulation import (
     stalls_between,
 )
 from consumers.ai.limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
+from consumers.ai.limit.log import ChangeLog
 
 
 def take(limit: AdaptiveLimit, n: int) -> list[Permit]:
@@ -619,9 +620,11 @@ def test_a_start_whose_first_refusal_comes_back_late_climbs_little_past_the_serv
     in_transit = math.ceil(2 * 0.05 * 64 / median)
     refused = calls = 0
     for seed in (3, 4, 5):
-        run = simulate([(0, 64)], until=10, draw=draw, lag=0.05, seed=seed)
+        log = ChangeLog()
+        run = simulate([(0, 64)], until=10, draw=draw, lag=0.05, seed=seed,
+                       limiter=lambda clock, log=log: AdaptiveLimit(clock=clock, watchers=(log,)))
         refused, calls = refused + run["refused"], calls + run["calls"]
-        peak = max(limit for _, limit, _ in run["limit"].changes)
+        peak = max(limit for _, limit, _ in log.entries)
         assert peak <= 64 + in_transit + 4, (seed, peak)
     assert refused <= 0.03 * calls, (refused, calls)
 

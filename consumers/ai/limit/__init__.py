@@ -10,9 +10,9 @@ reach it: they say "later", not "fewer" (`consumers.ai.rate_budget`). A permit i
 caller does in between (its try put on record) is no call the endpoint holds.
 
 Three parts: the permits callers take (`permits.AdaptiveLimit`), the algorithm they pass each
-sample to (`algorithm.LearnedLimit`, tuned by `settings.LimitSettings`), and the change log it
-tells of each move (`log.ChangeLog`). How it probes, shrinks and backs off, why, and how it is
-checked: docs/adaptive.md.
+sample to (`algorithm.LearnedLimit`, tuned by `settings.LimitSettings`, timing what it learns by
+`measurement`), and the change log it tells of each move (`log.ChangeLog`). How it probes,
+shrinks and backs off, why, and how it is checked: docs/adaptive.md.
 """
 
 from consumers.ai.limit.flight import NOT_SENT, OK, OVERLOAD, Permit

@@ -9,9 +9,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from consumers.ai.call_timings import WINDOW, Latencies, RoundTrips
 from consumers.ai.limit.flight import Flight, Permit
 from consumers.ai.limit.log import LimitWatcher
+from consumers.ai.limit.measurement import Latencies, RoundTrips
 from consumers.ai.limit.settings import LimitSettings
 
 
@@ -66,9 +66,10 @@ class LearnedLimit:
         self._plateau = 0  # the highest level a served call was sent at
         self._refused_level = math.inf  # the level of the last probe refused
         self._growing = False  # a call was served there since: the service grew
-        self._answered: deque[tuple[float, int]] = deque(maxlen=WINDOW)  # (sent, level) of served calls
-        self._latencies = Latencies()
-        self._trips = RoundTrips()
+        # (sent, level) of the served calls of the latest median
+        self._answered: deque[tuple[float, int]] = deque(maxlen=settings.median_of)
+        self._latencies = Latencies(settings)
+        self._trips = RoundTrips(settings)
         self._probing = _Probing(floor=initial)
         self._episode = _Episode()
         self._set(self.limit, now)

@@ -5,24 +5,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from consumers.ai.limit.algorithm import LearnedLimit
 from consumers.ai.limit.flight import NOT_SENT, OK, OVERLOAD, Flight, Permit
-from consumers.ai.limit.log import ChangeLog
+from consumers.ai.limit.log import LimitWatcher
 from consumers.ai.limit.settings import LimitSettings
 from consumers.ai.waits import Cancelled
 
 
 class AdaptiveLimit:
     """An in-flight limit for one endpoint; thread-safe, `acquire` blocks while it is reached.
-    The algorithm and the change log run under the permits' lock: a sample and the count it
-    was taken at never drift apart."""
+    The algorithm and its `watchers` (a `log.ChangeLog`) run under the permits' lock: a sample
+    and the count it was taken at never drift apart."""
 
     def __init__(self, initial: int = 20, minimum: int = 1, maximum: int = 1024,
-                 clock: Callable[[], float] = time.monotonic, history: int = 100_000,
-                 settings: LimitSettings | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, settings: LimitSettings | None = None,
+                 watchers: Iterable[LimitWatcher] = ()) -> None:
         self._clock = clock
         self._cond = threading.Condition()
         self._flight = Flight()
@@ -31,9 +30,8 @@ class AdaptiveLimit:
         self._parked = 0  # ... of them waiting on the condition
         self._share: int | None = None  # the calls at once a shared quota grants (None: no quota)
         self._share_until = float("inf")  # ... until its lease ends: then none
-        self._log = ChangeLog(history)
         self._algorithm = LearnedLimit(initial, minimum, maximum, settings or LimitSettings(),
-                                       self._flight, clock(), watchers=(self._log,))
+                                       self._flight, clock(), watchers=watchers)
 
     @classmethod
     def fixed(cls, limit: int) -> AdaptiveLimit:
@@ -64,11 +62,6 @@ class AdaptiveLimit:
     def in_flight(self) -> int:
         with self._cond:
             return self._flight.held
-
-    @property
-    def changes(self) -> deque[tuple[float, float, int]]:
-        """(at, limit, in flight) of each change until collected (the fleet writes them down)."""
-        return self._log.entries
 
     def waiters(self) -> tuple[int, int]:
         """Callers in `acquire`, and how many of them wait on the condition (the others are on

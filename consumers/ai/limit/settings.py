@@ -14,8 +14,21 @@ from dataclasses import dataclass
 class LimitSettings:
     """How the limit probes, cuts and waits (docs/adaptive.md says why each is what it is)."""
 
+    median_of: int = 64
+    """Served calls' latencies per median (the time unit of every wait, and a window of the
+    medians compared): over fewer, a heavy tail moves a median by tens of percent."""
+    baseline_medians: int = 10
+    """Window medians the baseline is the lowest of: it follows a service that slowed."""
+    noise_errors: float = 3.0
+    """Standard errors of a window's median that its comparisons with the baseline allow on top."""
     latency_tolerance: float = 2.0
     """Two window medians running over this many times the baseline: the service queues."""
+    growth_tolerance: float = 1.5
+    """A window median this far over the baseline: the service slowed, so no growth meanwhile."""
+    trip_weight: float = 0.2
+    """Each 429's weight in the running mean of their round trips."""
+    recent_trips: int = 16
+    """429 round trips whose longest a probe waits out too."""
     probe_every: float = 3.0
     """Latencies between probes under the level to regain, at most."""
     probe_every_s: float = 1.5

@@ -10,23 +10,20 @@ import math
 import statistics
 from collections import deque
 
-WINDOW = 64  # latencies per median: over fewer, a heavy tail moves it by tens of percent
-BASELINE_WINDOWS = 10  # window medians the baseline is the lowest of (it follows a slower service)
-GROWTH_TOLERANCE = 1.5  # a window median this far over the baseline: the service slowed
-NOISE_ERRORS = 3.0  # standard errors of a window's median its comparisons allow on top
-TRIP_WEIGHT = 0.2  # each 429's weight in the running mean of their round trips
-RECENT_TRIPS = 16  # 429 round trips whose longest a probe waits out too
+from consumers.ai.limit.settings import LimitSettings
 
 
 class Latencies:
-    """The latencies of served calls: the median of the last WINDOW (the time unit of every
-    wait; a mean would follow the tail), and the medians of whole windows, whose lowest of the
-    last BASELINE_WINDOWS is the baseline a queueing service is measured against."""
+    """The latencies of served calls: the median of the last `median_of` (the time unit of
+    every wait; a mean would follow the tail), and the medians of whole windows of them, whose
+    lowest of the last `baseline_medians` is the baseline a queueing service is measured
+    against."""
 
-    def __init__(self) -> None:
-        self.recent: deque[float] = deque(maxlen=WINDOW)
-        self.medians: deque[float] = deque(maxlen=BASELINE_WINDOWS)
-        self._noise = 1.0  # the factor a window median spreads by: exp(NOISE_ERRORS x its error)
+    def __init__(self, settings: LimitSettings) -> None:
+        self.settings = settings
+        self.recent: deque[float] = deque(maxlen=settings.median_of)
+        self.medians: deque[float] = deque(maxlen=settings.baseline_medians)
+        self._noise = 1.0  # the factor a window median spreads by: exp(noise_errors x its error)
         self._fresh = 0  # latencies since the last window median
         self._windows = 0
 
@@ -36,13 +33,13 @@ class Latencies:
         few, so it is no baseline."""
         self.recent.append(latency)
         self._fresh += 1
-        if self._fresh < WINDOW:
+        if self._fresh < self.settings.median_of:
             return False
         self._fresh, self._windows = 0, self._windows + 1
         if self._windows == 1:
             return False
         self.medians.append(self.median())
-        self._noise = math.exp(NOISE_ERRORS * median_error(self.recent))
+        self._noise = math.exp(self.settings.noise_errors * median_error(self.recent))
         return True
 
     def median(self) -> float:
@@ -56,8 +53,9 @@ class Latencies:
         return min(self.medians[-1], self.medians[-2]) > tolerance * self._noise * min(self.medians)
 
     def slowed(self) -> bool:
-        """The last window median over GROWTH_TOLERANCE of the baseline: no growth meanwhile."""
-        return bool(self.medians) and self.medians[-1] > GROWTH_TOLERANCE * self._noise * min(self.medians)
+        """The last window median over `growth_tolerance` of the baseline: no growth meanwhile."""
+        return bool(self.medians) and (self.medians[-1]
+                                       > self.settings.growth_tolerance * self._noise * min(self.medians))
 
 
 def median_error(latencies: deque[float]) -> float:
@@ -74,12 +72,13 @@ def median_error(latencies: deque[float]) -> float:
 class RoundTrips:
     """How long a 429 takes to come back: a running mean, and the recent ones."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: LimitSettings) -> None:
+        self.weight = settings.trip_weight
         self.mean: float | None = None
-        self._recent: deque[float] = deque(maxlen=RECENT_TRIPS)
+        self._recent: deque[float] = deque(maxlen=settings.recent_trips)
 
     def add(self, trip: float) -> None:
-        self.mean = trip if self.mean is None else self.mean + TRIP_WEIGHT * (trip - self.mean)
+        self.mean = trip if self.mean is None else self.mean + self.weight * (trip - self.mean)
         self._recent.append(trip)
 
     def longest(self) -> float:
