@@ -14,42 +14,32 @@ test per distribution, classified pass / marginal / fail, the verdict the worst 
   intervals' medians are about as independent as the stalls are short, which is what Kayenta
   judges too (a metric's time series over the same minutes). The cost per request stays per
   request: what a request's tokens cost does not depend on when it ran.
-
-- rank test (`mann_whitney`): U of the candidate (pairs where the candidate's value is the
-  larger, ties counted half), its z under the normal approximation with the tie-corrected
-  variance and a continuity correction, the one-sided p-value for "candidate larger" (for
-  latency, overhead and cost: worse) and the two-sided one. Effect sizes: the probability of
-  superiority U / (n1 n2) = P(candidate > baseline) + P(tie) / 2, and the Hodges-Lehmann shift
-  (the median of every candidate - baseline difference) over the baseline's median, with the
-  distribution-free (Moses) bounds of the shift from the same normal approximation. Ranks
-  rather than means: latencies are heavy-tailed, and a few slow calls move a mean and a
-  t-test's variance far more than they move which version is typically faster.
-- rate test (`proportion_test`): the pooled two-proportion z-test, one-sided "candidate's rate
-  higher", for the error and dead-letter rates; with Wald bounds of the difference.
 - classification of a "lower is better" metric: fail when the candidate is significantly worse
   (one-sided p < alpha) and its shift (relative for the distributions, absolute for the rates)
   is beyond the tolerance; marginal when the shift is beyond the tolerance without being
   significant, or when either version has fewer values than it takes (`min_intervals`,
-  `min_samples`); pass otherwise. A
-  significant but small shift passes: with thousands of requests a 2 % difference is
-  significant, and the tolerance says what is worth holding a release for.
+  `min_samples`); pass otherwise. A significant but small shift passes: with thousands of
+  requests a 2 % difference is significant, and the tolerance says what is worth holding a
+  release for.
 - keep-up: each candidate partition's completions over its arrivals in the window (see
   `_keep_up`): splitting by partitions only works if every partition is drained.
 - quota share (reported, not judged): each version's share of the AI calls against its share of
   the partitions, since both versions spend the same provider quota.
 
-Bounds are one-sided at 1 - alpha, as in measure.confidence: [low, high] is the two-sided
-interval at 1 - 2 alpha. Plain Python like measure.confidence: no SciPy here.
+The tests (`measure.two_sample`): the rank test, with the Hodges-Lehmann shift and its bounds,
+for the times and the cost; the two-proportion test for the rates. Bounds are one-sided at
+1 - alpha: [low, high] is the two-sided interval at 1 - 2 alpha.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from measure.two_sample import MIN_SAMPLES_FLOOR, mann_whitney, proportion_test
 
 Outcome = Literal["pass", "marginal", "fail"]
 PASS: Outcome = "pass"
@@ -58,36 +48,6 @@ FAIL: Outcome = "fail"
 _SEVERITY: dict[Outcome, int] = {PASS: 0, MARGINAL: 1, FAIL: 2}
 Shares = dict[str, dict[str, float | int | None]]  # version -> its figures of the shared quota
 Timed = tuple[float, float]  # (when its request was produced, epoch seconds; the value)
-
-# Values kept per sample: the rank test sorts n1 + n2 values and the shift selects among n1 x n2
-# differences in passes over n1 + n2 rather than sorting every pair. With thousands per side a
-# shift of a few percent is already significant, so thinning costs the test no decision that
-# matters.
-MAX_SAMPLE = 5000
-# Against U's exact distribution (no ties), the continuity-corrected normal approximation is off
-# by at most 0.0043 in p at 10 values per side and 0.0014 at 30; near p = 0.01 it overstates p by
-# some 14 % at 10 and 4 % at 30, on the conservative side. Below 10 only the exact test serves.
-MIN_SAMPLES_FLOOR = 10
-
-
-def normal_upper_tail(z: float) -> float:
-    """P(Z > z) for the standard normal, accurate far into the tail (erfc, not 1 - cdf)."""
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def thin(values: Sequence[float], cap: int = MAX_SAMPLE) -> list[float]:
-    """The values sorted, and above `cap` of them `cap` at evenly spaced ranks (every k-th, k
-    fractional, the first and last included): each quantile stays within half a stride of the
-    original's, and with an odd count and an odd cap the median is kept exactly. Deterministic,
-    unlike a random subsample, so a verdict can be recomputed."""
-    if cap < 2:
-        raise ValueError("a thinned sample keeps at least 2 values")
-    ordered = sorted(values)
-    n = len(ordered)
-    if n <= cap:
-        return ordered
-    stride = 2 * (cap - 1)  # rank i * (n - 1) / (cap - 1), rounded half up, in integers
-    return [ordered[(2 * i * (n - 1) + cap - 1) // stride] for i in range(cap)]
 
 
 def interval_medians(values: Sequence[Timed], interval_s: float) -> list[float]:
@@ -100,175 +60,6 @@ def interval_medians(values: Sequence[Timed], interval_s: float) -> list[float]:
     for at, value in values:
         grouped.setdefault(math.floor(at / interval_s), []).append(value)
     return [statistics.median(grouped[k]) for k in sorted(grouped)]
-
-
-@dataclass(frozen=True)
-class RankTest:
-    """Mann-Whitney U of the candidate against the baseline (see the module docstring); `n` the
-    values used per side (baseline, candidate), `observed` before thinning. `relative_*` is None
-    when the baseline's median is 0; a bound None when the samples are too small to give one."""
-
-    u: float
-    z: float
-    p_two_sided: float
-    p_greater: float
-    superiority: float
-    shift: float
-    shift_low: float | None
-    shift_high: float | None
-    baseline_median: float
-    relative_shift: float | None
-    relative_low: float | None
-    relative_high: float | None
-    confidence: float
-    n: tuple[int, int]
-    observed: tuple[int, int]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "n": list(self.n), "observed": list(self.observed)}
-
-
-def _rank_sum(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, int]:
-    """The candidate's (ys') rank sum in the pooled sample, tied values at their mid-rank, and
-    the tie term sum(t^3 - t) over the groups of tied values."""
-    pooled = sorted([(v, 0) for v in xs] + [(v, 1) for v in ys])
-    ranks, ties, i = 0.0, 0, 0
-    while i < len(pooled):
-        j = i
-        while j < len(pooled) and pooled[j][0] == pooled[i][0]:
-            j += 1
-        ranks += sum(side for _, side in pooled[i:j]) * (i + 1 + j) / 2  # ranks i + 1 .. j
-        ties += (j - i) ** 3 - (j - i)
-        i = j
-    return ranks, ties
-
-
-def _prefix_counts(ys: Sequence[float], rows: Sequence[float], pivot: float, strict: bool) -> list[int]:
-    """Per candidate value y (ascending), how many of the differences y - rows[i] (rows
-    descending, so they ascend with i) are below `pivot` (or at most it): a prefix of each row,
-    shorter for larger y, so one pointer walks all rows."""
-    counts, i = [], len(rows)
-    for y in ys:
-        while i > 0 and not (y - rows[i - 1] < pivot if strict else y - rows[i - 1] <= pivot):
-            i -= 1
-        counts.append(i)
-    return counts
-
-
-def _kth_difference(xs: Sequence[float], ys: Sequence[float], k: int) -> float:
-    """The k-th smallest (from 1) of the len(xs) x len(ys) differences y - x, without forming
-    them: selection in the implicitly sorted matrix (Monahan's algorithm for the Hodges-Lehmann
-    estimator), a random candidate as pivot, rows kept as index ranges, until few enough remain
-    to sort. `xs` and `ys` sorted ascending. The pivot's generator is seeded: same answer,
-    same work, every time."""
-    rows = list(reversed(xs))
-    low, high = [0] * len(ys), [len(rows)] * len(ys)  # row j's candidates: rows[low[j]:high[j]]
-    pick = random.Random(0)
-    while True:
-        left = sum(h - lo for lo, h in zip(low, high, strict=True))
-        if left <= len(xs) + len(ys):
-            rest = sorted(y - rows[i] for y, lo, h in zip(ys, low, high, strict=True) for i in range(lo, h))
-            return rest[k - sum(low) - 1]
-        at = pick.randrange(left)
-        for y, lo, h in zip(ys, low, high, strict=True):
-            if at < h - lo:
-                pivot = y - rows[lo + at]
-                break
-            at -= h - lo
-        below = _prefix_counts(ys, rows, pivot, strict=True)
-        if sum(below) >= k:
-            high = below
-            continue
-        upto = _prefix_counts(ys, rows, pivot, strict=False)
-        if sum(upto) >= k:
-            return pivot
-        low = upto
-
-
-def mann_whitney(baseline: Sequence[float], candidate: Sequence[float], confidence: float = 0.99,
-                 cap: int = MAX_SAMPLE) -> RankTest:
-    """The rank test of the candidate against the baseline, each thinned to `cap` values.
-
-    z = (U - n1 n2 / 2 -+ 1/2) / sigma, sigma^2 = n1 n2 / 12 x (N + 1 - sum(t^3 - t) / (N (N - 1))),
-    the correction of 1/2 toward 0 (0 when |U - n1 n2 / 2| <= 1/2); the one-sided p takes it
-    toward the alternative. The normal approximation holds from about 10 values per side
-    (MIN_SAMPLES_FLOOR, where its error is measured); below it p is rough. The shift's
-    bounds are the k-th smallest and largest differences, k = round(n1 n2 / 2 - z_c sigma), the
-    values of the shift the one-sided test at `confidence` would not reject.
-    """
-    if not baseline or not candidate:
-        raise ValueError("a rank test needs at least one value per version")
-    if not 0.5 < confidence < 1:
-        raise ValueError("confidence must be in (0.5, 1)")
-    xs, ys = thin(baseline, cap), thin(candidate, cap)
-    n1, n2 = len(xs), len(ys)
-    pairs, total = n1 * n2, n1 + n2
-    ranks, ties = _rank_sum(xs, ys)
-    u = ranks - n2 * (n2 + 1) / 2
-    variance = pairs / 12 * (total + 1 - (ties / (total * (total - 1)) if total > 1 else 0))
-    sigma = math.sqrt(max(variance, 0.0))
-    excess = u - pairs / 2
-    if sigma > 0:
-        z = math.copysign(max(abs(excess) - 0.5, 0.0), excess) / sigma
-        p_two = min(1.0, 2 * normal_upper_tail(abs(z)))
-        p_greater = normal_upper_tail((excess - 0.5) / sigma)
-    else:  # every value equal: nothing tells the versions apart
-        z, p_two, p_greater = 0.0, 1.0, 1.0
-    middle = (pairs + 1) // 2
-    shift = _kth_difference(xs, ys, middle)
-    if pairs % 2 == 0:
-        shift = (shift + _kth_difference(xs, ys, middle + 1)) / 2
-    k = math.floor(pairs / 2 - statistics.NormalDist().inv_cdf(confidence) * sigma + 0.5)
-    low, high = ((_kth_difference(xs, ys, k), _kth_difference(xs, ys, pairs + 1 - k))
-                 if 1 <= k <= pairs + 1 - k else (None, None))
-    median = statistics.median(xs)
-
-    def relative(value: float | None) -> float | None:
-        return None if value is None or median == 0 else value / abs(median)
-
-    return RankTest(u, z, p_two, p_greater, u / pairs, shift, low, high, median, relative(shift),
-                    relative(low), relative(high), confidence, (n1, n2), (len(baseline), len(candidate)))
-
-
-@dataclass(frozen=True)
-class ProportionTest:
-    """The pooled two-proportion z-test, one-sided "candidate's rate higher"; `low`/`high` the
-    Wald bounds of the difference at `confidence` (unpooled: the bounds do not assume equal rates)."""
-
-    baseline_rate: float
-    candidate_rate: float
-    difference: float
-    z: float
-    p_greater: float
-    low: float
-    high: float
-    confidence: float
-    n: tuple[int, int]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "n": list(self.n)}
-
-
-def proportion_test(bad_baseline: int, n_baseline: int, bad_candidate: int, n_candidate: int,
-                    confidence: float = 0.99) -> ProportionTest:
-    """z = (p2 - p1) / sqrt(p (1 - p) (1/n1 + 1/n2)), p the pooled rate; z 0 and p-value 1 when
-    neither version had any (or both had only) bad outcomes. The normal approximation wants some
-    five bad outcomes per side; with fewer the p-value is rough, so the judge's tolerance, not
-    the p-value alone, decides small rates."""
-    if n_baseline <= 0 or n_candidate <= 0:
-        raise ValueError("a rate needs at least one outcome per version")
-    if not (0 <= bad_baseline <= n_baseline and 0 <= bad_candidate <= n_candidate):
-        raise ValueError("bad outcomes must be between 0 and the outcomes")
-    if not 0.5 < confidence < 1:
-        raise ValueError("confidence must be in (0.5, 1)")
-    p1, p2 = bad_baseline / n_baseline, bad_candidate / n_candidate
-    pooled = (bad_baseline + bad_candidate) / (n_baseline + n_candidate)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / n_baseline + 1 / n_candidate))
-    z = (p2 - p1) / se if se > 0 else 0.0
-    margin = statistics.NormalDist().inv_cdf(confidence) * math.sqrt(
-        p1 * (1 - p1) / n_baseline + p2 * (1 - p2) / n_candidate)
-    return ProportionTest(p1, p2, p2 - p1, z, normal_upper_tail(z) if se > 0 else 1.0,
-                          p2 - p1 - margin, p2 - p1 + margin, confidence, (n_baseline, n_candidate))
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The canary judge (measure.canary) against hand-computed rank and proportion tests."""
+"""The canary judge (measure.canary) and its tests (measure.two_sample) against hand-computed
+rank and proportion tests."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from measure import canary
-from measure.canary import CanaryThresholds, VersionSample, judge, mann_whitney, proportion_test
+from measure import canary, two_sample
+from measure.canary import CanaryThresholds, VersionSample, judge
+from measure.two_sample import mann_whitney, proportion_test
 
 
 def sample(latencies: Sequence[float], *, overheads: Sequence[float] | None = None,
@@ -39,7 +41,7 @@ def outcome(verdict: canary.Verdict, name: str) -> str:
 @pytest.mark.parametrize(("z", "tail"), [(1.96, 0.025), (1.645, 0.05), (2.326, 0.01), (3.09, 0.001),
                                          (0.0, 0.5), (-1.96, 0.975)])
 def test_normal_upper_tail_matches_the_tables(z: float, tail: float) -> None:
-    assert canary.normal_upper_tail(z) == pytest.approx(tail, abs=5e-5)  # z = 1.96: two-sided 0.05
+    assert two_sample.normal_upper_tail(z) == pytest.approx(tail, abs=5e-5)  # z = 1.96: two-sided 0.05
 
 
 def test_u_and_z_of_two_small_samples_with_ties() -> None:
@@ -110,13 +112,13 @@ def test_the_shift_is_the_median_of_every_pairwise_difference() -> None:
 
 def test_thinning_keeps_the_count_under_the_cap_and_the_median() -> None:
     values = [float(v) for v in reversed(range(10_001))]  # median 5000
-    thinned = canary.thin(values, cap=1001)
+    thinned = two_sample.thin(values, cap=1001)
     assert len(thinned) == 1001
     assert thinned[500] == 5000.0 and (thinned[0], thinned[-1]) == (0.0, 10_000.0)  # every 10th
     assert thinned[:3] == [0.0, 10.0, 20.0]
-    even = canary.thin([float(v) for v in range(10_000)], cap=1000)  # median 4999.5, stride 10.009
+    even = two_sample.thin([float(v) for v in range(10_000)], cap=1000)  # median 4999.5, stride 10.009
     assert len(even) == 1000 and abs((even[499] + even[500]) / 2 - 4999.5) <= 5.005
-    assert canary.thin([3.0, 1.0, 2.0], cap=5) == [1.0, 2.0, 3.0]
+    assert two_sample.thin([3.0, 1.0, 2.0], cap=5) == [1.0, 2.0, 3.0]
     test = mann_whitney(values, values, cap=1001)
     assert (test.n, test.observed, test.baseline_median) == ((1001, 1001), (10_001, 10_001), 5000.0)
 
