@@ -14,7 +14,7 @@ import yaml
 from infra import ai_gateway, layout
 from infra.ai_gateway import Model
 from infra.layout import Layout
-from infra.stack import Credentials, environment, write_env
+from infra.stack_env import Credentials, environment, write_env
 
 KEY = "sk-master-key-for-tests"
 

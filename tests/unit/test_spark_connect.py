@@ -13,7 +13,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from infra import spark_connect
 from infra.layout import Layout
-from infra.stack import Credentials, environment, write_env
+from infra.stack_env import Credentials, environment, write_env
 from pipeline_ops.connections import spark_connect_url
 from pipeline_ops.operators import analysis
 from spark import analyses, session
