@@ -10,16 +10,8 @@ from collections import Counter
 import pytest
 
 from consumers.ai.client import CONCURRENCY, refusal_kind
-from consumers.ai.rate_budget import (
-    REQUESTS,
-    TOKENS,
-    Estimate,
-    PeriodBudget,
-    RateBudget,
-    RefilledBudget,
-    Spent,
-    duration_s,
-)
+from consumers.ai.meters import PeriodBudget, RefilledBudget
+from consumers.ai.rate_budget import REQUESTS, TOKENS, Estimate, RateBudget, Spent, duration_s
 
 
 class Clock:

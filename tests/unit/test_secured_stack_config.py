@@ -20,8 +20,8 @@ from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
 from consumers.config.pipeline_spec import roles
 from infra import kafka_cluster, kafka_tools, layout, tls
 from infra.layout import PORT_OFFSETS, Layout
-from infra.stack_env import Credentials, environment, write_env
 from infra.stack import ports as stack_ports
+from infra.stack_env import Credentials, environment, write_env
 from tests.stack import java_properties
 
 REPO = Path(__file__).resolve().parents[2]
