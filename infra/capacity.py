@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-from infra.demo import run_dag
-from infra.layout import REPO, current
+from infra.demo import run_and_show
+from infra.layout import current
 
 
 def main() -> int:
@@ -19,13 +19,10 @@ def main() -> int:
     scale = float(os.environ.get("SCALE", "0.3"))
     conf = {"candidate": os.environ.get("CANDIDATE", "flow"), "time_scale": scale,
             "step_s": max(30.0, 90 * scale)}
-    state, ts = run_dag(layout, "pipeline_capacity", conf)
-    results = sorted((REPO / "results").glob(f"capacity-{ts}-*/capacity.txt"))
-    if state != "success" or not results:
-        print(f"the search did not finish: see .local/{layout.name}/pipeline_capacity.log", file=sys.stderr)
+    result = run_and_show(layout, "pipeline_capacity", conf, "capacity-{ts}-*/capacity.txt")
+    if result is None:
         return 1
-    print(results[-1].read_text())
-    print(f"plot: {results[-1].parent / 'capacity.png'}")
+    print(f"plot: {result.parent / 'capacity.png'}")
     return 0
 
 

@@ -78,19 +78,27 @@ def follow_tasks(conn: connection, dag_id: str, logical_date: datetime, proc: su
         time.sleep(1)
 
 
+def run_and_show(layout: Layout, dag_id: str, conf: dict, result: str) -> Path | None:
+    """`run_dag`, then print the run's result file (`result`, a glob under results/ with `{ts}`
+    for the run's logical date); None, saying where its log is, when it did not succeed."""
+    state, ts = run_dag(layout, dag_id, conf)
+    found = sorted((REPO / "results").glob(result.format(ts=ts)))
+    if state != "success" or not found:
+        print(f"the run did not finish: see .local/{layout.name}/{dag_id}.log", file=sys.stderr)
+        return None
+    print(found[-1].read_text())
+    return found[-1]
+
+
 def main() -> int:
     layout = current()
     conf = {"candidate": os.environ.get("CANDIDATE", "flow"),
             "pipeline": os.environ.get("PIPELINE", "genai_image"),
             "time_scale": float(os.environ.get("SCALE", "0.3")), "burst": 160}
-    state, ts = run_dag(layout, "pipeline_tuning", conf)
-    reports = sorted((REPO / "results").glob(f"tuning-{ts}-*/gate.txt"))
-    if state != "success" or not reports:
-        print(f"the run did not finish: see .local/{layout.name}/pipeline_tuning.log", file=sys.stderr)
+    report = run_and_show(layout, "pipeline_tuning", conf, "tuning-{ts}-*/gate.txt")
+    if report is None:
         return 1
-    print(reports[-1].read_text())
-    print(f"plots: {reports[-1].parent / 'completions.png'}, "
-          f"{reports[-1].parent / 'requests_per_partition.png'}")
+    print(f"plots: {report.parent / 'completions.png'}, {report.parent / 'requests_per_partition.png'}")
     return 0
 
 
