@@ -26,12 +26,6 @@ import psycopg2
 LENDING, LENT, RETURNING, RETURNED = "lending", "lent", "returning", "returned"
 
 
-def candidate_group(group_id: str, canary_id: int) -> str:
-    """The group a canary's members commit under: apart from the active group, whose coordinator
-    refuses commits from consumers outside it while it has live members."""
-    return f"{group_id}.canary-{canary_id}"
-
-
 @dataclass(frozen=True)
 class Loan:
     """One lent partition as its row says."""

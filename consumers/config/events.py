@@ -48,6 +48,13 @@ class InvalidEvent(ValueError):
         self.detail = detail
 
 
+def canary_group(group_id: str, canary_id: int | str) -> str:
+    """The group a canary's members commit under (`canary_id` "" gives every canary's prefix):
+    apart from the active group, whose coordinator refuses commits from consumers outside it
+    while it has live members."""
+    return f"{group_id}.canary-{canary_id}"
+
+
 @dataclass(frozen=True)
 class Topics:
     """The topics of one run of a pipeline: each spec topic as `<prefix>.<name>`, so runs are
@@ -74,6 +81,10 @@ class Topics:
     def group_of(self, stage: str) -> str:
         """The consumer group of a stage's fleet."""
         return f"{self.prefix}.{stage}"
+
+    def canary_groups_of(self, stage: str) -> str:
+        """The prefix of the groups a stage's canaries commit under (`canary_group`)."""
+        return canary_group(self.group_of(stage), "")
 
     def producing(self) -> list[str]:
         """The topics the load source writes."""

@@ -5,9 +5,10 @@ its source topic as its own consumer group and write its routes' topics and the 
 topic, and, when its outputs are exactly once, use its members' transactional ids; nothing else.
 Topics are per run, so the admin grants these when it provisions a run's topics, with LITERAL
 patterns (a prefixed pattern cannot say "the `.style` topic of any run"), and takes them back
-when it deletes them. Transactional ids are granted by PREFIXED pattern, the group's name and a
-dot: a member's id is its group's and its own name (`consumers.config.profiles.transactional_id`), and
-the members a fleet runs are not known when the run's topics are provisioned. An open cluster
+when it deletes them. Two are granted by PREFIXED pattern, since what they name is not known
+when the run's topics are provisioned: the members' transactional ids, the group's name and a
+dot (a member's id is its group's and its own name, `consumers.config.profiles.transactional_id`),
+and the groups the stage's canaries commit under (`consumers.config.events.canary_group`). An open cluster
 has no principals to grant to, and nothing is done.
 
 CreateAcls returns once the controller has committed the bindings, but each broker authorizes
@@ -19,6 +20,7 @@ unusable for good; so `grant` returns only when every broker lets every role see
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from confluent_kafka.admin import (
     AclBinding,
@@ -34,29 +36,32 @@ from consumers.config.events import Topics
 from consumers.config.kafka_connection import KafkaAccess
 from consumers.config.profiles import transactional_id
 
-Grant = tuple[ResourceType, str, AclOperation]
+
+class Grant(NamedTuple):
+    """One operation on one resource, its name matched literally or as a prefix."""
+
+    kind: ResourceType
+    name: str
+    operation: AclOperation
+    pattern: ResourcePatternType = ResourcePatternType.LITERAL
 
 
 def grants(topics: Topics, role: str) -> list[Grant]:
     """The resources and operations one role needs for a run (READ and WRITE imply DESCRIBE)."""
     if role == "source":
-        return [(ResourceType.TOPIC, t, AclOperation.WRITE) for t in topics.producing()]
+        return [Grant(ResourceType.TOPIC, t, AclOperation.WRITE) for t in topics.producing()]
     if role not in topics.spec.stages:
         raise ValueError(f"unknown role {role!r}; roles: source, {', '.join(topics.spec.stages)}")
     # ALTER_CONFIGS on its own group: a share-group member sets its group's offset reset and
     # record lock before it subscribes (consumers/runtime/share_member.py).
-    return [(ResourceType.TOPIC, topics.source_of(role), AclOperation.READ),
-            (ResourceType.GROUP, topics.group_of(role), AclOperation.READ),
-            (ResourceType.GROUP, topics.group_of(role), AclOperation.ALTER_CONFIGS),
-            (ResourceType.TRANSACTIONAL_ID, transactional_id(topics.group_of(role), ""), AclOperation.WRITE),
-            *((ResourceType.TOPIC, t, AclOperation.WRITE) for t in topics.outputs_of(role))]
-
-
-def pattern(kind: ResourceType) -> ResourcePatternType:
-    """How a grant's name matches: transactional ids by prefix, everything else literally."""
-    if kind == ResourceType.TRANSACTIONAL_ID:
-        return ResourcePatternType.PREFIXED
-    return ResourcePatternType.LITERAL
+    prefixed = ResourcePatternType.PREFIXED
+    return [Grant(ResourceType.TOPIC, topics.source_of(role), AclOperation.READ),
+            Grant(ResourceType.GROUP, topics.group_of(role), AclOperation.READ),
+            Grant(ResourceType.GROUP, topics.group_of(role), AclOperation.ALTER_CONFIGS),
+            Grant(ResourceType.GROUP, topics.canary_groups_of(role), AclOperation.READ, prefixed),
+            Grant(ResourceType.TRANSACTIONAL_ID, transactional_id(topics.group_of(role), ""),
+                  AclOperation.WRITE, prefixed),
+            *(Grant(ResourceType.TOPIC, t, AclOperation.WRITE) for t in topics.outputs_of(role))]
 
 
 def grantees(topics: Topics, access: KafkaAccess) -> dict[str, str]:
@@ -68,9 +73,8 @@ def grantees(topics: Topics, access: KafkaAccess) -> dict[str, str]:
 
 def bindings(topics: Topics, access: KafkaAccess) -> list[AclBinding]:
     """ALLOW bindings for every role of the run that runs as a principal of its own."""
-    return [AclBinding(kind, name, pattern(kind), principal, "*", operation, AclPermissionType.ALLOW)
-            for role, principal in grantees(topics, access).items()
-            for kind, name, operation in grants(topics, role)]
+    return [AclBinding(g.kind, g.name, g.pattern, principal, "*", g.operation, AclPermissionType.ALLOW)
+            for role, principal in grantees(topics, access).items() for g in grants(topics, role)]
 
 
 def grant(admin: AdminClient, topics: Topics, access: KafkaAccess, timeout_s: float = 30.0) -> int:
@@ -89,7 +93,7 @@ def _wait_applied(topics: Topics, access: KafkaAccess, brokers: list[str], deadl
     """Until each broker shows each role its topics. A new client's first request goes to its
     only bootstrap broker, so one client per broker and role asks exactly that broker."""
     for role in grantees(topics, access):
-        names = [name for kind, name, _ in grants(topics, role) if kind == ResourceType.TOPIC]
+        names = [g.name for g in grants(topics, role) if g.kind == ResourceType.TOPIC]
         for broker in brokers:
             settings = access.of(role).client(**{"bootstrap.servers": broker})
             while True:
@@ -106,9 +110,10 @@ def revoke(admin: AdminClient, topics: Topics, access: KafkaAccess, timeout_s: f
     """Delete every binding on the run's topics and groups; return how many were deleted."""
     if not grantees(topics, access):
         return 0
-    resources = {(kind, name) for role in grantees(topics, access) for kind, name, _ in grants(topics, role)}
+    resources = {(g.kind, g.name, g.pattern) for role in grantees(topics, access)
+                 for g in grants(topics, role)}
     # None: any principal and host, as AclBindingFilter's documentation says; its hints are AclBinding's.
-    filters = [AclBindingFilter(kind, name, pattern(kind), None, None,  # type: ignore[arg-type]
-                                AclOperation.ANY, AclPermissionType.ANY) for kind, name in sorted(resources)]
+    filters = [AclBindingFilter(kind, name, matched, None, None,  # type: ignore[arg-type]
+                                AclOperation.ANY, AclPermissionType.ANY) for kind, name, matched in resources]
     return sum(len(future.result())
                for future in admin.delete_acls(filters, request_timeout=timeout_s).values())

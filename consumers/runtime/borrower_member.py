@@ -15,6 +15,7 @@ from typing import Any
 from confluent_kafka import TopicPartition
 
 from consumers.canary import loans as canary_loans
+from consumers.config.events import canary_group
 from consumers.runtime.fetch_buffer import FetchBuffer
 from consumers.runtime.flow_member import LOAN_TICK_S, FlowMember, log
 from consumers.runtime.member import MemberSettings
@@ -38,7 +39,7 @@ class BorrowerMember(FlowMember):
 
     def _consumer_config(self) -> dict[str, Any]:
         config = super()._consumer_config()
-        config["group.id"] = canary_loans.candidate_group(self.settings.group_id, self.canary_id)
+        config["group.id"] = canary_group(self.settings.group_id, self.canary_id)
         return config
 
     def _hold_back_lent(self, store: canary_loans.LoanStore, tps: set[tuple[str, int]]) -> None:

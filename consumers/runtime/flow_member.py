@@ -21,6 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from consumers.canary import loans as canary_loans
+from consumers.config.events import canary_group
 from consumers.kafka_clients import records
 from consumers.runtime import metrics
 from consumers.runtime.fetch_buffer import FetchBuffer
@@ -288,7 +289,7 @@ class FlowMember(GroupMember):
 
     def _borrower_commit(self, tp: tuple[str, int], canary_id: int) -> int:
         """The canary group's last commit on `tp` (0 when none)."""
-        group = canary_loans.candidate_group(self.settings.group_id, canary_id)
+        group = canary_group(self.settings.group_id, canary_id)
         reader = Consumer(self.settings.kafka.client(**{"group.id": group, "enable.auto.commit": False}))
         try:
             offset = reader.committed([TopicPartition(*tp)], timeout=10)[0].offset

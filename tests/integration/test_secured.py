@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import (
     AclBindingFilter,
     AclOperation,
@@ -32,7 +32,7 @@ from confluent_kafka.admin import (
 
 from consumers.config import pipeline_spec
 from consumers.config.candidate import PipelineConfig, StageConfig
-from consumers.config.events import Topics
+from consumers.config.events import Topics, canary_group
 from consumers.config.kafka_connection import KafkaConnection
 from consumers.runs.pipeline_run import running_pipeline
 from infra import ai_gateway, spark_connect
@@ -116,6 +116,8 @@ def test_the_reference_pipeline_runs_end_to_end_under_least_privilege(secure: St
             if role == "source" else [
                 ("GROUP", f"{run_id}.{role}", "LITERAL", "READ"),
                 ("GROUP", f"{run_id}.{role}", "LITERAL", "ALTER_CONFIGS"),
+                # the groups its canaries' members commit under
+                ("GROUP", f"{run_id}.{role}.canary-", "PREFIXED", "READ"),
                 ("TOPIC", secured_run.source_of(role), "LITERAL", "READ"),
                 # its members' transactional ids, for exactly-once outputs
                 ("TRANSACTIONAL_ID", f"{run_id}.{role}.", "PREFIXED", "WRITE"),
@@ -148,6 +150,28 @@ def test_a_principal_without_the_acl_is_refused(secure: Stack, secured_run: Topi
     producer.produce(secured_run.name("generate"), b"{}", on_delivery=lambda err, _m: failures.append(err))
     producer.flush(15)
     assert [e.code() for e in failures if e] == [KafkaError.TOPIC_AUTHORIZATION_FAILED]
+
+
+def test_a_stage_commits_under_its_own_canaries_groups_only(secure: Stack, secured_run: Topics) -> None:
+    # A canary's members assign() the partitions lent to them and commit under a group of
+    # their own (consumers/canary/loans.py), as their stage's principal.
+    check, topic = secure.kafka.of("check"), secured_run.source_of("check")
+    assert committed_once(check, canary_group(secured_run.group_of("check"), 7), topic) == 1
+    with pytest.raises(KafkaException) as refusal:
+        committed_once(check, canary_group(secured_run.group_of("generate"), 7), topic)
+    assert refusal.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED
+
+
+def committed_once(connection: KafkaConnection, group: str, topic: str) -> int:
+    """Commit offset 1 of `topic`'s partition 0 as `group`, as a canary member does; what the
+    group has committed there afterwards."""
+    consumer = Consumer(connection.client(**{"group.id": group, "enable.auto.commit": False}))
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        consumer.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+        return consumer.committed([TopicPartition(topic, 0)], timeout=20)[0].offset
+    finally:
+        consumer.close()
 
 
 def consume_errors(connection: KafkaConnection, group: str, topic: str, timeout_s: float = 20.0) -> set[int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from confluent_kafka.admin import AclOperation, ResourceType
+from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
 
 from consumers.config import pipeline_spec
 from consumers.config.events import Topics
@@ -80,17 +80,21 @@ def test_a_child_gets_one_principal_only() -> None:
 
 def test_grants_follow_the_topics_each_role_uses() -> None:
     t = Topics("r1", pipeline_spec.load("genai_image"))
-    assert acls.grants(t, "source") == [(ResourceType.TOPIC, "r1.intake", AclOperation.WRITE),
-                                        (ResourceType.TOPIC, "r1.style", AclOperation.WRITE)]
-    assert acls.grants(t, "check") == [(ResourceType.TOPIC, "r1.style", AclOperation.READ),
-                                       (ResourceType.GROUP, "r1.check", AclOperation.READ),
-                                       (ResourceType.GROUP, "r1.check", AclOperation.ALTER_CONFIGS),
-                                       (ResourceType.TRANSACTIONAL_ID, "r1.check.", AclOperation.WRITE),
-                                       (ResourceType.TOPIC, "r1.generate", AclOperation.WRITE),
-                                       (ResourceType.TOPIC, "r1.notify", AclOperation.WRITE),
-                                       (ResourceType.TOPIC, "r1.dlq", AclOperation.WRITE)]
-    assert acls.grants(t, "intake")[:2] == [(ResourceType.TOPIC, "r1.intake", AclOperation.READ),
-                                            (ResourceType.GROUP, "r1.intake", AclOperation.READ)]
+    topic, group, tx = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
+    read, write = AclOperation.READ, AclOperation.WRITE
+    literal, prefixed = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
+    assert acls.grants(t, "source") == [(topic, "r1.intake", write, literal),
+                                        (topic, "r1.style", write, literal)]
+    assert acls.grants(t, "check") == [(topic, "r1.style", read, literal),
+                                       (group, "r1.check", read, literal),
+                                       (group, "r1.check", AclOperation.ALTER_CONFIGS, literal),
+                                       (group, "r1.check.canary-", read, prefixed),
+                                       (tx, "r1.check.", write, prefixed),
+                                       (topic, "r1.generate", write, literal),
+                                       (topic, "r1.notify", write, literal),
+                                       (topic, "r1.dlq", write, literal)]
+    assert acls.grants(t, "intake")[:2] == [(topic, "r1.intake", read, literal),
+                                            (group, "r1.intake", read, literal)]
 
 
 def test_only_principals_other_than_the_admin_are_granted_anything() -> None:
@@ -100,10 +104,12 @@ def test_only_principals_other_than_the_admin_are_granted_anything() -> None:
     assert acls.bindings(t, admin_as_role) == []
     bindings = acls.bindings(t, KafkaAccess(KafkaConnection(SECURED), {"generate": role("generate")}))
     # generate: read its topic and group (and set its group's configs), write notify and the DLQ,
-    # use its members' transactional ids (by prefix: the members are not known yet)
+    # commit under its canaries' groups and use its members' transactional ids (both by prefix:
+    # the canaries and the members are not known yet)
     assert sorted((b.restype.name, b.name, b.resource_pattern_type.name, b.operation.name)
                   for b in bindings) == [
         ("GROUP", "r1.generate", "LITERAL", "ALTER_CONFIGS"), ("GROUP", "r1.generate", "LITERAL", "READ"),
+        ("GROUP", "r1.generate.canary-", "PREFIXED", "READ"),
         ("TOPIC", "r1.dlq", "LITERAL", "WRITE"), ("TOPIC", "r1.generate", "LITERAL", "READ"),
         ("TOPIC", "r1.notify", "LITERAL", "WRITE"), ("TRANSACTIONAL_ID", "r1.generate.", "PREFIXED", "WRITE")]
     assert {b.principal for b in bindings} == {"User:generate"}
