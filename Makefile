@@ -113,11 +113,13 @@ gate-stats: up
 
 # Canaries on live support tickets (bench/canary.py): a slower, dearer draft model rolled back, an
 # identical candidate promoted, a candidate killed mid-step; canary-stats runs 20 of each kind.
+# Airflow's hooks log every statement at info (a level their logger takes from Airflow's settings).
+CANARY_ENV := $(DEV_ENV) && export AIRFLOW__LOGGING__LOGGING_LEVEL=WARNING
 canary: up
-	$(DEV_ENV) && $(PY) -m bench.canary $(BENCH_ARGS)
+	$(CANARY_ENV) && $(PY) -m bench.canary $(BENCH_ARGS)
 
 canary-stats: up
-	$(DEV_ENV) && $(PY) -m bench.canary --stats 20 $(BENCH_ARGS)
+	$(CANARY_ENV) && $(PY) -m bench.canary --stats 20 $(BENCH_ARGS)
 
 # Three pipelines on one provider quota, weights 2 : 1 : 1 (bench/shared_quota.py): backlogged
 # under a concurrency and a requests-per-minute quota, then one of them idle for a minute.

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import threading
 import time
@@ -79,7 +78,6 @@ HANDLED_SQL = ("SELECT count(*) FILTER (WHERE f.canary = %s), count(*) FROM stag
                "WHERE s.stage = %s AND c.id = %s AND s.completed_at BETWEEN c.started_at AND c.ended_at")
 
 console = Console()
-logging.getLogger("airflow.task.hooks").setLevel(logging.WARNING)  # every statement the hooks run
 
 
 def capacity_rps(config: PipelineConfig) -> float:
