@@ -53,11 +53,15 @@ class Model:
     output_cost_per_token: float
 
 
-# A small model that classifies and routes, a large one that writes; prices of the kind providers
-# publish ($0.15 and $0.60, $2.50 and $10 per million input and output tokens).
+# A small model that classifies and routes, a large one that writes, and the large one's next
+# version that a canary switches to; prices of the kind providers publish ($0.15 and $0.60, $2.50
+# and $10 per million input and output tokens; the next version half as dear again), as the
+# specs declare them.
 MODELS = (
     Model("small-model", rpm=600, tpm=200_000, input_cost_per_token=1.5e-7, output_cost_per_token=6e-7),
     Model("large-model", rpm=120, tpm=60_000, input_cost_per_token=2.5e-6, output_cost_per_token=1e-5),
+    Model("large-model-next", rpm=120, tpm=60_000, input_cost_per_token=3.75e-6,
+          output_cost_per_token=1.5e-5),
 )
 
 

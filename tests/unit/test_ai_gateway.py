@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from consumers.config import pipeline_spec
 from infra import ai_gateway, layout
 from infra.ai_gateway import Model
 from infra.layout import Layout
@@ -32,11 +33,28 @@ def test_each_model_goes_to_the_stand_in_with_its_limits_and_prices() -> None:
                 "api_key": "os.environ/AI_SERVICE_TOKEN", "allowed_openai_params": ["user"],
                 "rpm": 120, "tpm": 60000,
                 "input_cost_per_token": 0.0000025, "output_cost_per_token": 0.00001}},
+            {"model_name": "large-model-next", "litellm_params": {
+                "model": "openai/large-model-next", "api_base": "http://127.0.0.1:8600/v1",
+                "api_key": "os.environ/AI_SERVICE_TOKEN", "allowed_openai_params": ["user"],
+                "rpm": 120, "tpm": 60000,
+                "input_cost_per_token": 0.00000375, "output_cost_per_token": 0.000015}},
         ],
         "litellm_settings": {"num_retries": 0},
         "router_settings": {"num_retries": 0, "optional_pre_call_checks": ["enforce_model_rate_limits"]},
         "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
     }
+
+
+def test_the_gateway_serves_every_model_the_specs_call_through_it_at_their_prices() -> None:
+    # support_tickets' three endpoints on the `llm` connection, which the gateway takes over:
+    # $0.15/$0.60, $2.50/$10 and $3.75/$15 per million tokens, as its spec declares per 1,000.
+    served = {m.name: (m.input_cost_per_token, m.output_cost_per_token) for m in ai_gateway.MODELS}
+    spec = pipeline_spec.load("support_tickets")
+    called = {e.model: (e.price.input_per_1k / 1000, e.price.output_per_1k / 1000)
+              for e in spec.endpoints.values() if e.connection == "llm"}
+    assert set(called) == {"small-model", "large-model", "large-model-next"}
+    for name, prices in called.items():
+        assert served[name] == pytest.approx(prices), name
 
 
 def test_the_config_file_is_yaml_naming_the_key_without_holding_it(tmp_path: Path) -> None:
