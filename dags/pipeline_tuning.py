@@ -62,7 +62,8 @@ def pipeline_tuning() -> None:
                                  target_utilization="{{ params.target_utilization }}",
                                  min_throughput_rps="{{ params.min_throughput_rps }}",
                                  tolerance="{{ params.tolerance }}", max_skew="{{ params.max_skew }}",
-                                 max_cost_per_request="{{ params.max_cost_per_request }}")
+                                 max_cost_per_request="{{ params.max_cost_per_request }}",
+                                 require_objective="{{ params.require_objective }}")
     promote = PromoteOperator(task_id="promote", candidate=candidate)
     reject = EmptyOperator(task_id="reject", doc_md="The gate rejected the candidate; see its report.")
     report = GateReportOperator(task_id="report", candidate=candidate,

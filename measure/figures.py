@@ -24,6 +24,11 @@ turns them into figures, so a figure cannot mean two things.
 - latency p50/p95/p99 (ms): completed requests, `produced_at` -> `notified_at` (the result
   reached the user), linear interpolation between the two closest ranks (PostgreSQL's
   `percentile_cont`, Spark's `percentile`).
+- objective figures, for a pipeline that declares a latency objective (a latency within
+  `objective_s`, for at least `objective_share` of its requests): within_objective, the
+  completed requests whose end-to-end latency (as above) is at most objective_s;
+  share_within_objective, of the completed; goodput_rps, within_objective / span_s: the
+  requests per second that met it, as vLLM's `bench serve` and AIPerf give goodput.
 - lost: requests produced (per the source) that never settled.
 - duplicate_ai_calls: AI calls the provider may have billed again: billed tries
   (measure.cost.billed: answered, abandoned by a timeout, cut short by a crash) beyond the first
@@ -152,6 +157,17 @@ def beyond_first(counts: Iterable[int]) -> int:
     billed tries per (request, stage), duplicate outputs from the events per (topic,
     request, kind)."""
     return sum(n - 1 for n in counts if n > 1)
+
+
+def objective_figures(objective_s: float, objective_share: float, completed: int, within: int,
+                      span: float | None) -> dict[str, Any]:
+    """A latency objective's figures of a run (see the module docstring): `within` of its
+    `completed` requests met `objective_s`. The share is None when nothing completed."""
+    if not 0 <= within <= completed:
+        raise ValueError(f"{within} requests within the objective of {completed} completed")
+    return {"objective_s": objective_s, "objective_share": objective_share, "within_objective": within,
+            "share_within_objective": _round(within / completed, 4) if completed else None,
+            "goodput_rps": round(throughput_rps(within, span), 3)}
 
 
 def skew(counts: Sequence[int]) -> tuple[float | None, float | None]:

@@ -65,6 +65,13 @@ SELECT a.request_id, a.stage, a.outcome, a.http_status, a.tokens_input, a.tokens
 FROM ai_attempts a WHERE a.run_id = %(run)s ORDER BY a.id
 """
 
+# Completed requests whose end-to-end latency (produced -> notified, as measure.figures has it)
+# is at most %(objective)s seconds: those that met a latency objective.
+WITHIN_OBJECTIVE_SQL = """
+SELECT count(*) FROM requests WHERE run_id = %(run)s AND status = 'completed'
+  AND extract(epoch FROM notified_at - produced_at) <= %(objective)s
+"""
+
 LATENCY_SQL = """
 SELECT extract(epoch FROM r.notified_at - r.produced_at), ai.per_stage
 FROM requests r LEFT JOIN (
@@ -97,6 +104,14 @@ def limits_of(spec: PipelineSpec, concurrency: int | None = None, time_scale: fl
                                        e.tokens_per_minute, e.tokens) for name, e in spec.endpoints.items()},
         {name: s.work.endpoint for name, s in spec.stages.items() if isinstance(s.work, HttpWork)},
         time_scale, tokens_per_call or {})
+
+
+def objective_at(spec: PipelineSpec, time_scale: float) -> tuple[float, float] | None:
+    """The spec's latency objective (seconds, share) at a run's time scale, which shortens
+    every latency alike; None when it declares none."""
+    if spec.objective is None:
+        return None
+    return spec.objective.latency_s * time_scale, spec.objective.share
 
 
 def prices_of(spec: PipelineSpec) -> dict[str, cost.Prices | None]:

@@ -125,6 +125,10 @@ def gate_params() -> dict[str, Param]:
                                       description="gate: optional ceiling on the upper bound of the AI "
                                                   "cost per completed request (reported by the gateway "
                                                   "or from the endpoints' declared prices); 0: none"),
+        "require_objective": Param(False, type="boolean",
+                                   description="gate: hold the trials to the pipeline's latency objective "
+                                               "(the spec's `objective`): the lower bound of the share "
+                                               "of requests within it at least the share declared"),
     }
 
 

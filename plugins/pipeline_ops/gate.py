@@ -17,7 +17,10 @@ gives them) and passes when every check passes:
   160 requests over 16 partitions reach 2.1 by chance, which says nothing of the partitioner);
 - max_cost_per_request (only when a ceiling is set): the 95% upper bound of the AI cost per
   completed request (`measure.cost`) is at most the ceiling; a trial whose cost is unknown (no
-  cost reported, no prices declared) fails it, since nothing shows the ceiling holds.
+  cost reported, no prices declared) fails it, since nothing shows the ceiling holds;
+- latency_objective (only when required): the 95% lower bound of the share of requests within
+  the spec's latency objective (`measure.figures.objective_figures`) is at least the share it
+  declares; a spec without an objective fails it, since there is nothing to hold the trials to.
 Each check is reported with what was measured, what was required and, for the statistical
 ones, the interval, so a rejection explains itself in the UI, the logs and the registry.
 """
@@ -42,6 +45,7 @@ class Thresholds:
     max_skew: float = 2.0
     confidence: float = 0.95
     max_cost_per_request: float = 0.0  # optional ceiling on the AI cost per completed request; 0: none
+    require_objective: bool = False  # hold the trials to the spec's latency objective
 
     def __post_init__(self) -> None:
         if not 0 <= self.target_utilization <= 1:
@@ -92,6 +96,11 @@ def _values(trials: Sequence[Mapping[str, Any]], key: str) -> list[float] | None
     return _known([t.get(key) for t in trials])
 
 
+def _objective_values(trials: Sequence[Mapping[str, Any]], key: str) -> list[float] | None:
+    """Each trial's latency objective figure `key`; None when one trial has none."""
+    return _known([(t.get("objective") or {}).get(key) for t in trials])
+
+
 def _costs_per_request(trials: Sequence[Mapping[str, Any]]) -> list[float] | None:
     """Each trial's AI cost per completed request; None when one trial's is unknown."""
     return _known([(t.get("cost") or {}).get("cost_per_request") for t in trials])
@@ -99,8 +108,10 @@ def _costs_per_request(trials: Sequence[Mapping[str, Any]]) -> list[float] | Non
 
 def summarise(trials: Sequence[Mapping[str, Any]], confidence: float = 0.95) -> dict[str, Any]:
     """The trials' figures as the report and the UI show them: intervals of the means, totals
-    of the counts, the worst skew, the binding limits, and the cost over all trials with the
-    interval of the cost per request (None for trials from before the cost was recorded)."""
+    of the counts, the worst skew, the binding limits, the cost over all trials with the
+    interval of the cost per request (None for trials from before the cost was recorded), and
+    the latency objective with the intervals of the goodput and the share within it (None
+    without one)."""
     def bounds(values: list[float] | None, digits: int = 4) -> dict[str, Any] | None:
         return mean_bounds(values, confidence).as_dict(digits) if values and len(values) > 1 else None
 
@@ -117,6 +128,10 @@ def summarise(trials: Sequence[Mapping[str, Any]], confidence: float = 0.95) -> 
         "binding_limits": sorted({t["binding_limit"] for t in trials if t.get("binding_limit")}),
         "cost": cost.combined([t["cost"] for t in trials]) if costed else None,
         "cost_per_request": bounds(_costs_per_request(trials), COST_DIGITS),
+        "objective": ({key: trials[0]["objective"][key] for key in ("objective_s", "objective_share")}
+                      if all(t.get("objective") for t in trials) else None),
+        "goodput_rps": bounds(_objective_values(trials, "goodput_rps")),
+        "share_within_objective": bounds(_objective_values(trials, "share_within_objective")),
     }
 
 
@@ -158,6 +173,17 @@ def _cost_ceiling(trials: Sequence[Mapping[str, Any]], ceiling: float, confidenc
                  interval.as_dict(COST_DIGITS))
 
 
+def _objective(trials: Sequence[Mapping[str, Any]], confidence: float) -> Check:
+    """The lower bound of the share within the latency objective against the share declared."""
+    first = trials[0].get("objective")
+    if first is None or not all(t.get("objective") for t in trials):
+        return Check("latency_objective", False, None,
+                     "the spec declares no latency objective (`objective: {latency_s: ..., share: ...}`)")
+    return _lower_bound_check("latency_objective", _objective_values(trials, "share_within_objective"),
+                              first["objective_share"], f" of requests within {first['objective_s']:g} s",
+                              confidence)
+
+
 def _skew(trials: Sequence[Mapping[str, Any]], max_skew: float) -> Check:
     """Each trial within max(max_skew, its hashing bound); reported for the trial nearest its own."""
     skews = _values(trials, "skew_max_over_mean")
@@ -194,4 +220,6 @@ def evaluate(trials: Sequence[Mapping[str, Any]], thresholds: Thresholds,
     ]
     if thresholds.max_cost_per_request > 0:
         checks.append(_cost_ceiling(trials, thresholds.max_cost_per_request, thresholds.confidence))
+    if thresholds.require_objective:
+        checks.append(_objective(trials, thresholds.confidence))
     return Decision(all(c.passed for c in checks), checks)

@@ -50,8 +50,9 @@ def interval(bounds: dict[str, Any] | None, digits: int = 3) -> str:
 
 
 def headline(figures: dict[str, Any], spec: PipelineSpec | None = None) -> list[str]:
-    """Capacity, throughput and utilization over the trials, with their intervals, and the cost
-    (with `spec`, a cost nothing priced says which endpoints to declare prices for, and where)."""
+    """Capacity, throughput and utilization over the trials, with their intervals, the cost (with
+    `spec`, a cost nothing priced says which endpoints to declare prices for, and where), and the
+    goodput and share within the latency objective of a spec that declares one."""
     summary, trials = figures["summary"], figures["trials"]
     first = trials[0]
     binding = ", ".join(summary.get("binding_limits") or []) or first.get("binding_limit") or "-"
@@ -76,6 +77,12 @@ def headline(figures: dict[str, Any], spec: PipelineSpec | None = None) -> list[
                      f"{spent.get('abandoned', '-')} abandoned); tokens per request "
                      f"{cost.shown(spent['tokens_input_per_request'])} in, "
                      f"{cost.shown(spent['tokens_output_per_request'])} out")
+    objective = summary.get("objective")
+    if objective:
+        within, goodput = summary.get("share_within_objective"), summary.get("goodput_rps")
+        lines.append(f"  objective    {interval(within)} of requests within {objective['objective_s']:g} s "
+                     f"end to end (declared: {objective['objective_share']:g}), goodput "
+                     f"{interval(goodput, 1)} rps")
     reference = figures.get("reference")
     if reference:
         rps = reference["steady_throughput_rps"]

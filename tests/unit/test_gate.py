@@ -149,6 +149,55 @@ def costing(per_request: float | None) -> dict[str, Any]:
     return {**trial(), "cost": {"cost_per_request": per_request}}
 
 
+def objective_trial(share: float | None, goodput: float) -> dict[str, Any]:
+    return {**trial(), "objective": {"objective_s": 6.0, "objective_share": 0.99, "within_objective": 0,
+                                     "share_within_objective": share, "goodput_rps": goodput}}
+
+
+def test_the_latency_objective_is_checked_on_the_lower_bound_of_the_share_only_when_required() -> None:
+    # shares 0.95, 0.97, 0.99: mean 0.97, sd 0.02, se 0.02 / sqrt 3 = 0.011547; t(0.95, 2 df)
+    # = 2.919986, so the lower bound is 0.97 - 0.033717 = 0.936283, short of the 0.99 declared
+    trials = [objective_trial(0.95, 9.0), objective_trial(0.97, 10.0), objective_trial(0.99, 11.0)]
+    assert "latency_objective" not in checks(evaluate(trials, Thresholds(), None))
+    held = checks(evaluate(trials, Thresholds(require_objective=True), None))["latency_objective"]
+    assert (held.passed, held.measured) == (False, 0.9363)
+    assert held.required == ">= 0.99 of requests within 6 s (95% lower bound over 3 trials)"
+    close = [objective_trial(0.995, 10.0), objective_trial(0.996, 10.0), objective_trial(0.997, 10.0)]
+    assert checks(evaluate(close, Thresholds(require_objective=True), None))["latency_objective"].passed
+    # mean 0.996, sd 0.001: 0.996 - 2.919986 x 0.000577 = 0.994314 >= 0.99
+    undeclared = checks(evaluate([trial(), trial()], Thresholds(require_objective=True), None))
+    assert not undeclared["latency_objective"].passed
+    assert "declares no latency objective" in undeclared["latency_objective"].required
+    got = summarise(trials)
+    assert got["objective"] == {"objective_s": 6.0, "objective_share": 0.99}
+    assert (got["goodput_rps"]["estimate"], got["share_within_objective"]["low"]) == (10.0, 0.9363)
+    assert summarise([trial(), trial()])["objective"] is None
+
+
+def test_the_report_and_the_page_show_the_goodput_and_the_share_within_the_objective() -> None:
+    from pipeline_ops import report
+
+    trials = [{**objective_trial(share, goodput), "ai_limit": 8, "bottleneck_stage": "draft",
+               "binding_limit": "draft.concurrency", "service_s": {"draft": 0.4}, "run_id": f"t{n}"}
+              for n, (share, goodput) in enumerate(((0.95, 9.0), (0.97, 10.0), (0.99, 11.0)))]
+    summary = summarise(trials)
+    (line,) = [line for line in report.headline({"summary": summary, "trials": trials})
+               if line.lstrip().startswith("objective")]
+    # share 0.97 +- 0.033717 (above); goodput 10 +- 2.919986 x 1 / sqrt 3 = 1.685854
+    assert line.split() == ["objective", "0.970", "[0.936,", "1.004]", "of", "requests", "within", "6", "s",
+                            "end", "to", "end", "(declared:", "0.99),", "goodput", "10.0", "[8.3,", "11.7]",
+                            "rps"]
+    rows = [(1, "tuning-x-v1", 1, "flow", "support", None, True, [], {"summary": summary}, {},
+             datetime(2026, 1, 1, tzinfo=UTC))]
+    html = ui._templates.get_template("gate.html").render(
+        decisions=ui.decisions(DecisionRows(rows)), actives=[], pipelines=["support"], pipeline=None,
+        history=[], alarms=[], versions=[], capacity=[], latest=None, plots=[], results_dir="results",
+        api_base="", rollback_dag="pipeline_rollback")
+    (cell,) = re.findall(r'<span class="muted goodput">(.*?)</td>', html, re.S)
+    assert " ".join(re.sub(r"<[^>]+>", " ", cell).split()) == (
+        "goodput 10.00 [8.31, 11.69] , 0.970 [0.936, 1.004] of requests within 6.0 s (objective: 0.99)")
+
+
 def test_the_cost_ceiling_is_checked_on_the_upper_bound_only_when_set() -> None:
     trials = [costing(0.001), costing(0.002), costing(0.003)]
     assert "max_cost_per_request" not in checks(evaluate(trials, Thresholds(), None))

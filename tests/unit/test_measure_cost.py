@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from consumers.config import pipeline_spec
-from consumers.runs.run_figures import prices_of
+from consumers.runs.run_figures import objective_at, prices_of
 from measure import cost
 from measure.cost import Attempt, Prices
 
@@ -131,6 +131,18 @@ def test_a_configuration_pools_its_runs() -> None:
     assert got["tokens_input_per_request"] == pytest.approx(2150.0)  # (7600 + 1000) / 4
     unknown = cost.run_costs([Attempt("x", "draft", "ok", 200)], 1, {"draft": None})
     assert cost.combined([first, unknown])["cost_per_1k_requests"] is None
+
+
+def test_a_latency_objective_is_declared_with_its_share_and_scaled_with_the_run() -> None:
+    document = yaml.safe_load(pipeline_spec.path_of("text_moderation").read_text())
+    document["objective"] = {"latency_s": 30}
+    spec = pipeline_spec.parse(document)
+    assert objective_at(spec, 0.2) == (pytest.approx(6.0), 0.99)  # 30 s at a fifth of real time
+    assert objective_at(pipeline_spec.load("text_moderation"), 0.2) is None
+    for bad, field in (({"latency_s": 0}, "latency_s"), ({"latency_s": 5, "share": 1.5}, "share")):
+        document["objective"] = bad
+        with pytest.raises(pipeline_spec.SpecError, match=rf"objective\.{field}"):
+            pipeline_spec.parse(document)
 
 
 def test_an_endpoints_declared_prices_price_the_stages_that_call_it() -> None:

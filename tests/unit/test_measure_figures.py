@@ -60,6 +60,18 @@ def test_span_and_throughput() -> None:
     assert figures.throughput_rps(50, 0.0) == 0.0
 
 
+def test_goodput_counts_the_requests_within_the_objective_per_second_of_the_span() -> None:
+    # 80 of 100 completed requests within 2.5 s, over a 20 s span: 0.8 of them, 4 good ones a second
+    assert figures.objective_figures(2.5, 0.99, 100, 80, 20.0) == {
+        "objective_s": 2.5, "objective_share": 0.99, "within_objective": 80,
+        "share_within_objective": 0.8, "goodput_rps": 4.0}
+    assert figures.objective_figures(2.5, 0.99, 3, 2, 7.0)["share_within_objective"] == 0.6667  # 2/3
+    nothing = figures.objective_figures(2.5, 0.99, 0, 0, None)
+    assert (nothing["share_within_objective"], nothing["goodput_rps"]) == (None, 0.0)
+    with pytest.raises(ValueError):
+        figures.objective_figures(2.5, 0.99, 10, 11, 5.0)
+
+
 def test_duplicate_calls_are_calls_beyond_the_first_per_pair() -> None:
     assert figures.beyond_first([1, 3, 2, 1]) == 3
     assert figures.beyond_first([]) == 0

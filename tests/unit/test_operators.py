@@ -33,19 +33,25 @@ class Untouchable:
 
 
 class FakeHook:
-    """Spark analysis rows by run: analysis_pipeline documents and analysis_skew rows; and the
-    attempt rows of a run (none unless given)."""
+    """Spark analysis rows by run: analysis_pipeline documents and analysis_skew rows; the
+    attempt rows of a run (none unless given); and its requests within a latency objective (by
+    run, with the objective asked for)."""
 
     def __init__(self, documents: dict[str, dict], skews: dict[str, tuple],
                  attempts: dict[str, list[tuple]] | None = None) -> None:
         self.documents, self.skews, self.attempts = documents, skews, attempts or {}
         self.topics: list[str] = []  # whose skew was read
+        self.within: dict[str, int] = {}
+        self.objectives: list[float] = []  # the objectives asked for
 
     def get_records(self, sql: str, parameters: dict) -> list[tuple]:
         assert "FROM ai_attempts" in sql
         return self.attempts.get(parameters["run"], [])
 
-    def get_first(self, sql: str, parameters: tuple) -> tuple | None:
+    def get_first(self, sql: str, parameters: Any) -> tuple | None:
+        if "FROM requests" in sql:
+            self.objectives.append(parameters["objective"])
+            return (self.within.get(parameters["run"], 0),)
         if "analysis_pipeline" in sql:
             return (self.documents[parameters[0]],) if parameters[0] in self.documents else None
         self.topics.append(parameters[0])
@@ -351,6 +357,27 @@ def test_the_gate_prices_a_switched_stage_at_the_endpoint_the_candidate_calls(
         {"ti": FakeTaskInstance()})
     (trial, *_) = registry.decisions[0]["figures"]["trials"]
     assert trial["cost"]["cost_per_request"] == pytest.approx(0.001125)
+
+
+def test_the_gate_holds_support_tickets_to_its_latency_objective_when_asked(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # support_tickets: 99 % within 30 s, at the trials' time scale 0.05: 1.5 s. 320 completed per
+    # trial over a 4 s span; 318, 319 and 320 of them within it: shares 0.9938, 0.9969 and 1 (to
+    # four places), goodput 79.5, 79.75 and 80 rps.
+    trials, hook = measured([95.0, 96.0, 97.0])
+    hook.within = dict(zip(trials["run_ids"], (318, 319, 320), strict=True))
+    registry = FakeRegistry(hook=hook)
+    use(monkeypatch, registry)
+    candidate = {**CANDIDATE, "pipeline": "support_tickets", "config": {"pipeline": "support_tickets"}}
+    PromotionGateOperator(task_id="gate", candidate=candidate, trials=trials,
+                          require_objective="True").choose_branch({"ti": FakeTaskInstance()})
+    assert hook.objectives == [pytest.approx(1.5)] * 3
+    decision = registry.decisions[0]
+    assert [t["objective"]["goodput_rps"] for t in decision["figures"]["trials"]] == [79.5, 79.75, 80.0]
+    # mean 0.9969, sd 0.0031, se 0.0031 / sqrt 3 = 0.0017898; t(0.95, 2 df) 2.919986: low
+    # 0.9969 - 0.0052262 = 0.991674 >= 0.99
+    (held,) = [r for r in decision["reasons"] if r["name"] == "latency_objective"]
+    assert (held["passed"], held["measured"]) == (True, 0.9917)
 
 
 def test_gate_rejects_a_candidate_slower_than_the_active_version(monkeypatch: pytest.MonkeyPatch) -> None:

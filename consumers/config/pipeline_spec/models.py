@@ -265,6 +265,16 @@ class LoadSpec(_Model):
     measure: str
 
 
+class LatencyObjective(_Model):
+    """What a request's end-to-end latency (produced -> notified, at real scale) should stay
+    within: a request completed within `latency_s` met the objective, and at least `share` of
+    them should (a p99 within N seconds is `latency_s: N, share: 0.99`). Goodput counts the ones
+    that met it per second (`measure.figures.objective_figures`)."""
+
+    latency_s: PositiveFloat
+    share: Annotated[float, Field(gt=0, le=1)] = 0.99
+
+
 class PipelineSpec(_Model):
     """A whole pipeline. Build it with `load` or `parse`, which also check across fields."""
 
@@ -276,6 +286,7 @@ class PipelineSpec(_Model):
     stages: Annotated[dict[Name, StageSpec], Field(min_length=1)]
     failure_notice: FailureNotice | None = None
     load: LoadSpec
+    objective: LatencyObjective | None = None
 
     @property
     def stage_names(self) -> tuple[str, ...]:

@@ -14,18 +14,19 @@ from airflow.sdk import BaseOperator
 from consumers.config import events, pipeline_spec
 from consumers.config.candidate import PipelineConfig
 from consumers.config.pipeline_spec import PipelineSpec
-from consumers.runs.run_figures import ATTEMPTS_SQL, attempt_costs
+from consumers.runs.run_figures import ATTEMPTS_SQL, WITHIN_OBJECTIVE_SQL, attempt_costs, objective_at
 from measure import figures as measure
 from pipeline_ops import gate, report
 from pipeline_ops.registry import ConfigRegistry
 
 
 def trial_figures(hook: PostgresHook, spec: PipelineSpec, run_id: str, produced: int,
-                  ai_limit: int) -> dict[str, Any]:
+                  ai_limit: int, time_scale: float) -> dict[str, Any]:
     """One trial's figures as the gate sees them: the Spark analysis of its run and the skew of
     its pipeline's measured topic, turned into figures by measure.figures, with the skew's
-    diagnosis (measure.skew) for the report and the gate page, and its cost from its attempt
-    rows (measure.cost)."""
+    diagnosis (measure.skew) for the report and the gate page, its cost from its attempt rows
+    (measure.cost), and, when the spec declares a latency objective, its goodput from its
+    request rows (measure.figures.objective_figures, at the run's `time_scale`)."""
     analysis = hook.get_first("SELECT figures FROM analysis_pipeline WHERE run_id = %s",
                               parameters=(run_id,))
     skew = hook.get_first("SELECT max_over_mean, cv, records, partitions, diagnosis, recommendation "
@@ -37,8 +38,13 @@ def trial_figures(hook: PostgresHook, spec: PipelineSpec, run_id: str, produced:
         analysis[0], produced=produced, ai_limit=ai_limit, skew_max_over_mean=skew[0], skew_cv=skew[1],
         skew_records=skew[2], skew_partitions=skew[3])
     attempts = hook.get_records(ATTEMPTS_SQL, parameters={"run": run_id})
+    objective = objective_at(spec, time_scale)
+    met = None if objective is None else measure.objective_figures(
+        *objective, figures["completed"],
+        hook.get_first(WITHIN_OBJECTIVE_SQL, parameters={"run": run_id, "objective": objective[0]})[0],
+        figures["span_s"])
     return {"run_id": run_id, **figures, "skew_diagnosis": skew[4], "skew_recommendation": skew[5],
-            "cost": attempt_costs(attempts, figures["completed"], spec)}
+            "cost": attempt_costs(attempts, figures["completed"], spec), "objective": met}
 
 
 class PromotionGateOperator(BaseBranchOperator):
@@ -48,33 +54,35 @@ class PromotionGateOperator(BaseBranchOperator):
     run) its own, and a failed re-measurement of the active version raises a regression alarm."""
 
     template_fields = ("candidate", "trials", "target_utilization", "min_throughput_rps", "tolerance",
-                       "max_skew", "max_cost_per_request")
+                       "max_skew", "max_cost_per_request", "require_objective")
 
     def __init__(self, *, candidate: Any, trials: Any, target_utilization: float | str = 0.9,
                  min_throughput_rps: float | str = 0.0, tolerance: float | str = 0.1,
                  max_skew: float | str = 2.0, max_cost_per_request: float | str = 0.0,
+                 require_objective: bool | str = False,
                  promote_task_id: str = "promote", reject_task_id: str = "reject",
                  postgres_conn_id: str = "postgres_default", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.candidate, self.trials = candidate, trials
         self.target_utilization, self.min_throughput_rps = target_utilization, min_throughput_rps
         self.tolerance, self.max_skew = tolerance, max_skew
-        self.max_cost_per_request = max_cost_per_request
+        self.max_cost_per_request, self.require_objective = max_cost_per_request, require_objective
         self.promote_task_id, self.reject_task_id = promote_task_id, reject_task_id
         self.postgres_conn_id = postgres_conn_id
 
     def choose_branch(self, context: Any) -> str:
         thresholds = gate.Thresholds(float(self.target_utilization), float(self.min_throughput_rps),
                                      float(self.tolerance), float(self.max_skew),
-                                     max_cost_per_request=float(self.max_cost_per_request))
+                                     max_cost_per_request=float(self.max_cost_per_request),
+                                     require_objective=str(self.require_objective).lower() == "true")
         candidate, measured = _as_dict(self.candidate), _as_dict(self.trials)
         if not measured or not measured.get("trials"):
             raise RuntimeError("no trials to decide on: the trials task returned nothing")
         registry = ConfigRegistry(self.postgres_conn_id)
         # The spec as the candidate ran it: a stage switched to another endpoint is priced at its prices.
         spec = PipelineConfig.from_dict(candidate["config"]).spec
-        trials = [trial_figures(registry.hook, spec, t["run_id"], t["produced"], measured["ai_limit"])
-                  for t in measured["trials"]]
+        trials = [trial_figures(registry.hook, spec, t["run_id"], t["produced"], measured["ai_limit"],
+                                measured["conditions"]["time_scale"]) for t in measured["trials"]]
         active = registry.active(spec.name)
         reference = registry.reference(active.version, measured["conditions"]) if active else None
         decision = gate.evaluate(trials, thresholds, reference)
