@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 import pytest
 
 from infra.layout import Layout
 from tests.stack import REPO, Stack
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI timeout, `make test` stopped) interrupts the run as Ctrl-C does, in the
+    controller and in each worker: the session's fixtures are torn down before it exits, so what
+    they started (a test's supervisord, a module's stack) is stopped, not left running."""
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
 @pytest.fixture(scope="session")
