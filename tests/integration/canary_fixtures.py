@@ -92,6 +92,19 @@ def canary_of(stack: Stack, live: Live) -> tuple[int, str, list[tuple]]:
     return canary, state, steps
 
 
+def why_of(stack: Stack, canary: int) -> str:
+    """What a canary ended on and each step's checks that did not pass, for a failing assertion."""
+    reason = query(stack.database_url, "SELECT reason FROM canaries WHERE id = %s", canary)[0][0]
+    lines = [f"canary {canary}: {reason}"]
+    for step, decision, figures in query(stack.database_url, "SELECT step, decision, figures FROM "
+                                         "canary_steps WHERE canary_id = %s ORDER BY step", canary):
+        checks = [f"{c['name']} {c['outcome']}: {c['note']} (measured {c['measured']}, baseline "
+                  f"{c['baseline']}, p {c['p_value']})" for c in figures.get("checks", [])
+                  if c["outcome"] != "pass"]
+        lines.append(f"step {step} ({decision}): " + ("; ".join(checks) or figures.get("reason", "")))
+    return "\n".join(lines)
+
+
 def active_of(stack: Stack) -> list[tuple]:
     return query(stack.database_url, "SELECT version FROM configurations WHERE active AND pipeline = %s",
                  PIPELINE)

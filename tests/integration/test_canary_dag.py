@@ -19,6 +19,7 @@ from tests.integration.canary_fixtures import (
     canary_of,
     live_deployment,
     steady_load,
+    why_of,
 )
 from tests.integration.pipeline_fixtures import query
 from tests.stack import Stack
@@ -40,8 +41,8 @@ def test_a_slower_dearer_model_is_rolled_back_at_its_first_step(stack: Stack, li
     with steady_load(stack, live) as sent:
         run = stack.run_dag("pipeline_canary", conf=json.dumps(form))
     assert run.state == "success", run.output[-6000:]
-    _, state, steps = canary_of(stack, live)
-    assert (state, steps) == ("rolled_back", [(1, "fail")])
+    canary, state, steps = canary_of(stack, live)
+    assert (state, steps) == ("rolled_back", [(1, "fail")]), why_of(stack, canary)
     assert active_of(stack) == [(live.version,)]
     all_handled(stack, live, sent)
 
@@ -51,7 +52,7 @@ def test_an_identical_candidate_is_promoted_through_every_step(stack: Stack, liv
         run = stack.run_dag("pipeline_canary", conf=json.dumps({**FORM, "run_id": live.run_id}))
     assert run.state == "success", run.output[-6000:]
     canary, state, steps = canary_of(stack, live)
-    assert (state, steps) == ("promoted", [(1, "pass")])
+    assert (state, steps) == ("promoted", [(1, "pass")]), why_of(stack, canary)
     # nothing to restart (the candidate configures every stage as the live fleets run it); the
     # canary's fleets stopped, one per AI stage (an identical candidate canaries them all)
     def states(deployment: str) -> list[tuple[str, str]]:

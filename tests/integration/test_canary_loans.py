@@ -57,6 +57,13 @@ def canary_row(database_url: str, run_id: str) -> tuple[int, int]:
     return int(canary), int(versions[1])
 
 
+def held(store: LoanStore, group: str, topic: str, partitions: int) -> bool:
+    """The candidate holds every one of the `partitions` lent: the load starts after, so that the
+    active fleet cannot have drained a lent partition before the hand-over."""
+    loans = store.loans(group, topic)
+    return len(loans) == partitions and all(loan.holder for loan in loans.values())
+
+
 def live_load(stack: Stack, pipeline: Pipeline) -> threading.Thread:
     def send() -> None:
         producer = KeyedProducer(stack.connection, key_strategy="uuid")
@@ -96,10 +103,10 @@ def test_lent_partitions_are_handled_by_the_candidate_and_handed_back(stack: Sta
         settings = settings_for(CONFIG, "generate", pipeline.run_id, pipeline.topics, stack.kafka,
                                 stack.database_url, ai.endpoints)
         with Fleet(replace(settings, instance="canary", version=version, canary=canary)).running():
-            load = live_load(stack, pipeline)
             store.lend(group, topic, [0, 1], canary)
-            until(lambda: all(loan.holder for loan in store.loans(group, topic).values()), 30,
+            until(lambda: held(store, group, topic, 2), 30,
                   "the lent partitions were never held by the candidate")
+            load = live_load(stack, pipeline)
             until(lambda: len(candidate_partitions(stack.database_url, pipeline.run_id, version)) == 2, 30,
                   "the candidate handled nothing on one of its partitions")
             store.recall(group, topic, canary)
@@ -121,8 +128,10 @@ def test_a_killed_candidates_partitions_are_taken_back_from_its_commit(stack: St
         candidate = FleetProcess(replace(settings, instance=f"canary-{uuid.uuid4().hex[:4]}", version=version,
                                          canary=canary))
         with candidate.running():
-            load = live_load(stack, pipeline)
             store.lend(group, topic, [3], canary)
+            until(lambda: held(store, group, topic, 1), 30,
+                  "the lent partition was never held by the candidate")
+            load = live_load(stack, pipeline)  # from here on partition 3's records are the candidate's
             until(lambda: candidate_partitions(stack.database_url, pipeline.run_id, version), 30,
                   "the candidate handled nothing")
             candidate.kill()
