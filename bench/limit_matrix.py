@@ -45,7 +45,7 @@ from bench.limit_simulation import (
     stalls_between,
     used_share,
 )
-from consumers.config.pipeline_spec.models import Z99
+from consumers.config.pipeline_spec.endpoints import Z99
 
 MEDIAN = 1.2  # s, every shape's: the tests' heavy-tailed median, so shapes differ only in their tails
 PHASE = 40 * MEDIAN  # a schedule's phase, as the benchmark's burst holds each limit

@@ -14,7 +14,7 @@ from typing import Any
 
 from consumers.ai.limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit, Permit
 from consumers.ai.rate_budget import REQUESTS, RateBudget, Spent
-from consumers.config.pipeline_spec.models import Z99
+from consumers.config.pipeline_spec.endpoints import Z99
 
 Draw = Callable[[random.Random], float]
 Schedule = list[tuple[float, int]]  # (from when, the service's limit), the first at 0

@@ -9,12 +9,12 @@ hold back the next burst's event, and overlapping triages count one after the ot
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.trigger_dagrun import TriggerDagRunOperator
 from airflow.providers.standard.sensors.time_delta import TimeDeltaSensor
-from airflow.sdk import Asset, AssetWatcher, Param, PokeReturnValue, dag, get_current_context, task
+from airflow.sdk import Asset, AssetWatcher, Param, PokeReturnValue, get_current_context, task
 
 from pipeline_ops import dag_support as s
 from pipeline_ops import dead_letter_watch as watch
@@ -25,13 +25,8 @@ DEAD_LETTERS = Asset("kafka://pipeline/dead-letters",
 CIRCUIT_WAIT = timedelta(hours=1)
 
 
-@dag(
-    dag_id="dead_letter_triage",
-    schedule=DEAD_LETTERS,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=["pipeline", "kafka", "dead-letters"],
-    default_args=s.DEFAULT_ARGS,
+@s.pipeline_dag(
+    "dead_letter_triage", "dead-letters", schedule=DEAD_LETTERS,
     params={
         "alarm_threshold": Param(DEFAULT_THRESHOLD, type="integer", minimum=0,
                                  description="a pipeline with more new dead letters than this in one "

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from airflow.sdk import Asset, Param, dag
+from airflow.sdk import Asset, Param
 
 from pipeline_ops import dag_support as s
 from pipeline_ops.operators.topics import ProvisionTopicsOperator
@@ -12,13 +10,8 @@ from pipeline_ops.operators.topics import ProvisionTopicsOperator
 TOPICS = Asset("kafka://pipeline/topics")
 
 
-@dag(
-    dag_id="kafka_provision_topics",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=[*s.TAGS_PIPELINE, "provisioning"],
-    default_args=s.DEFAULT_ARGS,
+@s.pipeline_dag(
+    "kafka_provision_topics", "provisioning",
     params={
         "pipeline": s.pipeline_param(),
         "prefix": Param("pipeline", type="string", pattern="^[a-zA-Z0-9._-]{1,100}$",

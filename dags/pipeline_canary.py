@@ -4,10 +4,10 @@ active version, judged on the same minutes of the same traffic after each step."
 from __future__ import annotations
 
 from dataclasses import asdict
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from airflow.providers.standard.operators.hitl import HITLBranchOperator
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
 from measure.canary import CanaryThresholds
 from pipeline_ops import dag_support as s
@@ -23,14 +23,8 @@ APPROVAL_TIMEOUT = timedelta(minutes=30)  # a marginal step not reviewed by then
 OPENED = "{{ ti.xcom_pull(task_ids='open') | tojson }}"
 
 
-@dag(
-    dag_id="pipeline_canary",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=[*s.TAGS_PIPELINE, "canary"],
-    default_args={**s.DEFAULT_ARGS, "retries": 0},
-    max_active_runs=1,
+@s.pipeline_dag(
+    "pipeline_canary", "canary", retries=0, max_active_runs=1,
     params={
         "pipeline": s.pipeline_param(),
         "run_id": Param("pipeline", type="string", pattern="^[a-zA-Z0-9._-]{1,100}$",

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
 from pipeline_ops import dag_support as s
 from pipeline_ops.operators.candidate import ResolveCandidateOperator
 from pipeline_ops.operators.capacity import CapacitySearchOperator
 
 
-@dag(
-    dag_id="pipeline_capacity",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    tags=[*s.TAGS_PIPELINE, "capacity"],
-    default_args={**s.DEFAULT_ARGS, "retries": 0},
+@s.pipeline_dag(
+    "pipeline_capacity", "capacity", retries=0, max_active_runs=1,
     params={
         "pipeline": s.pipeline_param(),
         "candidate": s.candidate_param(),

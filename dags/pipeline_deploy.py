@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
 from pipeline_ops import dag_support as s
 from pipeline_ops.operators.deploy import DeployFleetOperator
 
 
-@dag(
-    dag_id="pipeline_deploy",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=[*s.TAGS_PIPELINE, "deploy"],
-    default_args={**s.DEFAULT_ARGS, "retries": 0},
+@s.pipeline_dag(
+    "pipeline_deploy", "deploy", retries=0,
     params={
         "pipeline": s.pipeline_param(),
         "action": Param("start", type="string", enum=["start", "scale", "check", "stop"],

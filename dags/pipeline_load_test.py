@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
 from pipeline_ops import dag_support as s
 from pipeline_ops.operators.deploy import DeployFleetOperator
@@ -14,13 +12,8 @@ from pipeline_ops.operators.topics import ProvisionTopicsOperator
 RUN = "load-{{ ts_nodash | lower }}-v{{ params.version }}"
 
 
-@dag(
-    dag_id="pipeline_load_test",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=[*s.TAGS_PIPELINE, "load"],
-    default_args=s.DEFAULT_ARGS,
+@s.pipeline_dag(
+    "pipeline_load_test", "load",
     params={
         "pipeline": s.pipeline_param(),
         "version": Param(1, type="integer", minimum=1,

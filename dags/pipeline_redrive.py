@@ -3,9 +3,7 @@ raised limit."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
 from pipeline_ops import dag_support as s
 from pipeline_ops.redrive import RedriveOperator
@@ -13,13 +11,8 @@ from pipeline_ops.redrive import RedriveOperator
 TIMESTAMP = "ISO-8601, e.g. 2026-03-01T10:00:00Z (no offset: UTC); empty: no bound"
 
 
-@dag(
-    dag_id="pipeline_redrive",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=[*s.TAGS_PIPELINE, "dead-letters"],
-    default_args=s.DEFAULT_ARGS,
+@s.pipeline_dag(
+    "pipeline_redrive", "dead-letters",
     params={
         "pipeline": s.pipeline_param(),
         "run": Param("", type="string", description="a run id, or a prefix of run ids; empty: any run"),

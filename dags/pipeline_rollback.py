@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
 from pipeline_ops import dag_support as s
 from pipeline_ops.operators.promotion import RollbackOperator
 
 
-@dag(
-    dag_id="pipeline_rollback",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=[*s.TAGS_PIPELINE, "gate"],
-    default_args={**s.DEFAULT_ARGS, "retries": 0},
+@s.pipeline_dag(
+    "pipeline_rollback", "gate", retries=0,
     params={
         "pipeline": s.pipeline_param(),
         "version": Param(0, type="integer", minimum=0,

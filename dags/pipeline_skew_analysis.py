@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
 from pipeline_ops import dag_support as s
 
 
-@dag(
-    dag_id="pipeline_skew_analysis",
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    tags=[*s.TAGS_PIPELINE, "spark"],
-    default_args=s.DEFAULT_ARGS,
+@s.pipeline_dag(
+    "pipeline_skew_analysis", "spark",
     params={"pipeline": s.pipeline_param(),
             "run_id": Param("", type="string", minLength=1, pattern="^[a-zA-Z0-9._-]+$",
                             description="the run to analyse (its topics are <run_id>.*)")},

@@ -4,10 +4,8 @@ the active configuration."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from airflow.providers.standard.operators.empty import EmptyOperator
-from airflow.sdk import Param, dag
+from airflow.sdk import Param
 
 from pipeline_ops import dag_support as s
 from pipeline_ops.operators.candidate import ResolveCandidateOperator
@@ -17,14 +15,8 @@ from pipeline_ops.operators.trials import TrialsOperator
 RUN = "{{ ti.xcom_pull(task_ids='resolve')['run_id'] }}"
 
 
-@dag(
-    dag_id="pipeline_tuning",
-    schedule=s.tuning_schedule(),
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    tags=[*s.TAGS_PIPELINE, "gate"],
-    default_args=s.DEFAULT_ARGS,
+@s.pipeline_dag(
+    "pipeline_tuning", "gate", schedule=s.tuning_schedule(), max_active_runs=1,
     params={
         "pipeline": s.pipeline_param(),
         "candidate": s.candidate_param(),

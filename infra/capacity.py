@@ -19,11 +19,7 @@ def main() -> int:
     scale = float(os.environ.get("SCALE", "0.3"))
     conf = {"candidate": os.environ.get("CANDIDATE", "flow"), "time_scale": scale,
             "step_s": max(30.0, 90 * scale)}
-    result = run_and_show(layout, "pipeline_capacity", conf, "capacity-{ts}-*/capacity.txt")
-    if result is None:
-        return 1
-    print(f"plot: {result.parent / 'capacity.png'}")
-    return 0
+    return run_and_show(layout, "pipeline_capacity", conf, "capacity-{ts}-*/capacity.txt", ("capacity.png",))
 
 
 if __name__ == "__main__":

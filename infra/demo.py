@@ -78,16 +78,18 @@ def follow_tasks(conn: connection, dag_id: str, logical_date: datetime, proc: su
         time.sleep(1)
 
 
-def run_and_show(layout: Layout, dag_id: str, conf: dict, result: str) -> Path | None:
+def run_and_show(layout: Layout, dag_id: str, conf: dict, result: str, plots: tuple[str, ...]) -> int:
     """`run_dag`, then print the run's result file (`result`, a glob under results/ with `{ts}`
-    for the run's logical date); None, saying where its log is, when it did not succeed."""
+    for the run's logical date) and where its `plots` are: the command's exit status (1, saying
+    where its log is, when the run did not succeed)."""
     state, ts = run_dag(layout, dag_id, conf)
     found = sorted((REPO / "results").glob(result.format(ts=ts)))
     if state != "success" or not found:
         print(f"the run did not finish: see .local/{layout.name}/{dag_id}.log", file=sys.stderr)
-        return None
+        return 1
     print(found[-1].read_text())
-    return found[-1]
+    print("plots: " + ", ".join(str(found[-1].parent / name) for name in plots))
+    return 0
 
 
 def main() -> int:
@@ -95,11 +97,8 @@ def main() -> int:
     conf = {"candidate": os.environ.get("CANDIDATE", "flow"),
             "pipeline": os.environ.get("PIPELINE", "genai_image"),
             "time_scale": float(os.environ.get("SCALE", "0.3")), "burst": 160}
-    report = run_and_show(layout, "pipeline_tuning", conf, "tuning-{ts}-*/gate.txt")
-    if report is None:
-        return 1
-    print(f"plots: {report.parent / 'completions.png'}, {report.parent / 'requests_per_partition.png'}")
-    return 0
+    return run_and_show(layout, "pipeline_tuning", conf, "tuning-{ts}-*/gate.txt",
+                        ("completions.png", "requests_per_partition.png"))
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import Param
+from airflow.sdk import Param, dag
 
 from consumers.config import pipeline_spec, presets, profiles
 from pipeline_ops.operators.analysis import AnalysisSubmitOperator
@@ -21,6 +22,17 @@ DEFAULT_ARGS: dict[str, Any] = {"owner": "platform", "retries": 1, "retry_delay"
 TAGS_PIPELINE = ["pipeline", "kafka", "genai"]
 CHECK_TASK = "check_pipeline"
 NIGHTLY = "0 2 * * *"
+START = datetime(2026, 1, 1)
+
+
+def pipeline_dag(dag_id: str, tag: str, *, schedule: Any = None, retries: int | None = None,
+                 **kwargs: Any) -> Callable[..., Any]:
+    """The decorator of every pipeline DAG: one start date and no catch-up (a run is for now, not
+    for the days it missed), the pipeline tags and default arguments; `retries=0` for a DAG whose
+    tasks must not run twice on their own (a deploy, a promotion, a measurement)."""
+    default_args = DEFAULT_ARGS if retries is None else {**DEFAULT_ARGS, "retries": retries}
+    return dag(dag_id=dag_id, schedule=schedule, start_date=START, catchup=False,
+               tags=[*TAGS_PIPELINE, tag], default_args=default_args, **kwargs)
 
 
 def tuning_schedule() -> str | None:

@@ -44,7 +44,7 @@ from consumers.config import presets
 from consumers.config.candidate import Endpoints, PipelineConfig
 from consumers.config.events import Topics
 from consumers.config.kafka_connection import KafkaAccess, KafkaConnection
-from consumers.runtime import fleet
+from consumers.runtime import fleet_args
 from infra.layout import REPO
 from pipeline_ops import fleets
 from pipeline_ops.fleets import manifests
@@ -145,10 +145,10 @@ def test_a_stage_runs_one_member_per_pod_as_many_pods_as_members(objects: list[d
     (container,) = deployment.spec.template.spec.containers
     assert container.image == "registry.example/fleet:1"
     assert container.command[:3] == ["python", "-m", "consumers.runtime.fleet"]
-    args = fleet.parser().parse_args(container.command[3:])  # the fleet's own CLI takes it
+    args = fleet_args.parser().parse_args(container.command[3:])  # the fleet's own CLI takes it
     assert (args.stage, args.run_id, args.members) == (stage, RUN, 1)
     assert args.metrics_port == manifests.METRICS_PORT and args.metrics_host == "0.0.0.0"
-    pod_config = fleet.config_from_args(args)
+    pod_config = fleet_args.config_from_args(args)
     assert pod_config.stage(stage).members == 1
     assert (pod_config.partitions, pod_config.stage(stage).window) == (CONFIG.partitions,
                                                                        CONFIG.stage(stage).window)
@@ -266,7 +266,7 @@ def test_every_stage_of_another_pipeline_is_deployed_and_its_ai_stages_scaled() 
     scaled = [o["metadata"]["labels"][manifests.STAGE_LABEL] for o in objects if o["kind"] == "ScaledObject"]
     assert scaled == ["moderate", "summarize", "classify"]  # `join` calls no AI endpoint
     (container,) = of(objects, "Deployment", "summarize")["spec"]["template"]["spec"]["containers"]
-    pod_config = fleet.config_from_args(fleet.parser().parse_args(container["command"][3:]))
+    pod_config = fleet_args.config_from_args(fleet_args.parser().parse_args(container["command"][3:]))
     assert (pod_config.pipeline, pod_config.stage("summarize").members) == ("text_moderation", 1)
     endpoints = json.loads(of(objects, "Secret", "join")["stringData"]["AI_ENDPOINTS"])
     assert endpoints["summarize"] == "http://ai.example/v1/summarize" and len(endpoints) == 3

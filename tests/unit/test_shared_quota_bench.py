@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.shared_quota import figures, in_flight, write_pipelines
+from bench.quota_lab import in_flight, write_pipelines
+from bench.shared_quota import figures
 from consumers.config import pipeline_spec
 
 

@@ -1,31 +1,28 @@
-"""A pipeline declared as data: its topics, AI endpoints and stages, as pydantic models.
+"""A pipeline declared as data: its topics, stages and AI endpoints (`endpoints.py`), as pydantic
+models.
 
 Every field is checked by its type (unknown fields are refused); what spans fields is checked by
 `consumers.config.pipeline_spec.validation`."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
 from jsonschema import Draft202012Validator
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt
 
 from consumers.config import http_work
+from consumers.config.pipeline_spec.base import NAME, Model, Name, Scalar
+from consumers.config.pipeline_spec.endpoints import EndpointSpec
 from consumers.config.pipeline_spec.references import exception_class
 
 DEAD_LETTER = "dlq"  # every pipeline's dead-letter topic: <prefix>.dlq
 # Fields the runtime itself relies on in every event, beside the pipeline's key.
 RUN_FIELDS = ("run_id", "produced_at")
 TERMINAL_STATUSES = ("completed", "rejected")  # a route's status that settles a request
-NAME = r"^[a-z][a-z0-9_]{0,39}$"
 CALLABLE = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
-Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
-
-Name = Annotated[str, Field(pattern=NAME)]
-Scalar = str | int | float | bool
 
 
 class SpecError(ValueError):
@@ -39,88 +36,13 @@ class SpecError(ValueError):
         super().__init__(f"{what} {source} refused:\n{lines}")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class Latency(_Model):
-    """An endpoint's latency at real scale: fixed, or lognormal with a median and a p99."""
-
-    distribution: Literal["fixed", "lognormal"] = "fixed"
-    median_s: PositiveFloat
-    p99_s: PositiveFloat | None = None
-    # Generation time per output token, after the drawn time to the first token (chat answers).
-    per_output_token_s: Annotated[float, Field(ge=0)] = 0.0
-
-    @property
-    def sigma(self) -> float:
-        """The lognormal's shape: ln(p99 / median) / z(0.99)."""
-        return math.log(self.p99_s / self.median_s) / Z99 if self.p99_s else 0.0
-
-    @property
-    def mean_s(self) -> float:
-        """What a call costs on average (Little's law sizes the concurrency from it)."""
-        return self.median_s * math.exp(self.sigma ** 2 / 2)
-
-
-class Answer(_Model):
-    """One stand-in answer rule: the first whose `when` patterns all match the request is sent.
-    Body strings may name request fields, e.g. `https://results.example/{request_id}.png`."""
-
-    when: dict[str, str] = {}
-    body: dict[str, Scalar]
-
-
-class StandIn(_Model):
-    """How the project's stand-in service answers this endpoint (a real API ignores it)."""
-
-    # plain: JSON in, the answer rule's body out; openai_chat: OpenAI's chat completions shape,
-    # the rule body's `content` as the assistant's text.
-    protocol: Literal["plain", "openai_chat"] = "plain"
-    required: list[str] = []
-    answers: Annotated[list[Answer], Field(min_length=1)]
-
-
-class Price(_Model):
-    """What an endpoint charges per 1,000 input and output tokens, from its provider's price
-    list: the cost figures (`measure.cost`) price a call's tokens with it when no gateway
-    reported the call's cost."""
-
-    input_per_1k: Annotated[float, Field(ge=0)]
-    output_per_1k: Annotated[float, Field(ge=0)]
-
-
-class EndpointSpec(_Model):
-    """An AI endpoint: the Airflow connection that says where it is, its path and its limits."""
-
-    connection: str
-    path: Annotated[str, Field(pattern=r"^/[\w./-]*$")]
-    # The model it serves, for an OpenAI-compatible API where every model shares one path:
-    # a provider's limits are per model, so an endpoint is one model (its works' default model).
-    model: str | None = None
-    concurrency: PositiveInt
-    # Per-minute budgets as providers meter them (None: not metered). `tokens` says which
-    # tokens `tokens_per_minute` counts: the prompt's, the answer's, or both.
-    requests_per_minute: PositiveInt | None = None
-    tokens_per_minute: PositiveInt | None = None
-    tokens: Literal["input", "output", "total"] = "total"
-    price: Price | None = None  # None: the calls' cost is known only where a gateway reports it
-    latency: Latency
-    headers: dict[str, str] = {}  # sent with every call (never a key: that is the connection's)
-    # How the project's stand-in serves it; an endpoint without one is a real API only.
-    stand_in: StandIn | None = None
-    # The provider quota it spends (`pipelines/quotas/<name>.yaml`), shared with every endpoint,
-    # of any pipeline, that names it; its own limits above still hold within it.
-    quota: Name | None = None
-
-
-class TopicSpec(_Model):
+class TopicSpec(Model):
     """A topic (named <prefix>.<name> per run) and the event field its records are keyed by."""
 
     key: str
 
 
-class ChatMessage(_Model):
+class ChatMessage(Model):
     role: Literal["system", "user", "assistant"]
     content: str  # a template (consumers.config.http_work)
 
@@ -130,7 +52,7 @@ CHAT_KEEP = {"content": "choices[0].message.content", "prompt_tokens": "usage.pr
              "completion_tokens": "usage.completion_tokens"}
 
 
-class HttpWork(_Model):
+class HttpWork(Model):
     """Call an AI endpoint: a request built from the event, answer fields kept by path.
 
     `protocol: json` (the default) sends `body`, a JSON template over the event
@@ -182,7 +104,7 @@ class HttpWork(_Model):
         return {name: value for name, value in picked.items() if value is not http_work.MISSING}, missing
 
 
-class PythonWork(_Model):
+class PythonWork(Model):
     """Custom work: `module:function(event) -> dict` of result fields; it must be idempotent.
 
     An exception it raises is the record's failure, tried again up to the stage's
@@ -202,7 +124,7 @@ class PythonWork(_Model):
 Work = Annotated[HttpWork | PythonWork, Field(discriminator="kind")]
 
 
-class Route(_Model):
+class Route(Model):
     """Where an outcome goes: to `to` when the `when` fields equal and the `unless` ones do not.
 
     The event sent is the input event with the kept result fields (`forward`) or a new one with
@@ -224,12 +146,12 @@ class Route(_Model):
                 and not (self.unless and all(outcome.get(k) == v for k, v in self.unless.items())))
 
 
-class Retry(_Model):
+class Retry(Model):
     max_attempts: Annotated[int, Field(ge=1, le=20)] = 4
     backoff_base_s: Annotated[float, Field(ge=0)] = 0.2
 
 
-class StageSpec(_Model):
+class StageSpec(Model):
     """One stage: the topic it reads, the events it accepts, its work and its routes."""
 
     source: str
@@ -250,14 +172,14 @@ class StageSpec(_Model):
                      and name not in (key, "run_id")), None)
 
 
-class FailureNotice(_Model):
+class FailureNotice(Model):
     """What is sent when a request fails for good: its AI call or its work (it is also dead-lettered)."""
 
     to: str
     fields: dict[str, Scalar] = {}
 
 
-class LoadSpec(_Model):
+class LoadSpec(Model):
     """The load source: `generator(rng, run_id, index, reject_share) -> [(topic, event), ...]`
     builds one request's events; `measure` is the topic whose partition spread is its skew."""
 
@@ -265,7 +187,7 @@ class LoadSpec(_Model):
     measure: str
 
 
-class LatencyObjective(_Model):
+class LatencyObjective(Model):
     """What a request's end-to-end latency (produced -> notified, at real scale) should stay
     within: a request completed within `latency_s` met the objective, and at least `share` of
     them should (a p99 within N seconds is `latency_s: N, share: 0.99`). Goodput counts the ones
@@ -275,7 +197,7 @@ class LatencyObjective(_Model):
     share: Annotated[float, Field(gt=0, le=1)] = 0.99
 
 
-class PipelineSpec(_Model):
+class PipelineSpec(Model):
     """A whole pipeline. Build it with `load` or `parse`, which also check across fields."""
 
     name: Annotated[str, Field(pattern=NAME)]

@@ -16,27 +16,28 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, PositiveInt
 
-from consumers.config.pipeline_spec.models import NAME, HttpWork, Name, PipelineSpec, SpecError, _Model
+from consumers.config.pipeline_spec.base import NAME, Model, Name
+from consumers.config.pipeline_spec.models import HttpWork, PipelineSpec, SpecError
 from consumers.config.pipeline_spec.validation import model_of
 
 Lane = Literal["interactive", "standard", "batch"]
 LANES: tuple[Lane, ...] = get_args(Lane)  # in priority order
 
 
-class LaneSpec(_Model):
+class LaneSpec(Model):
     """A lane's reservation: the share of the quota the lanes before it cannot take from it."""
 
     reserve: Annotated[float, Field(gt=0, lt=1)]
 
 
-class PipelineShare(_Model):
+class PipelineShare(Model):
     """A pipeline's lane on a quota, and its weight against the other pipelines of that lane."""
 
     weight: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 1.0
     lane: Lane = "standard"
 
 
-class QuotaSpec(_Model):
+class QuotaSpec(Model):
     """A provider's quota: its limits (None: not metered) and how its pipelines share them.
     Build it with `parse_quota`, or `files.load_quota`."""
 
