@@ -69,7 +69,7 @@ def partition_key(stage_index: int, partition: int) -> int:
 
 
 @dataclass(frozen=True)
-class Window:
+class AnalysisWindow:
     """One step's analysis window (epoch seconds) and the records that arrived on each partition
     of the changed stages' source topics meanwhile (log-end offsets at its end less at its start),
     keyed by `partition_key`."""
@@ -82,7 +82,7 @@ class Window:
 ACTIVE, CANDIDATE = "active", "candidate"  # the two sides of a canary
 
 
-def samples(database_url: str, run_id: str, canary_id: int, stages: Sequence[str], window: Window,
+def samples(database_url: str, run_id: str, canary_id: int, stages: Sequence[str], window: AnalysisWindow,
             configs: Mapping[str, PipelineConfig], partitions: Mapping[str, set[int]],
             member_in_flight: int) -> dict[str, VersionSample]:
     """Each side's sample over `window` (ACTIVE: the group's own fleets, CANDIDATE: canary

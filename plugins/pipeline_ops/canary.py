@@ -28,7 +28,7 @@ from consumers.config import events
 from consumers.config.canary_plan import CanaryPlan
 from consumers.config.candidate import PipelineConfig
 from consumers.config.kafka_connection import KafkaConnection
-from consumers.runs.canary_samples import ACTIVE, CANDIDATE, Window, partition_key, samples
+from consumers.runs.canary_samples import ACTIVE, CANDIDATE, AnalysisWindow, partition_key, samples
 from measure.canary import FAIL, MARGINAL, CanaryThresholds, Verdict, judge
 
 HOLD_TIMEOUT_S = 120.0  # for the candidate to take what a step lends it
@@ -86,7 +86,7 @@ class CanaryRecords:
                       parameters=(canary_id, step, share, partitions))
         self.hook.run("UPDATE canaries SET step = %s WHERE id = %s", parameters=(step, canary_id))
 
-    def step_judged(self, canary_id: int, step: int, window: Window, verdict: str,
+    def step_judged(self, canary_id: int, step: int, window: AnalysisWindow, verdict: str,
                     figures: dict[str, Any]) -> None:
         self.hook.run("UPDATE canary_steps SET started_at = to_timestamp(%s), ended_at = to_timestamp(%s), "
                       "verdict = %s, figures = %s WHERE canary_id = %s AND step = %s",
@@ -173,7 +173,7 @@ class CanarySteps:
             reader.close()
 
     def measure(self, lent: dict[str, list[int]], window_s: float,
-                extensions: int = 0) -> tuple[Window, Verdict | None, str]:
+                extensions: int = 0) -> tuple[AnalysisWindow, Verdict | None, str]:
         """Run one analysis window of `window_s`, lengthened by up to `extensions` more while its
         verdict is marginal (`CanaryPlan`), each look judging everything since the window
         opened; the verdict, or None and why when the candidate lost a partition meanwhile."""
@@ -187,11 +187,12 @@ class CanarySteps:
             deadline = time.monotonic() + window_s
             while time.monotonic() < deadline:
                 if not self.held(lent):
-                    window = Window(start, time.time(), {})
+                    window = AnalysisWindow(start, time.time(), {})
                     return window, None, "the candidate stopped holding its partitions (its fleet died?)"
                 time.sleep(CHECK_EVERY_S)
             end, ends_after = time.time(), self.log_ends()
-            window = Window(start, end, {k: ends_after[k] - ends_before.get(k, 0) for k in ends_after})
+            arrived = {k: ends_after[k] - ends_before.get(k, 0) for k in ends_after}
+            window = AnalysisWindow(start, end, arrived)
             found = samples(self.database_url, c.run_id, c.id, list(c.stages), window,
                             {ACTIVE: self.configs[ACTIVE], CANDIDATE: self.configs[CANDIDATE]},
                             {ACTIVE: everything - candidate, CANDIDATE: candidate},
@@ -227,7 +228,7 @@ def run_step(canary: Canary, steps: CanarySteps, records: CanaryRecords, step: i
     lent = steps.lend(share)
     records.step_started(canary.id, step, share, sum(len(p) for p in lent.values()))
     if not steps.wait_held(lent):
-        window, verdict, why = Window(time.time(), time.time(), {}), None, \
+        window, verdict, why = AnalysisWindow(time.time(), time.time(), {}), None, \
             "the candidate did not take the partitions lent to it"
     else:
         window, verdict, why = steps.measure(lent, canary.plan.window_s, canary.plan.extensions)
