@@ -22,6 +22,7 @@ from consumers.runs.pipeline_run import Pipeline, running_pipeline
 from consumers.runtime.fleet import Fleet
 from consumers.runtime.fleet_process import FleetProcess
 from consumers.runtime.fleet_settings import settings_for
+from pipeline_ops.canary import HOLD_TIMEOUT_S
 from tests.integration.kafka_helpers import wait_committed_to_end
 from tests.integration.pipeline_fixtures import TIME_SCALE, AIService, ai_service, query, scalar
 from tests.stack import Stack
@@ -59,7 +60,8 @@ def canary_row(database_url: str, run_id: str) -> tuple[int, int]:
 
 def held(store: LoanStore, group: str, topic: str, partitions: int) -> bool:
     """The candidate holds every one of the `partitions` lent: the load starts after, so that the
-    active fleet cannot have drained a lent partition before the hand-over."""
+    active fleet cannot have drained a lent partition before the hand-over. Waited for as long as
+    a canary waits for it (a spawned fleet process starts slowly on a busy machine)."""
     loans = store.loans(group, topic)
     return len(loans) == partitions and all(loan.holder for loan in loans.values())
 
@@ -104,7 +106,7 @@ def test_lent_partitions_are_handled_by_the_candidate_and_handed_back(stack: Sta
                                 stack.database_url, ai.endpoints)
         with Fleet(replace(settings, instance="canary", version=version, canary=canary)).running():
             store.lend(group, topic, [0, 1], canary)
-            until(lambda: held(store, group, topic, 2), 30,
+            until(lambda: held(store, group, topic, 2), HOLD_TIMEOUT_S,
                   "the lent partitions were never held by the candidate")
             load = live_load(stack, pipeline)
             until(lambda: len(candidate_partitions(stack.database_url, pipeline.run_id, version)) == 2, 30,
@@ -129,7 +131,7 @@ def test_a_killed_candidates_partitions_are_taken_back_from_its_commit(stack: St
                                          canary=canary))
         with candidate.running():
             store.lend(group, topic, [3], canary)
-            until(lambda: held(store, group, topic, 1), 30,
+            until(lambda: held(store, group, topic, 1), HOLD_TIMEOUT_S,
                   "the lent partition was never held by the candidate")
             load = live_load(stack, pipeline)  # from here on partition 3's records are the candidate's
             until(lambda: candidate_partitions(stack.database_url, pipeline.run_id, version), 30,
