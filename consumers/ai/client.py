@@ -288,10 +288,12 @@ class AIClient:
                 observer.started(attempt, time.time())
             admitted.sent()
             started, sent = time.time(), time.monotonic()
-            reply = self._post(payload)
-            took = time.monotonic() - sent
-            if reply.outcome == OK:
-                self.timeout.served(took)
+            ticket = self.timeout.sent(sent)
+            try:
+                reply = self._post(payload)
+                took = time.monotonic() - sent
+            finally:
+                self.timeout.ended(ticket, took if reply.outcome == OK else None)
         finally:
             own = admitted.ended(reply, took)
         return reply, started, took, own

@@ -9,13 +9,18 @@ every try it cuts is billed again) and the declared ceiling. Until MIN_SAMPLES c
 the ceiling: the calls sent before any answer came are a whole window of the fleet's, and a
 timeout from the declaration would cut every one of them that the tail holds.
 
-Only served calls teach it: a call that hangs is not the endpoint's tail, and an outage that
-times out every call must not stretch the timeout of the calls after it."""
+Only served calls teach it, with one correction: a call still out has taken at least as long as it
+has run, so the percentile counts each one at its time so far. Without it the first answers of a
+burst, the short ones, would set the timeout for the long calls still out. A call that hangs or
+times out is not the endpoint's tail: once it ends it teaches nothing, and an outage that times
+out every call does not stretch the timeout of the calls after it."""
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
+import time
 from collections import deque
 
 QUANTILE = 99  # percentile of the served calls
@@ -35,6 +40,8 @@ class LearnedTimeout:
         self.ceiling_s = ceiling_s
         self._lock = threading.Lock()
         self._served: deque[float] = deque(maxlen=SAMPLES)
+        self._out: dict[int, float] = {}  # calls sent and not ended: when each was sent
+        self._tickets = itertools.count()
         self._fresh = 0
         self._current = ceiling_s
 
@@ -48,15 +55,25 @@ class LearnedTimeout:
         with self._lock:
             return self._current
 
-    def served(self, took: float) -> None:
-        """A successful call took `took` seconds."""
-        if self.floor_s == self.ceiling_s:
-            return
+    def sent(self, at: float | None = None) -> int:
+        """A call went out (at `at` on the steady clock, now by default); its ticket for `ended`."""
         with self._lock:
-            self._served.append(took)
+            ticket = next(self._tickets)
+            self._out[ticket] = time.monotonic() if at is None else at
+            return ticket
+
+    def ended(self, ticket: int, served_in: float | None, now: float | None = None) -> None:
+        """The call of `ticket` ended: served in `served_in` seconds, or not served (None)."""
+        with self._lock:
+            self._out.pop(ticket, None)
+            if served_in is None or self.floor_s == self.ceiling_s:
+                return
+            self._served.append(served_in)
             self._fresh += 1
             if self._fresh < REFRESH_EVERY or len(self._served) < MIN_SAMPLES:
                 return
             self._fresh = 0
-            tail = statistics.quantiles(self._served, n=100, method="inclusive")[QUANTILE - 1]
+            now = time.monotonic() if now is None else now
+            samples = [*self._served, *(now - sent for sent in self._out.values())]
+            tail = statistics.quantiles(samples, n=100, method="inclusive")[QUANTILE - 1]
             self._current = min(self.ceiling_s, max(self.floor_s, MARGIN * tail))

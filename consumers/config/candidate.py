@@ -17,7 +17,7 @@ from consumers.ai.client import RetryPolicy
 from consumers.config import pipeline_spec
 
 MIN_AI_TIMEOUT_S = 5.0
-MIN_AI_TIMEOUT_FLOOR_S = 1.0  # over the stalls of a busy machine's scheduler
+MIN_AI_TIMEOUT_FLOOR_S = 3.0  # over a busy machine's stalls, which no time scale shrinks
 WINDOW_MODES = ("flow", "share")
 ENDPOINTS_ENV = "AI_ENDPOINTS"  # how a fleet process is told where the AI endpoints are
 KEYS_ENV = "AI_ENDPOINT_KEYS"  # and each endpoint's key (from its own connection), when it has one

@@ -19,7 +19,7 @@ from tests.recorded_tries import Tries
 
 def taught(timeout: LearnedTimeout, latencies: list[float]) -> LearnedTimeout:
     for latency in latencies:
-        timeout.served(latency)
+        timeout.ended(timeout.sent(), latency)
     return timeout
 
 
@@ -31,7 +31,7 @@ def test_the_ceiling_holds_until_a_hundred_calls_were_served() -> None:
     assert timeout.current() == 10.0
     # the 100th: the 99th percentile of 0.01 ... 1.00 (inclusive: rank 0.99 x 99 = 98.01, between
     # 0.99 and 1.00) is 0.9901, times the margin 4 = 3.9604
-    timeout.served(HUNDRED[99])
+    timeout.ended(timeout.sent(), HUNDRED[99])
     assert timeout.current() == pytest.approx(3.9604)
 
 
@@ -47,6 +47,22 @@ def test_a_longer_tail_raises_it_and_a_shorter_one_lowers_it_over_the_last_thous
     assert timeout.current() == pytest.approx(8.0)
     taught(timeout, [0.5] * 1000)  # the 2 s calls leave the window
     assert timeout.current() == pytest.approx(2.0)
+
+
+def test_calls_still_out_count_at_their_time_so_far_and_teach_nothing_once_cut() -> None:
+    timeout = LearnedTimeout(0.1, 60.0)
+    out = [timeout.sent(at=0.0) for _ in range(20)]  # 20 long calls of a burst, still out
+    for _ in range(99):
+        timeout.ended(timeout.sent(at=4.99), 0.01)
+    # the 100th answer at 5.0: 100 served of 0.01 s and 20 out for 5 s; the 99th percentile of
+    # those 120 (inclusive: rank 0.99 x 119 = 117.81, among the twenty 5.0s) is 5.0, times 4
+    timeout.ended(timeout.sent(at=4.99), 0.01, now=5.0)
+    assert timeout.current() == pytest.approx(20.0)
+    for ticket in out:  # cut, not served
+        timeout.ended(ticket, None)
+    for _ in range(16):  # the next refresh: 4 x 0.01 is under the floor
+        timeout.ended(timeout.sent(), 0.01)
+    assert timeout.current() == 0.1
 
 
 def test_a_fixed_timeout_learns_nothing() -> None:
@@ -102,7 +118,7 @@ def test_a_config_learns_between_the_declared_latency_and_the_specs_ceiling() ->
     config = PipelineConfig(time_scale=0.5)
     # genai_image's generate: a fixed 3 s declared, timeout_s 30: floor 4 x 3 x 0.5 = 6, ceiling 30 x 0.5 = 15
     assert (config.ai_timeout_floor("generate"), config.ai_timeout("generate")) == (6.0, 15.0)
-    # check: 0.5 s declared, timeout_s 10: floor max(1, 4 x 0.5 x 0.5) = 1, ceiling max(5, 10 x 0.5) = 5
-    assert (config.ai_timeout_floor("check"), config.ai_timeout("check")) == (1.0, 5.0)
+    # check: 0.5 s declared, timeout_s 10: floor max(3, 4 x 0.5 x 0.5) = 3, ceiling max(5, 10 x 0.5) = 5
+    assert (config.ai_timeout_floor("check"), config.ai_timeout("check")) == (3.0, 5.0)
     fixed = PipelineConfig(time_scale=0.5, ai_timeout_s=60.0)
     assert (fixed.ai_timeout_floor("generate"), fixed.ai_timeout("generate")) == (60.0, 60.0)
