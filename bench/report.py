@@ -1,4 +1,7 @@
-"""Benchmark output: a terminal table, summary.json, per-second CSV, PNG plots, results/latest."""
+"""Benchmark output: a terminal table, summary.json, per-second CSV, PNG plots, results/latest.
+
+Figures that every repetition measures are shown as their mean with its 95 % interval; the
+others (a string, a nested breakdown) repetition by repetition, separated by ` | `."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import csv
 import itertools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,24 +50,34 @@ def per_second(times: list[float], start: float) -> list[int]:
     return counts
 
 
-def write(summary: dict[str, Any], series: dict[str, list[float]], starts: dict[str, float]) -> Path:
-    """Save everything for one benchmark run; return its folder."""
+def column(name: str, repetition: int) -> str:
+    """A scenario's repetition (counted from 1) as a column of the per-second CSV."""
+    return f"{name}-{repetition}"
+
+
+def write(summary: dict[str, Any], series: list[dict[str, list[float]]],
+          starts: list[dict[str, float]]) -> Path:
+    """Save everything for one benchmark run (its completions and load starts per repetition);
+    return its folder."""
     out = run_dir(summary["run_id"])
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    rows = {name: per_second(times, starts[name]) for name, times in series.items()}
+    rows = {column(name, i): per_second(times, starts[i - 1][name])
+            for i, run in enumerate(series, 1) for name, times in run.items()}
     with open(out / "completions_per_second.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["second", *rows])
         for second in range(max((len(r) for r in rows.values()), default=0)):
             writer.writerow([second, *(r[second] if second < len(r) else 0 for r in rows.values())])
-    save(completions_figure(rows, summary.get("ai_capacity_rps")), out / "completions.png")
-    partitions = {n: s["requests_per_partition"] for n, s in summary["scenarios"].items()
+    save(completions_figure(series, starts, summary.get("ai_capacity_rps")), out / "completions.png")
+    save(ratios_figure(summary["ratios"]), out / "ratios.png")
+    first = summary["repetitions"][0]
+    partitions = {n: s["requests_per_partition"] for n, s in first.items()
                   if "requests_per_partition" in s}  # the Router peer has none
     if partitions:
         save(partitions_figure(partitions), out / "requests_per_partition.png")
-    for name, scenario in summary["scenarios"].items():
+    for name, scenario in first.items():
         if "adaptive" in scenario:
-            save(adaptive_figure(name, scenario, series[name]), out / "adaptive.png")
+            save(adaptive_figure(name, scenario, series[0][name]), out / "adaptive.png")
     latest = RESULTS / "latest"
     if latest.is_symlink() or latest.exists():
         latest.unlink()
@@ -77,20 +91,50 @@ def save(fig: Figure, path: Path) -> None:
     plt.close(fig)
 
 
-def completions_figure(rows: dict[str, list[int]], capacity: float | None) -> Figure:
-    """Cumulative completions: the slope is the throughput, and the 3 s waves of per-second
-    counts do not hide it."""
+def completions_figure(series: list[dict[str, list[float]]], starts: list[dict[str, float]],
+                       capacity: float | None) -> Figure:
+    """Cumulative completions, one line per repetition in its scenario's colour: the slope is the
+    throughput, the 3 s waves of per-second counts do not hide it, and the lines' spread is the
+    repetitions'."""
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    longest = max((len(c) for c in rows.values()), default=0)
-    for name, counts in rows.items():
-        ax.plot(range(1, len(counts) + 1), list(itertools.accumulate(counts)), label=name, linewidth=1.5)
+    colours = dict(zip(series[0], itertools.cycle(plt.rcParams["axes.prop_cycle"].by_key()["color"]),
+                       strict=False))
+    longest, most = 0, 0
+    for i, run in enumerate(series):
+        for name, times in run.items():
+            counts = per_second(times, starts[i][name])
+            longest, most = max(longest, len(counts)), max(most, sum(counts))
+            ax.plot(range(1, len(counts) + 1), list(itertools.accumulate(counts)), color=colours[name],
+                    label=None if i else name, linewidth=1.0 if i else 1.5, alpha=0.6 if i else 1.0)
     if capacity and longest:
         ax.plot([0, longest], [0, capacity * longest], color="grey", linestyle="--", linewidth=1,
                 label=f"AI capacity ({capacity:.1f} rps)")
-        ax.set_ylim(0, 1.05 * max(sum(c) for c in rows.values()))
+        ax.set_ylim(0, 1.05 * most)
     ax.set(xlabel="seconds since the load started", ylabel="completed requests",
            title="Completions over time")
     ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def ratios_figure(ratios: dict[str, dict[str, Any] | None]) -> Figure:
+    """Each comparison's mean with its 95 % interval and every repetition's value: a bar that
+    crosses the line of no difference is inside the noise. A difference of points is drawn as
+    1 + points / 100, on the ratios' axis."""
+    shown = [(name, r) for name, r in ratios.items() if r is not None]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(shown) + 1.5))
+    for y, (name, r) in enumerate(shown):
+        def x(value: float, points: bool = name.endswith("_points")) -> float:
+            return 1 + value / 100 if points else value
+
+        if r["low"] is not None:
+            ax.plot([x(r["low"]), x(r["high"])], [y, y], color="tab:blue", linewidth=3, solid_capstyle="butt")
+        ax.plot([x(v) for v in r["values"]], [y] * len(r["values"]), "o", color="black", markersize=3)
+        ax.plot(x(r["mean"]), y, "|", color="tab:red", markersize=14)
+    ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(shown)), [n.replace("_", " ") for n, _ in shown])
+    ax.set(xlabel="ratio: mean (red), 95 % interval (blue), repetitions (dots)",
+           title="Scenarios compared, repetition by repetition")
     fig.tight_layout()
     return fig
 
@@ -183,6 +227,20 @@ def partitions_figure(per_partition: dict[str, list[int]]) -> Figure:
     return fig
 
 
+def _field(scenario: dict[str, Any], *path: str) -> str:
+    """The figure at `path` (a name, or a part's name and the figure's), "-" where none is."""
+    found: Any = scenario
+    for key in path:
+        if not isinstance(found, dict) or key not in found:
+            return "-"
+        found = found[key]
+    return str(found)
+
+
+def _cost(scenario: dict[str, Any], key: str) -> str:
+    return cost.shown(scenario["cost"][key]) if "cost" in scenario else "-"
+
+
 def _busiest(scenario: dict[str, Any], stage: str) -> str:
     busiest = scenario.get("busiest_partition", {}).get(stage)
     return f"{busiest['requests']} / {busiest['ai_s']}" if busiest else "-"
@@ -217,30 +275,64 @@ def _outcomes(scenario: dict[str, Any]) -> str:
     return " / ".join(str(n) for n in peer["outcomes"].values()) if peer else "-"
 
 
+MACHINE_COLUMNS = ("cpu_busy_pct", "late_wakeups", "latest_wakeup_ms")
+
+
+def interval(figure: dict[str, Any] | None) -> str:
+    """A repeated figure as `mean [low, high]`, or its one value."""
+    if figure is None:
+        return "-"
+    if figure["low"] is None:
+        return str(figure["mean"])
+    return f"{figure['mean']:g} [{figure['low']:g}, {figure['high']:g}]"
+
+
 def print_table(summary: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
+    runs = summary["repetitions"]
     table = Table(title=f"run {summary['run_id']}  time scale {summary['time_scale']}  "
-                        f"AI capacity {summary['ai_capacity_rps']:.1f} rps")
+                        f"AI capacity {summary['ai_capacity_rps']:.1f} rps  "
+                        f"{summary['repeat']} repetition(s): mean [95 % interval]")
     table.add_column("figure")
-    for name in summary["scenarios"]:
+    names = list(summary["scenarios"])
+    for name in names:
         table.add_column(name, justify="right")
-    scenarios = list(summary["scenarios"].values())
-    for column in COLUMNS:
-        table.add_row(column, *(str(s.get(column)) for s in scenarios))
-    table.add_row("stand-in served/s on the binding endpoint over the span", *(_served(s) for s in scenarios))
-    table.add_row("429s / calls per endpoint (share)", *(_overload(s) for s in scenarios))
-    if any("peer" in s for s in scenarios):
-        table.add_row("Router's requests: ok / rate-limited / error", *(_outcomes(s) for s in scenarios))
+
+    def each(show: Callable[..., str], *args: str) -> list[str]:
+        """One cell per scenario: `show(figures, *args)` of every repetition that ran it."""
+        return [" | ".join(show(run[name], *args) for run in runs if name in run) for name in names]
+
+    for figure in COLUMNS:
+        per_run = each(_field, figure)
+        table.add_row(figure, *(interval(summary["scenarios"][n][figure]) if figure in summary["scenarios"][n]
+                                else per_run[i] for i, n in enumerate(names)))
+    for figure in MACHINE_COLUMNS:
+        table.add_row(f"burst: machine {figure}",
+                      *each(_field, "machine", figure))
+    table.add_row("stand-in served/s on the binding endpoint over the span", *each(_served))
+    table.add_row("429s / calls per endpoint (share)", *each(_overload))
+    if any("peer" in s for run in runs for s in run.values()):
+        table.add_row("Router's requests: ok / rate-limited / error", *each(_outcomes))
     for key, label in COST_ROWS:
-        table.add_row(label, *(cost.shown(s["cost"][key]) if "cost" in s else "-" for s in scenarios))
-    for stage in sorted({stage for s in scenarios for stage in s.get("busiest_partition", {})}):
-        table.add_row(f"busiest {stage} partition: requests / AI s", *(_busiest(s, stage) for s in scenarios))
-    for column in STEADY_COLUMNS:
-        table.add_row(f"steady phase {column}", *(str(s["steady"].get(column)) if "steady" in s else "-"
-                                                  for s in scenarios))
-    table.add_row("adaptive: utilization in force", *(_adaptive(s, "utilization") for s in scenarios))
-    table.add_row("adaptive: recovery s (real-scale s)", *(_adaptive(s, "recovery") for s in scenarios))
+        table.add_row(label, *each(_cost, key))
+    stages = {stage for run in runs for s in run.values() for stage in s.get("busiest_partition", {})}
+    for stage in sorted(stages):
+        table.add_row(f"busiest {stage} partition: requests / AI s",
+                      *each(_busiest, stage))
+    for figure in STEADY_COLUMNS:
+        table.add_row(f"steady phase {figure}",
+                      *each(_field, "steady", figure))
+    table.add_row("adaptive: utilization in force", *each(_adaptive, "utilization"))
+    table.add_row("adaptive: recovery s (real-scale s)", *each(_adaptive, "recovery"))
     console.print(table)
-    for key in ("ratios", "producer_vs_perftest", "pause_benchmark", "spark_partition_load"):
+    ratios = Table(title="scenarios compared within each repetition: mean [95 % interval]")
+    for header in ("comparison", "mean [95 % interval]", "repetitions", "inside the noise"):
+        ratios.add_column(header)
+    for name, r in summary["ratios"].items():
+        if r is not None:
+            ratios.add_row(name, interval(r), ", ".join(f"{v:g}" for v in r["values"]),
+                           "-" if r["within_noise"] is None else ("yes" if r["within_noise"] else "no"))
+    console.print(ratios)
+    for key in ("producer_vs_perftest", "pause_benchmark", "spark_partition_load"):
         if key in summary:
             console.print(f"[bold]{key}[/bold]: {json.dumps(summary[key], default=str)}")

@@ -17,7 +17,10 @@ by `--steady` first take a steady load at STEADY_SHARE of the capacity, which me
 platform's own overhead apart from the burst's queueing, beside how much the machine delayed a
 process with no work of its own meanwhile (bench/machine_noise.py).
 Each stack takes an unmeasured half burst before its first scenario, so that no scenario meets
-brokers whose JVMs have not compiled their hot code yet.
+brokers whose JVMs have not compiled their hot code yet. The scenarios run `--repeat` times,
+interleaved (each once, then each again), every burst beside the machine's noise; each figure
+and each ratio between scenarios is reported as a mean with its 95 % interval
+(bench/repetitions.py).
 Figures are computed from the database and Kafka (bench/figures.py); results go to
 results/<run-id>/.
 """
@@ -38,7 +41,15 @@ from typing import Any
 import requests
 from rich.console import Console
 
-from bench import figures, kafka_throughput, machine_noise, pause_benchmark, report, spark_partition_load
+from bench import (
+    figures,
+    kafka_throughput,
+    machine_noise,
+    pause_benchmark,
+    repetitions,
+    report,
+    spark_partition_load,
+)
 from bench.interrupt import unwind_on_sigterm
 from bench.peer import PEER, run_router_peer
 from bench.stacks import DURABLE_BROKERS, Stack, scenario_stack
@@ -97,6 +108,10 @@ class Bench:
     peer_requests: int  # 0: the burst
     warmed: set[str] = field(default_factory=set)  # the stacks' bootstrap addresses
 
+    def run_id(self, name: str, repetition: int) -> str:
+        """The run id of one scenario's repetition (counted from 1)."""
+        return f"{self.bench_id}-{name}-{repetition}"
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -113,14 +128,14 @@ class Scenario:
         """The bottleneck's `limit_schedule` over the burst (empty: the limit holds)."""
         return limit_schedule(p) if self.moving_limit else []
 
-    def run(self, bench: Bench) -> ScenarioResult:
+    def run(self, bench: Bench, repetition: int) -> ScenarioResult:
         with scenario_stack(self.brokers, bench.main, bench.durable_stack) as where:
             p = replace(bench.params, replication_factor=min(3, where.brokers))
             if where.kafka.bootstrap not in bench.warmed:
                 warm_up(p, bench.bench_id, where)
                 bench.warmed.add(where.kafka.bootstrap)
-            return ScenarioResult.of(run_scenario(self, p, bench.bench_id, where, self.name in bench.steady,
-                                                  bench.keep_topics))
+            return ScenarioResult.of(run_scenario(self, p, bench.run_id(self.name, repetition), where,
+                                                  self.name in bench.steady, bench.keep_topics))
 
 
 @dataclass(frozen=True)
@@ -130,12 +145,12 @@ class RouterPeer:
 
     name: str = PEER
 
-    def run(self, bench: Bench) -> ScenarioResult:
-        console.rule(f"[bold]{self.name}")
+    def run(self, bench: Bench, repetition: int) -> ScenarioResult:
+        console.rule(f"[bold]{self.name} {repetition}")
         configure_ai(bench.main.ai_url, bench.params.stand_in_settings())
         p = bench.params
         return ScenarioResult.of(run_router_peer(p.spec, bench.main.ai_url, bench.peer_requests or p.burst,
-                                                 p.concurrency, f"{bench.bench_id}-{self.name}"))
+                                                 p.concurrency, bench.run_id(self.name, repetition)))
 
 
 # Every preset is a scenario of its name; `durable` is `flow` on three brokers.
@@ -182,7 +197,7 @@ def warm_up(p: presets.PresetParams, bench_id: str, stack: Stack) -> None:
     remove_pipeline(pipeline.topics, stack.kafka)
 
 
-def run_scenario(scenario: Scenario, p: presets.PresetParams, bench_id: str, stack: Stack,
+def run_scenario(scenario: Scenario, p: presets.PresetParams, run_id: str, stack: Stack,
                  steady: bool = False, keep_topics: bool = False) -> dict[str, Any]:
     name = scenario.name
     config = replace(presets.build(scenario.preset, p), stats_interval_ms=STATS_INTERVAL_MS)
@@ -190,18 +205,19 @@ def run_scenario(scenario: Scenario, p: presets.PresetParams, bench_id: str, sta
     configure_ai(stack.ai_url, p.stand_in_settings())
     endpoints = stack.endpoints(p.spec)
     timeout_s = burst_timeout_s(p)
-    console.rule(f"[bold]{name}")
+    console.rule(f"[bold]{run_id}")
     result: dict[str, Any] = {}
     with running_pipeline(config, stack.kafka, stack.database_url, endpoints,
-                          run_id=f"{bench_id}-{name}", scenario=name, fleet_processes=True) as pipeline:
+                          run_id=run_id, scenario=name, fleet_processes=True) as pipeline:
         if steady:
             result["steady"] = steady_phase(pipeline, p, timeout_s, stack.gateway_budgets(p))
             configure_ai(stack.ai_url, p.stand_in_settings())  # the burst's counters are its own
         if schedule:
             configure_ai(stack.ai_url, {p.bottleneck: {"limit_schedule": schedule}})
         schedule_at = time.time()
-        sent = pipeline.send(p.burst, progress=True)
-        counts = pipeline.wait_terminal(p.burst, timeout_s, progress=True)
+        with machine_noise.measured() as noise:
+            sent = pipeline.send(p.burst, progress=True)
+            counts = pipeline.wait_terminal(p.burst, timeout_s, progress=True)
         # One more statistics emission from every member: its last snapshot is written at close.
         time.sleep(1.5 * STATS_INTERVAL_MS / 1000)
     console.print(f"{name}: {counts} in {time.time() - schedule_at:.1f}s")
@@ -225,6 +241,7 @@ def run_scenario(scenario: Scenario, p: presets.PresetParams, bench_id: str, sta
     if not keep_topics:  # the rows stay in PostgreSQL; the next scenario gets an unburdened broker
         remove_pipeline(pipeline.topics, stack.kafka)
     result["brokers"] = stack.brokers
+    result["machine"] = noise.figures
     result["load_started"] = schedule_at
     return result
 
@@ -236,30 +253,6 @@ def versions() -> dict[str, str]:
     return {"python": platform.python_version(), "confluent_kafka": metadata.version("confluent-kafka"),
             "librdkafka": confluent_kafka.libversion()[0], "pyspark": metadata.version("pyspark"),
             "kafka_broker": kafka_jar.stem.split("-", 1)[1] if kafka_jar else "unknown"}
-
-
-def ratios(s: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    def ratio(a: str, b: str, key: str = "throughput_rps") -> float | None:
-        if a in s and b in s and s[b].get(key):
-            return round(s[a][key] / s[b][key], 3)
-        return None
-
-    def points(a: str, b: str) -> float | None:
-        if a in s and b in s and s[a].get("utilization") is not None and s[b].get("utilization") is not None:
-            return round(100 * (s[a]["utilization"] - s[b]["utilization"]), 2)
-        return None
-
-    return {"tuned_over_baseline": ratio("tuned", "baseline"),
-            "flow_over_baseline": ratio("flow", "baseline"),
-            "flow_over_tuned": ratio("flow", "tuned"),
-            "flow_kip848_over_flow": ratio("flow-kip848", "flow"),
-            "flow_exactly_once_over_flow": ratio("flow-exactly-once", "flow"),
-            "flow_exactly_once_over_flow_p99": ratio("flow-exactly-once", "flow", "p99_ms"),
-            "flow_exactly_once_over_flow_span": ratio("flow-exactly-once", "flow", "span_s"),
-            "flow_adaptive_over_flow": ratio("flow-adaptive", "flow"),
-            "share_over_flow": ratio("share", "flow"),
-            "durable_over_flow": ratio("durable", "flow"),
-            "durable_minus_flow_utilization_points": points("durable", "flow")}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -291,6 +284,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spark-repeat", type=int, default=3,
                    help="runs of partition_load (and of its --distinct-keys variant, alternated) and of "
                         "ConsumerPerformance; the best of each is compared")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="repetitions of every scenario, interleaved (each scenario once, then again): "
+                        "figures and ratios are reported as means with 95 %% intervals (default 3; "
+                        "1 with --smoke)")
     p.add_argument("--keep-topics", action="store_true", help="keep the scenarios' topics for inspection")
     p.add_argument("--smoke", action="store_true", help="a small run that checks the output")
     return p.parse_args(argv)
@@ -303,9 +300,13 @@ def main(argv: list[str] | None = None) -> Path:
         args.burst, args.perf_records, args.pause_seconds = 80, 50_000, 2.0
         args.spark_records, args.spark_repeat = min(args.spark_records, 100_000), 1
         args.scale = min(args.scale, 0.05)
-    unknown = [n for n in args.scenarios.split(",") if n not in CHOICES]
+    args.repeat = args.repeat or (1 if args.smoke else 3)
+    names = args.scenarios.split(",")
+    unknown = [n for n in names if n not in CHOICES]
     if unknown:
         raise SystemExit(f"unknown scenarios {unknown}; choose from {list(CHOICES)}")
+    if args.repeat < 1:
+        raise SystemExit("--repeat is at least 1")
     main_stack = Stack.from_environment(os.environ)
     if main_stack is None:
         raise SystemExit("the stack's addresses are not set: run `make up` and source "
@@ -317,7 +318,8 @@ def main(argv: list[str] | None = None) -> Path:
     bench = Bench(params, new_run_id("bench"), main_stack, args.durable_stack,
                   frozenset(args.steady.split(",")) if args.steady else frozenset(), args.keep_topics,
                   args.peer_requests)
-    results = {name: CHOICES[name].run(bench) for name in args.scenarios.split(",")}
+    runs = [{name: CHOICES[name].run(bench, repetition) for name in names}
+            for repetition in range(1, args.repeat + 1)]
     rf = min(3, main_stack.brokers)
     console.rule("[bold]Kafka-level throughput")
     producer = kafka_throughput.compare(main_stack.kafka.default, args.perf_records, 512,
@@ -332,19 +334,22 @@ def main(argv: list[str] | None = None) -> Path:
             spark = spark_partition_load.measure(main_stack.kafka.default, spark_session, args.spark_records,
                                                  partitions=params.partitions, replication=rf,
                                                  workload=spark_partition_load.Workload(repeat=args.spark_repeat))
+    measured = [{n: r.figures for n, r in run.items()} for run in runs]
     summary = {
         "run_id": bench.bench_id, "time_scale": params.time_scale, "ai_capacity_rps": params.ai_capacity_rps,
         "versions": versions(), "params": {**asdict(params), "replication_factor": rf},
-        "scenarios": {n: r.figures for n, r in results.items()},
-        "ratios": ratios({n: r.figures for n, r in results.items()}), "producer_vs_perftest": producer,
+        "repeat": args.repeat, "repetitions": measured,
+        "scenarios": repetitions.scenario_figures(measured), "ratios": repetitions.comparisons(measured),
+        "producer_vs_perftest": producer,
         "pause_benchmark": pause,
         "spark_partition_load": spark,
     }
-    out = report.write(summary, {n: r.completion_times for n, r in results.items()},
-                       {n: r.load_started for n, r in results.items()})
+    out = report.write(summary, [{n: r.completion_times for n, r in run.items()} for run in runs],
+                       [{n: r.load_started for n, r in run.items()} for run in runs])
     report.print_table(summary, console)
-    console.print(f"results in {out} (plots: completions.png, requests_per_partition.png"
-                  f"{', adaptive.png' if any('adaptive' in r.figures for r in results.values()) else ''})")
+    adaptive = any("adaptive" in r.figures for r in runs[0].values())
+    console.print(f"results in {out} (plots: completions.png, ratios.png, requests_per_partition.png"
+                  f"{', adaptive.png' if adaptive else ''})")
     return out
 
 

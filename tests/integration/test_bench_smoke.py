@@ -40,13 +40,25 @@ def smoke(stack: Stack) -> Iterator[tuple[Path, dict]]:
 
 def test_summary_has_every_field(smoke: tuple[Path, dict]) -> None:
     _, summary = smoke
-    assert {"run_id", "time_scale", "ai_capacity_rps", "versions", "params", "scenarios",
-            "producer_vs_perftest", "pause_benchmark"} <= set(summary)
+    assert {"run_id", "time_scale", "ai_capacity_rps", "versions", "params", "repeat", "repetitions",
+            "scenarios", "ratios", "producer_vs_perftest", "pause_benchmark"} <= set(summary)
     assert summary["versions"]["confluent_kafka"] == metadata.version("confluent-kafka")
     assert summary["versions"]["pyspark"] == metadata.version("pyspark")
     assert set(summary["scenarios"]) == set(bench_run.SCENARIOS)
-    for name, figures in summary["scenarios"].items():
+    (run,) = summary["repetitions"]  # the smoke run repeats nothing
+    assert summary["repeat"] == 1 and set(run) == set(bench_run.SCENARIOS)
+    for name, figures in run.items():
         assert set(figures) >= SCENARIO_FIELDS, (name, SCENARIO_FIELDS - set(figures))
+        assert figures["run_id"].endswith(f"-{name}-1")
+        assert {"cpu_busy_pct", "late_wakeups", "probe_wakeups"} <= set(figures["machine"]), name
+        # one repetition: each number its own mean, with no interval to give
+        repeated = summary["scenarios"][name]
+        assert repeated["throughput_rps"] == {"mean": figures["throughput_rps"], "low": None, "high": None,
+                                              "n": 1, "values": [figures["throughput_rps"]]}, name
+        assert "binding_limit" not in repeated and set(repeated) >= SCENARIO_FIELDS - {"binding_limit"}
+    flow_over_baseline = run["flow"]["throughput_rps"] / run["baseline"]["throughput_rps"]
+    assert summary["ratios"]["flow_over_baseline"]["mean"] == pytest.approx(flow_over_baseline, abs=1e-3)
+    assert summary["ratios"]["flow_over_baseline"]["within_noise"] is None
     assert {"project_records_per_s", "perftest_records_per_s", "ratio", "mb_per_s_per_partition"} <= set(
         summary["producer_vs_perftest"])
     assert {"naive_records", "flow_records", "naive_fetch_amplification",
@@ -55,7 +67,7 @@ def test_summary_has_every_field(smoke: tuple[Path, dict]) -> None:
 
 def test_the_steady_phase_says_how_busy_the_machine_was(smoke: tuple[Path, dict]) -> None:
     _, summary = smoke
-    steady = summary["scenarios"]["flow"]["steady"]
+    steady = summary["repetitions"][0]["flow"]["steady"]
     assert steady["lost"] == 0 and steady["overhead_p99_ms"] > 0
     # the probe slept 5 ms at a time for the whole phase, which lasts seconds even in a smoke run
     assert steady["probe_wakeups"] >= 100, steady
@@ -66,7 +78,7 @@ def test_the_steady_phase_says_how_busy_the_machine_was(smoke: tuple[Path, dict]
 def test_counts_add_up(smoke: tuple[Path, dict]) -> None:
     _, summary = smoke
     burst = summary["params"]["burst"]
-    for name, s in summary["scenarios"].items():
+    for name, s in summary["repetitions"][0].items():
         terminal = sum(s["status"].get(k, 0) for k in ("completed", "rejected", "dead_lettered"))
         assert s["produced"] == burst == terminal + s["lost"], name
         assert sum(s["requests_per_partition"]) == burst, name
@@ -76,7 +88,7 @@ def test_counts_add_up(smoke: tuple[Path, dict]) -> None:
 def test_figures_recomputed_from_the_database(stack: Stack, smoke: tuple[Path, dict]) -> None:
     _, summary = smoke
     db = stack.database_url
-    for name, s in summary["scenarios"].items():
+    for name, s in summary["repetitions"][0].items():
         run = s["run_id"]
         # measure/figures.py: completed / (last terminal state - first produce); nothing is rejected
         # or dead-lettered here, so the last terminal state is the last completion
@@ -126,12 +138,13 @@ def test_csv_and_plots_match_the_summary(smoke: tuple[Path, dict]) -> None:
     out, summary = smoke
     with open(out / "completions_per_second.csv") as handle:
         rows = list(csv.DictReader(handle))
-    for name, s in summary["scenarios"].items():
-        assert sum(int(r[name]) for r in rows) == s["completed"], name
+    for name, s in summary["repetitions"][0].items():
+        assert sum(int(r[f"{name}-1"]) for r in rows) == s["completed"], name
     # 9 inches at 110 dpi, each scenario's line or bars drawn (a line is hundreds of pixels)
     for plot in ("completions.png", "requests_per_partition.png"):
         width, _, series = drawn(out / plot)
         assert width == 990 and series > 200, (plot, width, series)
+    assert drawn(out / "ratios.png")[0] == 990  # one repetition: its dots and means, no interval
     assert (out.parent / "latest").resolve() == out.resolve()
 
 

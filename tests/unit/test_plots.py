@@ -95,13 +95,39 @@ def test_capacity_draws_each_step_s_lag_and_its_p99_against_the_objective() -> N
 
 
 def test_the_benchmark_s_completions_are_cumulative_per_second_against_the_capacity_line() -> None:
-    (ax,) = bench_report.completions_figure({"flow": [2, 3, 0, 5], "tuned": [1, 1]}, 2.5).axes
-    flow, tuned, capacity = ax.get_lines()
+    # flow completes 2, 3, 0 and 5 in its first four seconds, tuned 1 and 1; a second
+    # repetition of flow completes 4 in its first second
+    first = {"flow": [100.1, 100.2, 101.1, 101.2, 101.3, *[103.5] * 5], "tuned": [50.5, 51.5]}
+    series, starts = [first, {"flow": [200.5] * 4}], [{"flow": 100.0, "tuned": 50.0}, {"flow": 200.0}]
+    (ax,) = bench_report.completions_figure(series, starts, 2.5).axes
+    flow, tuned, flow_again, capacity = ax.get_lines()
     assert (list(flow.get_xdata()), list(flow.get_ydata())) == ([1, 2, 3, 4], [2, 5, 5, 10])
     assert list(tuned.get_ydata()) == [1, 2]
+    assert list(flow_again.get_ydata()) == [4]
+    assert flow_again.get_color() == flow.get_color() != tuned.get_color()
     assert (list(capacity.get_xdata()), list(capacity.get_ydata())) == ([0, 4], [0, 10.0])  # 4 s at 2.5/s
     assert ax.get_ylim() == pytest.approx((0, 10.5))  # 1.05 x the most completed
+    # one legend entry per scenario, not per repetition
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["flow", "tuned", "AI capacity (2.5 rps)"]
+
+
+def test_the_benchmark_s_ratios_draw_each_interval_its_repetitions_and_its_mean() -> None:
+    ratios = {"flow_over_baseline": {"mean": 2.2, "low": 1.5, "high": 2.9, "values": [2.5, 2.0, 2.1]},
+              "share_over_flow": None,  # not run: not drawn
+              "durable_minus_flow_utilization_points": {"mean": -5.0, "low": -17.0, "high": 7.0,
+                                                        "values": [-10.0, -5.0, 0.0]}}
+    (ax,) = bench_report.ratios_figure(ratios).axes
+    band, dots, mean, points_band, points_dots, points_mean, none = ax.get_lines()
+    assert (list(band.get_xdata()), list(band.get_ydata())) == ([1.5, 2.9], [0, 0])
+    assert list(dots.get_xdata()) == [2.5, 2.0, 2.1] and list(mean.get_xdata()) == [2.2]
+    # -17 and +7 points drawn as 1 - 0.17 and 1 + 0.07 on the ratios' axis, at the second row
+    assert list(points_band.get_xdata()) == pytest.approx([0.83, 1.07])
+    assert list(points_band.get_ydata()) == [1, 1]
+    assert list(points_dots.get_xdata()) == pytest.approx([0.9, 0.95, 1.0])
+    assert list(points_mean.get_xdata()) == pytest.approx([0.95])
+    assert list(none.get_xdata()) == [1.0, 1.0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["flow over baseline",
+                                                             "durable minus flow utilization points"]
 
 
 def test_the_benchmark_s_partitions_draw_each_scenario_s_bars() -> None:
