@@ -324,6 +324,10 @@ def main() -> None:
         signal.signal(sig, lambda *_: stop.set())
     fleet.start()
     log.info("fleet %s running: %s", args.stage, config.stage(args.stage))
+    later = [t for t in config.spec.stages[args.stage].tiers if t != "realtime"]
+    if later:  # declared for the router (consumers.ai.tier_choice), which no stage runs yet
+        log.warning("stage %s lists the %s tiers: this version calls every record realtime",
+                    args.stage, ", ".join(later))
     # Watch the members while waiting: a process whose member loop died must not run on with
     # fewer members; it exits non-zero (EX_SOFTWARE) so its supervisor starts it again.
     failure: RuntimeError | None = None

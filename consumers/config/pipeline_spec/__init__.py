@@ -4,7 +4,8 @@ The runtime (`consumers.runtime.stages`), provisioning, the ACLs, the load sourc
 read everything pipeline-specific from a `PipelineSpec`, so a team brings its own workload by
 writing a spec, not by changing the platform. The package: the models (`models`), the checks
 across fields (`validation`), the provider quotas endpoints of several pipelines share
-(`quota`, one file each in `pipelines/quotas/`), the code a spec names (`references`), a
+(`quota`, one file each in `pipelines/quotas/`), the tiers endpoints sell and the deadlines
+stages declare (`tiers`), the code a spec names (`references`), a
 candidate configuration's changes to its stages' AI work (`work_changes`), where specs and
 quotas are found (`files`), and a command to check one
 (`python -m consumers.config.pipeline_spec check <spec>|quotas/<name>`).

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from consumers.config.pipeline_spec.base import Model, Name, Scalar
+from consumers.config.pipeline_spec.tiers import Price, Tiers
 
 Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
 
@@ -51,15 +52,6 @@ class StandIn(Model):
     answers: Annotated[list[Answer], Field(min_length=1)]
 
 
-class Price(Model):
-    """What an endpoint charges per 1,000 input and output tokens, from its provider's price
-    list: the cost figures (`measure.cost`) price a call's tokens with it when no gateway
-    reported the call's cost."""
-
-    input_per_1k: Annotated[float, Field(ge=0)]
-    output_per_1k: Annotated[float, Field(ge=0)]
-
-
 class EndpointSpec(Model):
     """An AI endpoint: the Airflow connection that says where it is, its path and its limits."""
 
@@ -74,7 +66,8 @@ class EndpointSpec(Model):
     requests_per_minute: PositiveInt | None = None
     tokens_per_minute: PositiveInt | None = None
     tokens: Literal["input", "output", "total"] = "total"
-    price: Price | None = None  # None: the calls' cost is known only where a gateway reports it
+    price: Price | None = None  # realtime's; None: the calls' cost is known only where a gateway reports it
+    tiers: Tiers = Tiers()  # what its provider sells besides realtime, for records that can wait
     latency: Latency
     headers: dict[str, str] = {}  # sent with every call (never a key: that is the connection's)
     # How the project's stand-in serves it; an endpoint without one is a real API only.

@@ -17,6 +17,7 @@ from consumers.config import http_work
 from consumers.config.pipeline_spec.base import NAME, Model, Name, Scalar
 from consumers.config.pipeline_spec.endpoints import EndpointSpec
 from consumers.config.pipeline_spec.references import exception_class
+from consumers.config.pipeline_spec.tiers import Deadline, TierName
 
 DEAD_LETTER = "dlq"  # every pipeline's dead-letter topic: <prefix>.dlq
 # Fields the runtime itself relies on in every event, beside the pipeline's key.
@@ -163,6 +164,9 @@ class StageSpec(Model):
     routes: list[Route] = []
     retry: Retry = Retry()
     timeout_s: PositiveFloat = 10.0
+    # The tiers of its endpoint it may call (`tiers.py`), and when its answers are due.
+    tiers: Annotated[list[TierName], Field(min_length=1)] = ["realtime"]
+    deadline: Deadline | None = None
 
     def free_text_field(self, key: str) -> str | None:
         """A plain string field of the events (no pattern, no enum; not the key or the run id):

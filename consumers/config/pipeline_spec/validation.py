@@ -23,6 +23,7 @@ from consumers.config.pipeline_spec.models import (
     SpecError,
 )
 from consumers.config.pipeline_spec.references import exception_class, resolve
+from consumers.config.pipeline_spec.tiers import endpoint_tier_checks, stage_tier_checks
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -121,6 +122,8 @@ def cross_checks(spec: PipelineSpec) -> Iterable[tuple[str, str]]:
             yield f"endpoints.{name}.latency.p99_s", "a lognormal latency needs a p99 above its median"
         if endpoint.model and endpoint.stand_in and endpoint.stand_in.protocol != "openai_chat":
             yield f"endpoints.{name}.model", "the stand-in tells apart by model only openai_chat endpoints"
+        yield from endpoint_tier_checks(name, endpoint)
+    yield from stage_tier_checks(spec)
 
 
 def http_problems(work: HttpWork, model: str | None) -> Iterable[tuple[str, str]]:
