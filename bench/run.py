@@ -106,7 +106,7 @@ class Bench:
     steady: frozenset[str]  # the scenarios that first take a steady load
     keep_topics: bool
     peer_requests: int  # 0: the burst
-    warmed: set[str] = field(default_factory=set)  # the stacks' bootstrap addresses
+    warmed: set[str] = field(default_factory=set)  # the main stack's bootstrap once warmed
 
     def run_id(self, name: str, repetition: int) -> str:
         """The run id of one scenario's repetition (counted from 1)."""
@@ -131,8 +131,9 @@ class Scenario:
     def run(self, bench: Bench, repetition: int) -> ScenarioResult:
         with scenario_stack(self.brokers, bench.main, bench.durable_stack) as where:
             p = replace(bench.params, replication_factor=min(3, where.brokers))
-            if where.kafka.bootstrap not in bench.warmed:
-                warm_up(p, bench.bench_id, where)
+            # a stack started for this scenario alone has new JVMs at every repetition
+            if where is not bench.main or where.kafka.bootstrap not in bench.warmed:
+                warm_up(p, bench.run_id(f"warm-up-{where.brokers}", repetition), where)
                 bench.warmed.add(where.kafka.bootstrap)
             return ScenarioResult.of(run_scenario(self, p, bench.run_id(self.name, repetition), where,
                                                   self.name in bench.steady, bench.keep_topics))
@@ -182,7 +183,7 @@ def burst_timeout_s(p: presets.PresetParams) -> float:
     return 60 + 1.5 * p.burst * calls_s * p.time_scale
 
 
-def warm_up(p: presets.PresetParams, bench_id: str, stack: Stack) -> None:
+def warm_up(p: presets.PresetParams, run_id: str, stack: Stack) -> None:
     """Half a burst of `flow` through a stack before its first scenario, measured by no one: a
     broker's first minutes of traffic run on code its JVM has not compiled yet
     (docs/benchmarks.md#the-scenarios)."""
@@ -190,7 +191,7 @@ def warm_up(p: presets.PresetParams, bench_id: str, stack: Stack) -> None:
     configure_ai(stack.ai_url, warm.stand_in_settings())
     console.rule(f"[bold]warm-up of {stack.kafka.bootstrap}")
     with running_pipeline(presets.build("flow", warm), stack.kafka, stack.database_url,
-                          stack.endpoints(warm.spec), run_id=f"{bench_id}-warm-up-{stack.brokers}",
+                          stack.endpoints(warm.spec), run_id=run_id,
                           scenario="warm-up", fleet_processes=True) as pipeline:
         pipeline.send(warm.burst, progress=True)
         pipeline.wait_terminal(warm.burst, burst_timeout_s(warm), progress=True)
