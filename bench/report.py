@@ -237,6 +237,11 @@ def _field(scenario: dict[str, Any], *path: str) -> str:
     return str(found)
 
 
+def _cpu(scenario: dict[str, Any]) -> str:
+    spent = scenario.get("cpu_s") or {}
+    return ", ".join(f"{role} {seconds:g}" for role, seconds in list(spent.items())[:4]) or "-"
+
+
 def _cost(scenario: dict[str, Any], key: str) -> str:
     return cost.shown(scenario["cost"][key]) if "cost" in scenario else "-"
 
@@ -309,6 +314,7 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
     for figure in MACHINE_COLUMNS:
         table.add_row(f"burst: machine {figure}",
                       *each(_field, "machine", figure))
+    table.add_row("burst: CPU s by process (the four busiest)", *each(_cpu))
     table.add_row("stand-in served/s on the binding endpoint over the span", *each(_served))
     table.add_row("429s / calls per endpoint (share)", *each(_overload))
     if any("peer" in s for run in runs for s in run.values()):

@@ -18,7 +18,8 @@ platform's own overhead apart from the burst's queueing, beside how much the mac
 process with no work of its own meanwhile (bench/machine_noise.py).
 Each stack takes an unmeasured half burst before its first scenario, so that no scenario meets
 brokers whose JVMs have not compiled their hot code yet. The scenarios run `--repeat` times,
-interleaved (each once, then each again), every burst beside the machine's noise; each figure
+interleaved (each once, then each again), every burst beside the machine's noise and the CPU
+each kind of process spent in it (bench/process_cpu.py); each figure
 and each ratio between scenarios is reported as a mean with its 95 % interval
 (bench/repetitions.py).
 Figures are computed from the database and Kafka (bench/figures.py); results go to
@@ -46,6 +47,7 @@ from bench import (
     kafka_throughput,
     machine_noise,
     pause_benchmark,
+    process_cpu,
     repetitions,
     report,
     spark_partition_load,
@@ -216,7 +218,7 @@ def run_scenario(scenario: Scenario, p: presets.PresetParams, run_id: str, stack
         if schedule:
             configure_ai(stack.ai_url, {p.bottleneck: {"limit_schedule": schedule}})
         schedule_at = time.time()
-        with machine_noise.measured() as noise:
+        with machine_noise.measured() as noise, process_cpu.measured() as spent:
             sent = pipeline.send(p.burst, progress=True)
             counts = pipeline.wait_terminal(p.burst, timeout_s, progress=True)
         # One more statistics emission from every member: its last snapshot is written at close.
@@ -243,6 +245,7 @@ def run_scenario(scenario: Scenario, p: presets.PresetParams, run_id: str, stack
         remove_pipeline(pipeline.topics, stack.kafka)
     result["brokers"] = stack.brokers
     result["machine"] = noise.figures
+    result["cpu_s"] = spent.cpu_s
     result["load_started"] = schedule_at
     return result
 

@@ -51,6 +51,8 @@ def test_summary_has_every_field(smoke: tuple[Path, dict]) -> None:
         assert set(figures) >= SCENARIO_FIELDS, (name, SCENARIO_FIELDS - set(figures))
         assert figures["run_id"].endswith(f"-{name}-1")
         assert {"cpu_busy_pct", "late_wakeups", "probe_wakeups"} <= set(figures["machine"]), name
+        # the burst kept the brokers and the pipeline's own processes busy, each seen by its role
+        assert figures["cpu_s"].get("brokers", 0) > 0 and figures["cpu_s"].get("pipeline", 0) > 0, name
         # one repetition: each number its own mean, with no interval to give
         repeated = summary["scenarios"][name]
         assert repeated["throughput_rps"] == {"mean": figures["throughput_rps"], "low": None, "high": None,
