@@ -32,6 +32,14 @@ endpoint whose `stand_in` says `protocol: openai_chat` speaks OpenAI's chat comp
 (`messages` in, `choices` and `usage` out) and takes a time to first token (the spec's latency)
 plus `per_output_token_s` per token it writes.
 
+OpenAI's Batch API is served for the chat endpoints (`consumers.stand_in.batches`): a JSONL
+file uploaded to `/v1/files`, a batch created on `/v1/batches`, polled on `/v1/batches/<id>`,
+answered in `/v1/files/<id>/content` by `custom_id`, with a drawn turnaround, a queue limit
+and the ways a batch fails (`failed` at validation, `expired` half done, lines with errors, 500
+on create), all set at run time under `batches` in `PUT /v1/config`. A batch's answers are its
+endpoints' served calls: a request answered by a batch and again realtime counts in
+`duplicate_served`.
+
 Accounts meter as providers do, per organization and model, not per path
 (`consumers.stand_in.accounts`): the endpoints whose `account` (their spec's `quota`) names one
 share its meter, `concurrency` calls at once across them and per-minute budgets as an endpoint's,

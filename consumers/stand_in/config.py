@@ -22,7 +22,8 @@ CHAT_FIELDS = ("model", "user", "content")  # what a chat request offers its ans
 # The service's own paths (consumers.stand_in.server's routes); an endpoint may not take one.
 STATS, STATS_RESET, CONFIG = "/v1/stats", "/v1/stats/reset", "/v1/config"
 HEALTH, METRICS = "/healthz", "/metrics"
-SERVICE_PATHS = (STATS, STATS_RESET, CONFIG, HEALTH, METRICS)
+FILES, BATCHES = "/v1/files", "/v1/batches"  # OpenAI's Batch API (consumers.stand_in.batches)
+SERVICE_PATHS = (STATS, STATS_RESET, CONFIG, HEALTH, METRICS, FILES, BATCHES)
 
 
 class ConfigError(ValueError):
@@ -254,7 +255,7 @@ class AccountConfig:
 
 
 # Endpoint names that would be ambiguous in /v1/stats or in a PUT /v1/config body.
-RESERVED_NAMES = frozenset({"service", "accounts", "endpoint", "time_scale",
+RESERVED_NAMES = frozenset({"service", "accounts", "batches", "endpoint", "time_scale",
                             *(f.name for f in fields(EndpointConfig))})
 
 

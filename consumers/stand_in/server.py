@@ -15,8 +15,11 @@ from urllib.parse import urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from consumers.stand_in.accounts import ANONYMOUS
+from consumers.stand_in.batches import INVALID, error_body
 from consumers.stand_in.config import (
+    BATCHES,
     CONFIG,
+    FILES,
     HEALTH,
     METRICS,
     STATS,
@@ -30,6 +33,7 @@ from consumers.stand_in.service import Reply, StandIn
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 1024 * 1024
+MAX_UPLOAD_BYTES = 256 * 1024 * 1024  # a batch file (OpenAI takes 200 MB, Anthropic 256 MB)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -59,11 +63,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._dispatch("PUT")
 
     def _dispatch(self, method: str) -> None:
-        body = self._read_body()
+        path = route_key(urlsplit(self.path).path)
+        body = self._read_body(MAX_UPLOAD_BYTES if path == FILES else MAX_BODY_BYTES)
         if body is None:
             return
-        path = route_key(urlsplit(self.path).path)
         methods = self.server.routes.get(path)
+        if methods is None and path.startswith((f"{BATCHES}/", f"{FILES}/")):
+            methods = {"GET": _Handler._batch_get, "POST": _Handler._batch_post}
         if methods is None:
             self._send_json(Reply(404, {"error": "not_found", "path": path}))
         elif method not in methods:
@@ -71,7 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             methods[method](self, body)
 
-    def _read_body(self) -> bytes | None:
+    def _read_body(self, max_bytes: int) -> bytes | None:
         """The request body, or None after answering a body the service will not read."""
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             self.close_connection = True
@@ -81,9 +87,9 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length") or 0)
         except ValueError:
             length = -1
-        if not 0 <= length <= MAX_BODY_BYTES:
+        if not 0 <= length <= max_bytes:
             self.close_connection = True
-            self._send_json(Reply(413, {"error": "body_too_large", "max_bytes": MAX_BODY_BYTES}))
+            self._send_json(Reply(413, {"error": "body_too_large", "max_bytes": max_bytes}))
             return None
         return self.rfile.read(length) if length else b""
 
@@ -124,6 +130,48 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send_json(Reply(200, self.standin.stats()))
 
+    def _upload(self, body: bytes) -> None:
+        if self._admin_allowed():
+            self._send_json(Reply(*self.standin.batches.upload(self.headers.get("Content-Type", ""), body)))
+
+    def _create_batch(self, body: bytes) -> None:
+        if not self._admin_allowed():
+            return
+        try:
+            request = json.loads(body or b"{}")
+        except ValueError:
+            request = None
+        if not isinstance(request, dict):
+            self._send_json(Reply(400, error_body(INVALID, "a batch is created from a JSON object")))
+            return
+        self._send_json(Reply(*self.standin.batches.create(request)))
+
+    def _batch_get(self, _body: bytes) -> None:
+        """GET /v1/batches/<id>, or a file's content at /v1/files/<id>/content."""
+        if not self._admin_allowed():
+            return
+        parts = route_key(urlsplit(self.path).path).split("/")  # "", "v1", kind, id[, action]
+        if parts[2] == "batches" and len(parts) == 4:
+            self._send_json(Reply(*self.standin.batches.retrieve(parts[3])))
+        elif parts[2] == "files" and len(parts) == 5 and parts[4] == "content":
+            content = self.standin.batches.content(parts[3])
+            if content is None:
+                self._send_json(Reply(404, error_body(INVALID, "no such file")))
+            else:
+                self._send(200, content, "application/jsonl")
+        else:
+            self._send_json(Reply(404, {"error": "not_found"}))
+
+    def _batch_post(self, _body: bytes) -> None:
+        """POST /v1/batches/<id>/cancel."""
+        if not self._admin_allowed():
+            return
+        parts = route_key(urlsplit(self.path).path).split("/")
+        if parts[2] == "batches" and len(parts) == 5 and parts[4] == "cancel":
+            self._send_json(Reply(*self.standin.batches.cancel(parts[3])))
+        else:
+            self._send_json(Reply(404, {"error": "not_found"}))
+
     def _health(self, _body: bytes) -> None:
         self._send_json(Reply(200, {"status": "ok"}))
 
@@ -156,6 +204,8 @@ ROUTES: dict[str, dict[str, Route]] = {  # the service's own; each endpoint adds
     CONFIG: {"PUT": _Handler._config},
     HEALTH: {"GET": _Handler._health},
     METRICS: {"GET": _Handler._metrics},
+    FILES: {"POST": _Handler._upload},
+    BATCHES: {"POST": _Handler._create_batch},
 }
 
 

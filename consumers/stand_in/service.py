@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from consumers.stand_in.accounts import ANONYMOUS, REFUSAL_KINDS, Account, Claim
+from consumers.stand_in.batches import Batches
 from consumers.stand_in.calls import BadRequest, Call, echo, prepare
 from consumers.stand_in.config import (
     SPEC_SETTINGS,
@@ -68,12 +69,18 @@ class StandIn:
         self._seed = config.seed
         self._config_lock = threading.Lock()
         self.stopping = threading.Event()
+        self.batches = Batches(self._by_path_and_model, lambda: self._time_scale, clock, time.time,
+                               config.seed)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
     @property
     def time_scale(self) -> float:
         return self._time_scale
+
+    def _by_path_and_model(self) -> dict[tuple[str, str | None], SimulatedEndpoint]:
+        """The endpoints as a batch line names one: by its url and its body's model."""
+        return {(e.config.path, e.config.model): e for e in self.endpoints.values()}
 
     def authorized(self, authorization: str | None) -> bool:
         if not self._token:
@@ -146,11 +153,13 @@ class StandIn:
                              "seed": self._seed}
         result["accounts"] = {name: {**account.snapshot(), "endpoints": self._members[name]}
                               for name, account in self.accounts.items()}
+        result["batches"] = self.batches.snapshot()
         return result
 
     def reset(self) -> None:
         for endpoint in self.endpoints.values():
             endpoint.reset()
+        self.batches.reset()
         for account in self.accounts.values():
             account.reset()
 
@@ -159,11 +168,19 @@ class StandIn:
         with self._config_lock:
             changes = dict(changes)
             accounts = self._planned_accounts(changes.pop("accounts", {}))
+            batches = changes.pop("batches", {})
+            if not isinstance(batches, dict):
+                raise ConfigError("batches must be an object of batch settings")
+            try:
+                batch_config = replace(self.batches.config, **batches)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"batches: {exc}") from None
             time_scale, configs = self._planned(changes)
             for name, config in configs.items():
                 self.endpoints[name].reconfigure(config)
             for name, account in accounts.items():
                 self.accounts[name].reconfigure(account)
+            self.batches.config = batch_config
             if time_scale is not None:
                 self._time_scale = time_scale
 

@@ -290,7 +290,7 @@ def test_stats_reset_zeroes_counters_and_peak(start: Start) -> None:
     assert (before["served"], before["bad_requests"], before["max_in_flight"]) == (1, 1, 1)
     requests.post(f"{base}/v1/stats/reset", timeout=5).raise_for_status()
     after = stats(base)
-    assert set(after) == {*NAMES, "service", "accounts"} and after["accounts"] == {}
+    assert set(after) == {*NAMES, "service", "accounts", "batches"} and after["accounts"] == {}
     for name in NAMES:
         counters = {k: v for k, v in after[name].items() if k not in ("config", "limit_in_force")}
         assert set(counters.values()) == {0}, counters

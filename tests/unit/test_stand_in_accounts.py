@@ -210,7 +210,7 @@ def test_the_stats_show_each_account_and_its_callers_and_a_reset_zeroes_them() -
     assert standin.call("b", None, BODY, "bob").status == 200
     clock.now = 2.0
     stats = standin.stats()
-    assert set(stats) == {"a", "b", "service", "accounts"}
+    assert set(stats) == {"a", "b", "service", "accounts", "batches"}
     flight = {"in_flight": 0, "max_in_flight": 1, "busy_s": 0.0}
     assert stats["accounts"] == {"acme": {
         "config": {"name": "acme", "concurrency": 2, "requests_per_minute": 60, "tokens_per_minute": None,
