@@ -29,6 +29,7 @@ from consumers.stand_in.cli import config_from_args, parser
 from consumers.stand_in.config import ConfigError, EndpointConfig, ServiceConfig
 from consumers.stand_in.endpoint import Refusal, SimulatedEndpoint, sample_latency
 from consumers.stand_in.server import serve
+from tests.hand_clock import HandClock
 from tests.recorded_tries import Tries
 
 SCALE = 0.1
@@ -298,7 +299,7 @@ def test_stats_reset_zeroes_counters_and_peak(start: Start) -> None:
 
 
 def test_a_limit_schedule_changes_the_limit_at_its_scaled_times() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     schedule = [[10, 1], [20, 2]]  # JSON's lists, as PUT /v1/config brings them
     endpoint = SimulatedEndpoint("check", replace(CONFIGS["check"], limit=2, limit_schedule=schedule), seed=1,
                         clock=clock)
@@ -388,16 +389,9 @@ def test_duplicate_served_counts_repeats_per_request_id_and_endpoint(start: Star
     assert stats(base)["check"]["duplicate_served"] == 0  # the reset forgot that a was served
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 def test_rate_limit_is_a_token_bucket_with_retry_after_until_the_next_token() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     endpoint = SimulatedEndpoint("check", replace(CONFIGS["check"], rate_limit_rps=2.0, rate_burst=3), seed=1,
                         clock=clock)
     outcomes = [endpoint.admit(1.0) for _ in range(5)]
@@ -414,7 +408,7 @@ def test_rate_limit_is_a_token_bucket_with_retry_after_until_the_next_token() ->
 
 
 def test_rate_limit_follows_the_time_scale() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     endpoint = SimulatedEndpoint("check", replace(CONFIGS["check"], rate_limit_rps=2.0), seed=1, clock=clock)
     assert isinstance(endpoint.admit(0.5), EndpointConfig)
     assert endpoint.admit(0.5) == Refusal("rate_limited", 0.25)  # 2/s at 0.5x is 4 per wall second
@@ -423,7 +417,7 @@ def test_rate_limit_follows_the_time_scale() -> None:
 
 
 def test_a_request_refused_for_concurrency_keeps_its_token() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     config = replace(CONFIGS["generate"], latency_s=3.0, limit=1, rate_limit_rps=1.0, rate_burst=2)
     endpoint = SimulatedEndpoint("generate", config, seed=1, clock=clock)
     assert isinstance(endpoint.admit(1.0), EndpointConfig)
@@ -642,7 +636,7 @@ def test_a_try_is_recorded_as_sent_once_it_holds_its_permit_and_timed_from_its_s
 # Budgets, as providers meter them: hand-computed on an injected clock, then over HTTP.
 
 def test_a_requests_budget_admits_a_full_bucket_then_one_call_per_refill() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     endpoint = SimulatedEndpoint("check", replace(CONFIGS["check"], limit=100, requests_per_minute=60),
                                  seed=1, clock=clock)
     scale = 0.5  # 60 per minute is 1 per real-scale second: 2 per wall second at 0.5x
@@ -662,7 +656,7 @@ def test_a_requests_budget_admits_a_full_bucket_then_one_call_per_refill() -> No
 
 
 def test_a_tokens_budget_charges_the_estimate_and_is_corrected_to_the_answer() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     config = replace(CONFIGS["check"], tokens_per_minute=600)  # 10 tokens per second at 1x
     endpoint = SimulatedEndpoint("check", config, seed=1, clock=clock)
     assert isinstance(endpoint.admit(1.0, input_tokens=100, output_tokens=400), EndpointConfig)
@@ -686,7 +680,7 @@ def test_a_tokens_budget_charges_the_estimate_and_is_corrected_to_the_answer() -
 
 
 def test_a_reset_starts_a_measurement_with_the_budgets_and_the_rate_limit_full() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     config = replace(CONFIGS["check"], limit=100, requests_per_minute=2, tokens_per_minute=60,
                      rate_limit_rps=1.0, rate_burst=1)
     endpoint = SimulatedEndpoint("check", config, seed=1, clock=clock)
@@ -705,14 +699,14 @@ def test_a_reset_starts_a_measurement_with_the_budgets_and_the_rate_limit_full()
 
 def test_a_budget_refusal_carries_no_retry_after_when_configured_so() -> None:
     config = replace(CONFIGS["check"], requests_per_minute=1, retry_after_on_budget=False)
-    endpoint = SimulatedEndpoint("check", config, seed=1, clock=FakeClock())
+    endpoint = SimulatedEndpoint("check", config, seed=1, clock=HandClock())
     assert isinstance(endpoint.admit(1.0), EndpointConfig)
     assert endpoint.admit(1.0) == Refusal("rate_limited_requests", None)
 
 
 def test_a_request_refused_for_concurrency_takes_nothing_from_the_budgets() -> None:
     config = replace(CONFIGS["check"], limit=1, requests_per_minute=60, tokens_per_minute=60)
-    endpoint = SimulatedEndpoint("check", config, seed=1, clock=FakeClock())
+    endpoint = SimulatedEndpoint("check", config, seed=1, clock=HandClock())
     assert isinstance(endpoint.admit(1.0, 5, 5), EndpointConfig)
     refused = endpoint.admit(1.0, 5, 5)
     assert refused == Refusal("rejected_429", 0.5) and isinstance(refused, Refusal)

@@ -7,19 +7,12 @@ from __future__ import annotations
 import pytest
 
 from consumers.ai.circuit import CLOSED, HALF_OPEN, OPEN, Circuit
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.hand_clock import HandClock
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> HandClock:
+    return HandClock(100.0)
 
 
 def served(circuit: Circuit, requests: range | list[str], latency_s: float = 0.5) -> None:
@@ -27,7 +20,7 @@ def served(circuit: Circuit, requests: range | list[str], latency_s: float = 0.5
         assert circuit.ended(str(request), "ok", latency_s) is False
 
 
-def test_an_outage_after_steady_traffic_opens_at_the_twentieth_failure(clock: Clock) -> None:
+def test_an_outage_after_steady_traffic_opens_at_the_twentieth_failure(clock: HandClock) -> None:
     circuit = Circuit(clock=clock)
     served(circuit, range(20))
     # The last 20 calls hold k failures and 20 - k answers: open once all 20 failed.
@@ -39,7 +32,7 @@ def test_an_outage_after_steady_traffic_opens_at_the_twentieth_failure(clock: Cl
 
 
 @pytest.mark.parametrize("failing", [2, 12, 19])  # 10 %, 60 %, 95 % of the calls
-def test_scattered_errors_never_open_it(clock: Clock, failing: int) -> None:
+def test_scattered_errors_never_open_it(clock: HandClock, failing: int) -> None:
     circuit = Circuit(clock=clock)
     for round_ in range(50):
         for i in range(20):
@@ -50,7 +43,7 @@ def test_scattered_errors_never_open_it(clock: Clock, failing: int) -> None:
     assert circuit.state == CLOSED and circuit.openings == 0
 
 
-def test_one_or_two_requests_failing_alone_are_their_own_business(clock: Clock) -> None:
+def test_one_or_two_requests_failing_alone_are_their_own_business(clock: HandClock) -> None:
     circuit = Circuit(clock=clock)
     assert all(circuit.ended(request, "http_5xx", 0.5) for request in ["a", "b"] * 10)
     assert circuit.state == CLOSED
@@ -59,13 +52,13 @@ def test_one_or_two_requests_failing_alone_are_their_own_business(clock: Clock) 
     assert circuit.serving()
 
 
-def test_three_requests_failing_with_nothing_served_open_it(clock: Clock) -> None:
+def test_three_requests_failing_with_nothing_served_open_it(clock: HandClock) -> None:
     circuit = Circuit(clock=clock)
     assert [circuit.ended(r, "connection_error", 0.0) for r in "abc"] == [True, True, False]
     assert circuit.state == OPEN
 
 
-def test_calls_older_than_the_window_are_forgotten(clock: Clock) -> None:
+def test_calls_older_than_the_window_are_forgotten(clock: HandClock) -> None:
     circuit = Circuit(clock=clock)
     circuit.ended("a", "http_5xx", 0.5)
     circuit.ended("b", "http_5xx", 0.5)
@@ -74,7 +67,7 @@ def test_calls_older_than_the_window_are_forgotten(clock: Clock) -> None:
     assert circuit.state == CLOSED
 
 
-def test_429s_and_calls_not_sent_say_nothing_of_its_health(clock: Clock) -> None:
+def test_429s_and_calls_not_sent_say_nothing_of_its_health(clock: HandClock) -> None:
     circuit = Circuit(clock=clock)
     for request in "abcdef":
         assert circuit.ended(request, "http_429", 0.01) is False
@@ -82,7 +75,7 @@ def test_429s_and_calls_not_sent_say_nothing_of_its_health(clock: Clock) -> None
     assert circuit.state == CLOSED
 
 
-def open_circuit(clock: Clock) -> Circuit:
+def open_circuit(clock: HandClock) -> Circuit:
     circuit = Circuit(clock=clock)
     served(circuit, ["warm"], latency_s=0.4)  # probe patience: 3 x 0.4 = 1.2 s
     for request in "abcdefghijklmnopqrstu":
@@ -93,7 +86,7 @@ def open_circuit(clock: Clock) -> Circuit:
     return circuit
 
 
-def test_one_probe_at_a_time_after_the_open_time(clock: Clock) -> None:
+def test_one_probe_at_a_time_after_the_open_time(clock: HandClock) -> None:
     circuit = open_circuit(clock)
     clock.now += 0.49
     assert not circuit.admit("a")
@@ -107,7 +100,7 @@ def test_one_probe_at_a_time_after_the_open_time(clock: Clock) -> None:
     assert circuit.state == CLOSED and circuit.admit("b") and circuit.serving()
 
 
-def test_a_failed_probe_opens_it_for_twice_as_long_up_to_two_seconds(clock: Clock) -> None:
+def test_a_failed_probe_opens_it_for_twice_as_long_up_to_two_seconds(clock: HandClock) -> None:
     circuit = open_circuit(clock)
     for open_s in (1.0, 2.0, 2.0):  # after 0.5 s, then doubled, capped
         clock.now += 3.0
@@ -120,7 +113,7 @@ def test_a_failed_probe_opens_it_for_twice_as_long_up_to_two_seconds(clock: Cloc
         assert circuit.state == HALF_OPEN
 
 
-def test_a_probe_that_hangs_lets_the_next_one_go_after_three_latencies(clock: Clock) -> None:
+def test_a_probe_that_hangs_lets_the_next_one_go_after_three_latencies(clock: HandClock) -> None:
     circuit = open_circuit(clock)
     clock.now += 0.5
     assert circuit.admit("a")
@@ -134,7 +127,7 @@ def test_a_probe_that_hangs_lets_the_next_one_go_after_three_latencies(clock: Cl
     assert circuit.state == CLOSED
 
 
-def test_transitions_are_kept_for_the_record(clock: Clock) -> None:
+def test_transitions_are_kept_for_the_record(clock: HandClock) -> None:
     circuit = open_circuit(clock)
     clock.now += 0.5
     circuit.admit("a")

@@ -11,16 +11,10 @@ from consumers.ai.limit import NOT_SENT, AdaptiveLimit
 from consumers.ai.rate_budget import RateBudget
 from consumers.quota.holder import QuotaHolder
 from consumers.quota.leases import CALLS, REQUESTS, Holder, Limits
+from tests.hand_clock import HandClock
 
 WHO = Holder("q", "h1", "p", "stage", "run", "standard", 1.0, lease_s=3.0, drain_s=10.0)
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Store:
@@ -38,25 +32,25 @@ class Store:
         return dict(self.grant)
 
 
-def fixed(clock: Clock) -> AdaptiveLimit:
+def fixed(clock: HandClock) -> AdaptiveLimit:
     """48 calls at once, on the clock the lease's end is read on."""
     return AdaptiveLimit(initial=48, minimum=48, maximum=48, clock=clock)
 
 
-def holder(store: Store, clock: Clock, limiter: AdaptiveLimit, budget: RateBudget | None = None,
+def holder(store: Store, clock: HandClock, limiter: AdaptiveLimit, budget: RateBudget | None = None,
            declared: Limits | None = None) -> QuotaHolder:
     return QuotaHolder(store, WHO, declared or Limits(calls=64), pool=48,  # type: ignore[arg-type]
                        limiter=limiter, budget=budget, clock=clock)
 
 
 def test_nothing_is_called_before_the_first_renewal() -> None:
-    limiter = fixed(Clock())
-    holder(Store(), Clock(), limiter)
+    limiter = fixed(HandClock(100.0))
+    holder(Store(), HandClock(100.0), limiter)
     assert limiter.spare() == 0
 
 
 def test_the_grant_caps_the_limit_until_the_lease_ends() -> None:
-    clock, store = Clock(), Store()
+    clock, store = HandClock(100.0), Store()
     limiter = fixed(clock)
     quota = holder(store, clock, limiter)
     store.grant = {CALLS: 20}
@@ -69,7 +63,7 @@ def test_the_grant_caps_the_limit_until_the_lease_ends() -> None:
 
 
 def test_a_failed_renewal_keeps_the_grant_within_the_lease_and_drops_the_budgets_after() -> None:
-    clock, store = Clock(), Store()
+    clock, store = HandClock(100.0), Store()
     limiter = fixed(clock)
     budget = RateBudget(clock=clock)
     quota = holder(store, clock, limiter, budget, Limits(calls=64, requests=600))
@@ -86,7 +80,7 @@ def test_a_failed_renewal_keeps_the_grant_within_the_lease_and_drops_the_budgets
 
 
 def test_waiting_callers_ask_for_the_whole_pool_and_idle_ones_for_what_they_use() -> None:
-    clock, store = Clock(), Store()
+    clock, store = HandClock(100.0), Store()
     limiter = fixed(clock)
     quota = holder(store, clock, limiter)
     store.grant = {CALLS: 8}
@@ -107,7 +101,7 @@ def test_waiting_callers_ask_for_the_whole_pool_and_idle_ones_for_what_they_use(
 
 
 def test_the_request_rate_asked_for_is_the_rate_in_use_with_headroom() -> None:
-    clock, store = Clock(), Store()
+    clock, store = HandClock(100.0), Store()
     limiter = fixed(clock)
     budget = RateBudget(requests_per_minute=1200, clock=clock)
     quota = holder(store, clock, limiter, budget, Limits(calls=64, requests=1200))
@@ -122,7 +116,7 @@ def test_the_request_rate_asked_for_is_the_rate_in_use_with_headroom() -> None:
 
 
 def test_announced_limits_lower_the_declared_ones() -> None:
-    clock, store = Clock(), Store()
+    clock, store = HandClock(100.0), Store()
     limiter = fixed(clock)
     budget = RateBudget(clock=clock)
     _, spent = budget.try_take(1)
@@ -136,7 +130,7 @@ def test_announced_limits_lower_the_declared_ones() -> None:
 def test_a_share_of_a_budget_the_endpoint_never_announced_refills_at_the_share() -> None:
     # 120 requests a minute granted, nothing known of the endpoint's own budget: empty at first,
     # then one request every 0.5 s.
-    clock, store = Clock(), Store()
+    clock, store = HandClock(100.0), Store()
     budget = RateBudget(clock=clock)
     quota = holder(store, clock, fixed(clock), budget, Limits(requests=600))
     store.grant = {REQUESTS: 120}
@@ -148,7 +142,7 @@ def test_a_share_of_a_budget_the_endpoint_never_announced_refills_at_the_share()
 
 
 def test_calls_asked_for_follow_the_most_out_in_the_last_five_seconds() -> None:
-    clock, store = Clock(), Store()
+    clock, store = HandClock(100.0), Store()
     limiter = fixed(clock)
     quota = holder(store, clock, limiter)
     store.grant = {CALLS: 16}

@@ -12,18 +12,11 @@ import pytest
 from consumers.ai.client import CONCURRENCY, refusal_kind
 from consumers.ai.meters import PeriodBudget, RefilledBudget
 from consumers.ai.rate_budget import REQUESTS, TOKENS, Estimate, RateBudget, Spent, duration_s
-
-
-class Clock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from tests.hand_clock import HandClock
 
 
 def test_a_declared_budget_is_spent_then_refilled_over_its_minute(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
+    clock = HandClock()
     slept: list[float] = []
 
     def sleep(seconds: float) -> None:
@@ -41,7 +34,7 @@ def test_a_declared_budget_is_spent_then_refilled_over_its_minute(monkeypatch: p
 
 
 def test_tokens_wait_for_the_estimate_and_the_answer_corrects_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
+    clock = HandClock()
     monkeypatch.setattr("consumers.ai.rate_budget.time.sleep", lambda s: setattr(clock, "now", clock.now + s))
     budget = RateBudget(tokens_per_minute=600, clock=clock)  # 10 tokens a second
     payload = {"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 100}
@@ -55,7 +48,7 @@ def test_tokens_wait_for_the_estimate_and_the_answer_corrects_it(monkeypatch: py
 
 
 def test_announced_budgets_are_learned_with_their_refill_from_the_reset() -> None:
-    clock = Clock()
+    clock = HandClock()
     budget = RateBudget(clock=clock)
     assert budget.known == {}
     # 60 a minute announced, 30 left, full again in 7.5 s: the 30 spent refill in 7.5 s, so
@@ -74,7 +67,7 @@ def openai(remaining: int) -> dict[str, str]:
 
 
 def test_what_the_meter_never_charged_comes_back_with_an_answer_to_a_later_try() -> None:
-    budget = RateBudget(clock=Clock())  # the clock stands still: nothing refills
+    budget = RateBudget(clock=HandClock())  # the clock stands still: nothing refills
     first = budget.take(0)
     budget.observe(openai(59), first)
     level = budget._budgets[REQUESTS]
@@ -95,7 +88,7 @@ def test_what_the_meter_never_charged_comes_back_with_an_answer_to_a_later_try()
 
 
 def test_a_budget_refusal_empties_the_bucket_until_its_retry_after() -> None:
-    clock = Clock()
+    clock = HandClock()
     budget = RateBudget(requests_per_minute=60, clock=clock)
     budget.refused(REQUESTS, 2.0, {}, budget.take(0))
     bucket = budget._budgets[REQUESTS]
@@ -133,7 +126,7 @@ def gateway(limit: int, remaining: int) -> dict[str, str]:
 
 
 def test_a_budget_announced_with_a_reset_is_a_refilled_bucket_and_without_one_a_fixed_period() -> None:
-    budget = RateBudget(clock=Clock())
+    budget = RateBudget(clock=HandClock())
     budget.observe({**gateway(120, 100), "x-ratelimit-limit-tokens": "60000",
                     "x-ratelimit-remaining-tokens": "50000", "x-ratelimit-reset-tokens": "10s"},
                    budget.take(0))
@@ -142,14 +135,14 @@ def test_a_budget_announced_with_a_reset_is_a_refilled_bucket_and_without_one_a_
 
 
 def test_a_full_bucket_announcing_a_reset_of_nothing_is_still_a_refilled_bucket() -> None:
-    budget = RateBudget(clock=Clock())  # a first answer from an idle meter: full, so full again in 0 s
+    budget = RateBudget(clock=HandClock())  # a first answer from an idle meter: full, so full again in 0 s
     budget.observe({"x-ratelimit-limit-tokens": "16000", "x-ratelimit-remaining-tokens": "16000",
                     "x-ratelimit-reset-tokens": "0s"}, budget.take(0))
     assert isinstance(budget._budgets[TOKENS], RefilledBudget)
 
 
 def test_a_fixed_period_is_spent_evenly_and_its_turn_learned_from_the_answers() -> None:
-    clock = Clock()
+    clock = HandClock()
     budget = RateBudget(clock=clock)
     first = budget.take(0)  # nothing known yet: it goes at once
     clock.now = 1.0
@@ -180,7 +173,7 @@ def test_a_fixed_period_is_spent_evenly_and_its_turn_learned_from_the_answers() 
 
 
 def test_a_refusal_from_a_period_already_over_says_nothing_of_the_current_one() -> None:
-    clock = Clock()
+    clock = HandClock()
     budget = RateBudget(clock=clock)
     budget.observe(gateway(120, 119), budget.take(0))  # a period that ends by 60 s
     late = budget.take(0)
@@ -201,7 +194,7 @@ def clock_minute_meter(limit: int, start: float, until: float, members: int, cal
     take `latencies` in turn, 10 ms each way on top, and a refused member backs off 0.5 s.
     Returns the tries served per clock minute (by when the meter counted them) and when each
     refusal came back."""
-    clock = Clock(start)
+    clock = HandClock(start)
     budget = RateBudget(clock=clock)
     counted: Counter[int] = Counter()
     served: Counter[int] = Counter()

@@ -20,6 +20,7 @@ from consumers.stand_in.config import AccountConfig, ConfigError, EndpointConfig
 from consumers.stand_in.endpoint import Refusal
 from consumers.stand_in.server import serve
 from consumers.stand_in.service import StandIn
+from tests.hand_clock import HandClock
 
 ANSWERS = ({"when": {}, "body": {"answer": "ok {request_id}"}},)
 A = EndpointConfig(path="/v1/a", required=("request_id",), answers=ANSWERS, latency_s=1.0, limit=10,
@@ -29,15 +30,8 @@ BODY = json.dumps({"request_id": "r-1"}).encode()  # "r-1": 1 token in; "r-1" + 
 NO_REFUSALS = {"concurrency": 0, "requests": 0, "tokens": 0}
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
 
-    def __call__(self) -> float:
-        return self.now
-
-
-def service(clock: FakeClock, account: dict[str, Any], **changes: dict[str, Any]) -> StandIn:
+def service(clock: HandClock, account: dict[str, Any], **changes: dict[str, Any]) -> StandIn:
     """Endpoints a and b on account acme, with EndpointConfig changes per endpoint name."""
     endpoints = {name: replace(config, **changes.get(name, {})) for name, config in (("a", A), ("b", B))}
     accounts = {"acme": AccountConfig(name="acme", **account)}
@@ -57,7 +51,7 @@ def release(standin: StandIn, name: str, claim: Claim) -> None:
 
 
 def test_the_fourth_call_at_once_across_two_endpoints_is_over_quota_and_charged_nothing() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     standin = service(clock, {"concurrency": 3, "requests_per_minute": 60}, b={"requests_per_minute": 60})
     held = [admit(standin, name) for name in ("a", "a", "b")]
     assert all(isinstance(config, EndpointConfig) for config, _ in held)
@@ -108,7 +102,7 @@ def test_calls_on_both_endpoints_from_many_threads_never_exceed_the_account_nor_
 
 
 def test_a_requests_budget_is_one_bucket_for_the_account_s_endpoints() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     standin = service(clock, {"requests_per_minute": 15})
     scale = 0.5  # 15 per minute is 0.25 per real-scale second: 0.5 per wall second at 0.5x
     assert all(isinstance(admit(standin, "ab"[i % 2], scale=scale)[0], EndpointConfig) for i in range(15))
@@ -130,7 +124,7 @@ def test_a_requests_budget_is_one_bucket_for_the_account_s_endpoints() -> None:
 
 
 def test_the_account_s_tokens_are_charged_the_estimate_and_corrected_to_the_answer() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     standin = service(clock, {"tokens_per_minute": 600})  # 10 tokens per second at 1x
     account = standin.accounts["acme"]
     config, claim = admit(standin, "a", input_tokens=100, output_tokens=400)
@@ -150,7 +144,7 @@ def test_the_account_s_tokens_are_charged_the_estimate_and_corrected_to_the_answ
 
 
 def test_busy_s_integrates_each_caller_s_calls_in_flight_over_time() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     standin = service(clock, {"concurrency": 3})
     account = standin.accounts["acme"]
     _, alice_1 = admit(standin, "a", "alice")  # t=0
@@ -184,7 +178,7 @@ def test_busy_s_integrates_each_caller_s_calls_in_flight_over_time() -> None:
 
 
 def test_answers_show_the_account_s_remaining_and_over_quota_counts_its_own_refusals_only() -> None:
-    clock = FakeClock()  # never advanced: nothing refills
+    clock = HandClock()  # never advanced: nothing refills
     standin = service(clock, {"requests_per_minute": 5, "tokens_per_minute": 600},
                       a={"latency_s": 0.0, "requests_per_minute": 2}, b={"latency_s": 0.0})
     capped = json.dumps({"request_id": "r-1", "max_tokens": 50}).encode()
@@ -204,7 +198,7 @@ def test_answers_show_the_account_s_remaining_and_over_quota_counts_its_own_refu
 
 
 def test_the_stats_show_each_account_and_its_callers_and_a_reset_zeroes_them() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     standin = service(clock, {"concurrency": 2, "requests_per_minute": 60}, b={"latency_s": 0.0})
     admit(standin, "a", "alice")  # held from t=0
     assert standin.call("b", None, BODY, "bob").status == 200
@@ -248,7 +242,7 @@ def test_the_stats_show_each_account_and_its_callers_and_a_reset_zeroes_them() -
 
 
 def test_an_account_s_limits_change_at_run_time_and_a_changed_budget_starts_full() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     standin = service(clock, {"concurrency": 1, "requests_per_minute": 3})
     account = standin.accounts["acme"]
     assert isinstance(admit(standin, "a")[0], EndpointConfig)

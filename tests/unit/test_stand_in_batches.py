@@ -16,18 +16,12 @@ from consumers.config.pipeline_spec import load
 from consumers.stand_in.config import ServiceConfig
 from consumers.stand_in.server import serve
 from consumers.stand_in.service import StandIn
+from tests.hand_clock import HandClock
 
 FORM = "multipart/form-data; boundary=b0undary"
 # a fixed turnaround (median = p99: no spread) of 100 s after 5 s of validation
 FIXED = {"median_s": 100.0, "p99_s": 100.0, "validation_s": 5.0}
 
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def form(jsonl: str, purpose: str = "batch") -> bytes:
@@ -47,7 +41,7 @@ def jsonl(*lines: dict[str, Any]) -> str:
     return "".join(json.dumps(x) + "\n" for x in lines)
 
 
-def standin(clock: FakeClock, **batches: float) -> StandIn:
+def standin(clock: HandClock, **batches: float) -> StandIn:
     service = StandIn(ServiceConfig.from_specs([load("support_tickets")], seed=7), clock=clock)
     service.update({"batches": {**FIXED, **batches}})
     return service
@@ -68,7 +62,7 @@ def content(service: StandIn, file_id: str | None) -> list[dict[str, Any]]:
 
 
 def test_a_batch_validates_runs_and_answers_each_line_by_its_custom_id() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     service = standin(clock)
     status, batch = submitted(service, line("t-1"), line("t-2"), line("t-3", model="small-model"))
     assert (status, batch["status"], batch["request_counts"]["total"]) == (200, "validating", 3)
@@ -90,7 +84,7 @@ def test_a_batch_validates_runs_and_answers_each_line_by_its_custom_id() -> None
 
 
 def test_a_request_answered_by_a_batch_and_again_realtime_is_served_twice() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     service = standin(clock)
     _, batch = submitted(service, line("t-1", user="ticket-1"))
     clock.now = 105.0
@@ -103,7 +97,7 @@ def test_a_request_answered_by_a_batch_and_again_realtime_is_served_twice() -> N
 
 
 def test_an_expired_batch_answers_half_its_lines_and_lists_the_rest_as_expired() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     service = standin(clock, expire_rate=1.0, window_s=3600.0)
     _, batch = submitted(service, *(line(f"t-{i}") for i in range(4)))
     clock.now = 3599.0
@@ -119,7 +113,7 @@ def test_an_expired_batch_answers_half_its_lines_and_lists_the_rest_as_expired()
 
 
 def test_a_batch_failed_at_validation_answers_nothing() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     service = standin(clock, fail_validation_rate=1.0)
     _, batch = submitted(service, line("t-1"))
     clock.now = 5.0
@@ -130,7 +124,7 @@ def test_a_batch_failed_at_validation_answers_nothing() -> None:
 
 
 def test_lines_that_fail_are_in_the_error_file_and_not_served() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     service = standin(clock, line_error_rate=1.0)
     _, batch = submitted(service, line("t-1"), line("t-2", model="no-such-model"))
     clock.now = 105.0
@@ -140,7 +134,7 @@ def test_lines_that_fail_are_in_the_error_file_and_not_served() -> None:
 
 
 def test_creates_are_refused_with_a_500_and_past_the_queue_limit_with_a_429() -> None:
-    clock = FakeClock()
+    clock = HandClock()
     failing = standin(clock, create_error_rate=1.0)
     assert submitted(failing, line("t-1"))[0] == 500
     full = standin(clock, queue_limit=1)
@@ -157,7 +151,7 @@ def test_creates_are_refused_with_a_500_and_past_the_queue_limit_with_a_429() ->
 ])
 def test_a_create_of_no_upload_or_for_another_endpoint_is_refused(request_body: dict[str, Any],
                                                                    status: int) -> None:
-    service = standin(FakeClock())
+    service = standin(HandClock())
     _, uploaded = service.batches.upload(FORM, form(jsonl(line("t-1"))))
     request_body.setdefault("input_file_id", uploaded["id"])
     assert service.batches.create(request_body)[0] == status
