@@ -38,7 +38,9 @@ answered in `/v1/files/<id>/content` by `custom_id`, with a drawn turnaround, a 
 and the ways a batch fails (`failed` at validation, `expired` half done, lines with errors, 500
 on create), all set at run time under `batches` in `PUT /v1/config`. A batch's answers are its
 endpoints' served calls: a request answered by a batch and again realtime counts in
-`duplicate_served`.
+`duplicate_served`. A chat request's `service_tier: flex` is OpenAI's flex tier: served
+`flex_slowdown` times slower, refused at `flex_refuse_rate` with a 429 `resource_unavailable`
+(counted as `flex_refused`, not as a concurrency refusal).
 
 Accounts meter as providers do, per organization and model, not per path
 (`consumers.stand_in.accounts`): the endpoints whose `account` (their spec's `quota`) names one

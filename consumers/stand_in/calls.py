@@ -55,7 +55,8 @@ def parse_request(config: EndpointConfig, body: bytes) -> dict[str, Any]:
 
 def parse_chat(body: bytes) -> tuple[dict[str, Any], str]:
     """An OpenAI chat completions request: the fields its answer rules see (`model`, `user` and
-    the last user message as `content`, plus `max_tokens` when given) and its whole prompt text."""
+    the last user message as `content`, plus `max_tokens` and `service_tier` when given) and its
+    whole prompt text."""
     payload = _decode(body)
     messages = payload.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -78,6 +79,8 @@ def parse_chat(body: bytes) -> tuple[dict[str, Any], str]:
     max_tokens = _max_tokens(payload)
     if max_tokens is not None:
         fields["max_tokens"] = max_tokens
+    if isinstance(payload.get("service_tier"), str):
+        fields["service_tier"] = payload["service_tier"]
     return fields, "".join(m["content"] for m in messages)
 
 

@@ -97,6 +97,9 @@ class EndpointConfig:
     tokens: str = "total"  # which tokens tokens_per_minute meters: input | output | total
     retry_after_on_budget: bool = True  # False: budget refusals carry no Retry-After (as LiteLLM's)
     account: str | None = None  # the provider account whose meter it shares (ServiceConfig.accounts)
+    # OpenAI's flex tier, a chat request's `service_tier: flex`: slower, and refused when short
+    flex_slowdown: float = 2.0  # a flex call's latency over a realtime one's
+    flex_refuse_rate: float = 0.0  # share of flex calls refused (429 resource_unavailable)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "limit_schedule", _schedule(self.limit_schedule))
@@ -128,6 +131,8 @@ class EndpointConfig:
         _number("error_rate", self.error_rate, maximum=1.0)
         _number("hang_rate", self.hang_rate, maximum=1.0)
         _number("hang_s", self.hang_s)
+        _number("flex_slowdown", self.flex_slowdown)
+        _number("flex_refuse_rate", self.flex_refuse_rate, maximum=1.0)
         if self.retry_after_s is not None:
             _number("retry_after_s", self.retry_after_s)
         if self.rate_limit_rps is not None:

@@ -17,7 +17,8 @@ from consumers.stand_in.config import EndpointConfig, matches
 
 # The requests answered 429: too many at once, the request-rate limit, a minute's requests or tokens.
 REFUSALS = ("rejected_429", "rate_limited", "rate_limited_requests", "rate_limited_tokens")
-COUNTERS = ("served", *REFUSALS, "errors_5xx", "hangs", "unauthorized", "bad_requests")  # request outcomes
+COUNTERS = ("served", *REFUSALS, "errors_5xx", "hangs", "unauthorized", "bad_requests",
+            "flex_served", "flex_refused")  # request outcomes
 TOKEN_COUNTERS = ("tokens_input", "tokens_output")  # actual tokens of served answers
 
 
@@ -186,6 +187,11 @@ class SimulatedEndpoint:
         with self._lock:
             self._budgets.refill(self._clock(), scale)
             return self._budgets.headers(scale)
+
+    def refuses_flex(self, config: EndpointConfig) -> bool:
+        """Whether a flex call is refused now, for want of the capacity flex is served from."""
+        with self._lock:
+            return self._rng.random() < config.flex_refuse_rate
 
     def plan(self, config: EndpointConfig, payload: Mapping[str, Any]) -> tuple[str, float]:
         """Draw the outcome (ok | error | hang) and the real-scale latency of one request; a

@@ -26,6 +26,8 @@ from consumers.stand_in.config import (
 )
 from consumers.stand_in.endpoint import COUNTERS, TOKEN_COUNTERS, Refusal, SimulatedEndpoint
 
+FLEX_REFUSED = "resource_unavailable"  # OpenAI's 429 to a flex call when capacity is short
+
 
 @dataclass(frozen=True)
 class Reply:
@@ -101,6 +103,11 @@ class StandIn:
         except BadRequest as exc:
             endpoint.count("bad_requests")
             return Reply(400, {"error": "bad_request", "detail": str(exc)})
+        flex = declared.chat and call.payload.get("service_tier") == "flex"
+        if flex and endpoint.refuses_flex(endpoint.config):
+            endpoint.count("flex_refused")
+            return Reply(429, {"error": {"type": FLEX_REFUSED, "code": FLEX_REFUSED,
+                                         "message": "flex capacity is short: retry, or call realtime"}})
         scale = self.time_scale
         account = self.accounts[declared.account] if declared.account else None
         claim = account.claim(caller, call.input_tokens, call.output_estimate) if account else None
@@ -108,7 +115,7 @@ class StandIn:
         if isinstance(config, Refusal):
             return _refused(config)
         try:
-            reply = self._serve(endpoint, config, scale, call, claim)
+            reply = self._serve(endpoint, config, scale, call, claim, flex)
         finally:
             endpoint.release()
             if claim is not None:
@@ -119,7 +126,7 @@ class StandIn:
         return replace(reply, headers={**reply.headers, **headers})
 
     def _serve(self, endpoint: SimulatedEndpoint, config: EndpointConfig, scale: float, call: Call,
-               claim: Claim | None) -> Reply:
+               claim: Claim | None, flex: bool = False) -> Reply:
         """The latency, then the outcome; an answer also takes its time per output token, and its
         actual tokens replace the estimate charged (a failed call keeps its charge, as providers count
         failed requests too). A hang is an answer that takes `hang_s`: served, and counted as served,
@@ -130,6 +137,8 @@ class StandIn:
             endpoint.count("hangs")
         elif outcome == "ok":
             duration += config.per_output_token_s * call.output_tokens
+        if flex and outcome != "hang":
+            duration *= config.flex_slowdown
         if self.stopping.wait(duration * scale):
             return Reply(503, {"error": "shutting_down"})
         if outcome == "error":
@@ -138,6 +147,8 @@ class StandIn:
         endpoint.correct(config, call.input_tokens, call.output_estimate, call.output_tokens, scale)
         endpoint.served(payload[config.identity] if config.identity else None, call.input_tokens,
                         call.output_tokens)
+        if flex:
+            endpoint.count("flex_served")
         if claim is not None:
             claim.account.correct(claim, call.output_tokens, scale)
             claim.account.served(claim, call.output_tokens)

@@ -1,7 +1,8 @@
-"""The stand-in's batch tier (OpenAI's Batch API shape) on a clock moved by hand: a batch's
-life from upload to its answers, each way it fails, and its answers counted as the endpoints'
-served calls, so that a request answered by a batch and again realtime is served twice. Then
-once over HTTP, as a client uploads and polls."""
+"""The stand-in's cheaper tiers. The batch tier (OpenAI's Batch API shape) on a clock moved by
+hand: a batch's life from upload to its answers, each way it fails, and its answers counted as
+the endpoints' served calls, so that a request answered by a batch and again realtime is served
+twice; then once over HTTP, as a client uploads and polls. The flex tier: slower, and refused
+when its capacity is short."""
 
 from __future__ import annotations
 
@@ -184,3 +185,31 @@ def test_over_http_a_client_uploads_creates_polls_and_reads_the_answers() -> Non
     finally:
         server.shutdown()
         server.server_close()
+
+
+def flex_call(service: StandIn, tier: str = "flex") -> tuple[int, dict[str, Any], float]:
+    body = json.dumps({**line("t-1")["body"], "service_tier": tier}).encode()
+    began = time.monotonic()
+    reply = service.call("large_model", None, body)
+    return reply.status, reply.body, time.monotonic() - began
+
+
+def test_a_flex_call_is_served_slower_and_counted_as_flex() -> None:
+    service = StandIn(ServiceConfig.from_specs([load("support_tickets")], time_scale=0.05, seed=1))
+    # a fixed 1 s, four times as long on flex: at least 0.2 s at time scale 0.05
+    service.update({"large_model": {"distribution": "fixed", "latency_s": 1.0, "per_output_token_s": 0.0,
+                                    "flex_slowdown": 4.0}})
+    status, _, took = flex_call(service)
+    assert status == 200 and took >= 0.2
+    assert flex_call(service, tier="default")[0] == 200
+    stats = service.stats()["large_model"]
+    assert (stats["served"], stats["flex_served"], stats["flex_refused"]) == (2, 1, 0)
+
+
+def test_a_flex_call_is_refused_when_capacity_is_short_and_nothing_is_served() -> None:
+    service = StandIn(ServiceConfig.from_specs([load("support_tickets")], time_scale=0.001, seed=1))
+    service.update({"large_model": {"flex_refuse_rate": 1.0}})
+    status, body, _ = flex_call(service)
+    assert (status, body["error"]["type"]) == (429, "resource_unavailable")
+    stats = service.stats()["large_model"]
+    assert (stats["served"], stats["flex_refused"], stats["rejected_429"]) == (0, 1, 0)
