@@ -56,7 +56,10 @@ class LearnedTimeout:
             return self._current
 
     def sent(self, at: float | None = None) -> int:
-        """A call went out (at `at` on the steady clock, now by default); its ticket for `ended`."""
+        """A call went out (at `at` on the steady clock, now by default); its ticket for `ended`
+        (a fixed timeout keeps none: it learns nothing)."""
+        if self.floor_s == self.ceiling_s:
+            return -1
         with self._lock:
             ticket = next(self._tickets)
             self._out[ticket] = time.monotonic() if at is None else at
@@ -64,9 +67,11 @@ class LearnedTimeout:
 
     def ended(self, ticket: int, served_in: float | None, now: float | None = None) -> None:
         """The call of `ticket` ended: served in `served_in` seconds, or not served (None)."""
+        if self.floor_s == self.ceiling_s:
+            return
         with self._lock:
             self._out.pop(ticket, None)
-            if served_in is None or self.floor_s == self.ceiling_s:
+            if served_in is None:
                 return
             self._served.append(served_in)
             self._fresh += 1

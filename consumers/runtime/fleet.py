@@ -310,9 +310,8 @@ def main() -> None:
     except ValueError as exc:  # a --stage the pipeline does not have, a refused spec
         p.error(str(exc))
     metrics.serve(args.metrics_port, args.metrics_host)
-    settings = settings_for(config, args.stage, args.run_id,
-                            events.Topics(args.prefix or args.run_id, config.spec),
-                            kafka, args.database_url, endpoints)
+    topics = events.Topics(args.prefix or args.run_id, config.spec)
+    settings = settings_for(config, args.stage, args.run_id, topics, kafka, args.database_url, endpoints)
     try:
         instance = args.instance or (f"canary{args.canary}" if args.canary is not None else None)
         fleet = Fleet(replace(settings, instance=instance, version=args.version, canary=args.canary))
@@ -324,7 +323,7 @@ def main() -> None:
         signal.signal(sig, lambda *_: stop.set())
     fleet.start()
     log.info("fleet %s running: %s", args.stage, config.stage(args.stage))
-    later = [t for t in config.spec.stages[args.stage].tiers if t != "realtime"]
+    later = [t for t in topics.spec.stages[args.stage].tiers if t != "realtime"]
     if later:  # declared for the router (consumers.ai.tier_choice), which no stage runs yet
         log.warning("stage %s lists the %s tiers: this version calls every record realtime",
                     args.stage, ", ".join(later))
