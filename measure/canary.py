@@ -3,32 +3,36 @@ one over the same minutes of the same traffic?
 
 A canary splits a topic by partitions: the candidate's members consume some, the baseline's
 (the active version's) the rest, side by side. After each step's analysis window the judge
-compares the two versions metric by metric, as Kayenta's NetflixACAJudge does: a Mann-Whitney U
-test per distribution, classified pass / marginal / fail, the verdict the worst of the checks.
+compares the two versions metric by metric, as Kayenta's NetflixACAJudge does: a rank test per
+metric, classified pass / marginal / fail, the verdict the worst of the checks.
 
 - times as series (`interval_medians`): latency and overhead are judged on each version's
   median per interval of production time, not per request. Requests one process handles in
   the same second share that second's stalls (a pause of the process, a slow batch of commits),
   so they are not independent, and a test that counts them as such overstates its evidence the
   fewer processes a side has: a canary's first step is one member holding one partition. The
-  intervals' medians are about as independent as the stalls are short, which is what Kayenta
-  judges too (a metric's time series over the same minutes). The cost per request stays per
-  request: what a request's tokens cost does not depend on when it ran.
+  intervals' medians are about as independent as the stalls are short. The two versions'
+  medians are then compared interval by interval (the signed-rank test of their differences,
+  `measure.signed_rank`): both ran over the same seconds, so what slowed every process in a
+  second (the machine's load, the broker, the AI endpoint, the hour's traffic) cancels in the
+  pair instead of drowning the shift. The cost per request stays per request and unpaired (the
+  Mann-Whitney test, `measure.two_sample`): what a request's tokens cost does not depend on when
+  it ran.
 - classification of a "lower is better" metric: fail when the candidate is significantly worse
   (one-sided p < alpha) and its shift (relative for the distributions, absolute for the rates)
   is beyond the tolerance; marginal when the shift is beyond the tolerance without being
-  significant, or when either version has fewer values than it takes (`min_intervals`,
-  `min_samples`); pass otherwise. A significant but small shift passes: with thousands of
-  requests a 2 % difference is significant, and the tolerance says what is worth holding a
-  release for.
+  significant, or when there are fewer values than it takes (`min_intervals` served by both
+  versions, `min_samples` per version); pass otherwise. A significant but small shift passes:
+  with thousands of requests a 2 % difference is significant, and the tolerance says what is
+  worth holding a release for.
 - keep-up: each candidate partition's completions over its arrivals in the window (see
   `_keep_up`): splitting by partitions only works if every partition is drained.
 - quota share (reported, not judged): each version's share of the AI calls against its share of
   the partitions, since both versions spend the same provider quota.
 
-The tests (`measure.two_sample`): the rank test, with the Hodges-Lehmann shift and its bounds,
-for the times and the cost; the two-proportion test for the rates. Bounds are one-sided at
-1 - alpha: [low, high] is the two-sided interval at 1 - 2 alpha.
+The shifts are Hodges-Lehmann estimates with distribution-free bounds; the rates take the
+two-proportion test. Bounds are one-sided at 1 - alpha: [low, high] is the two-sided interval
+at 1 - 2 alpha.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from measure.two_sample import MIN_SAMPLES_FLOOR, mann_whitney, proportion_test
+from measure.signed_rank import MIN_PAIRS_FLOOR, SignedRankTest, signed_rank
+from measure.two_sample import MIN_SAMPLES_FLOOR, RankTest, mann_whitney, proportion_test
 
 Outcome = Literal["pass", "marginal", "fail"]
 PASS: Outcome = "pass"
@@ -50,16 +55,16 @@ Shares = dict[str, dict[str, float | int | None]]  # version -> its figures of t
 Timed = tuple[float, float]  # (when its request was produced, epoch seconds; the value)
 
 
-def interval_medians(values: Sequence[Timed], interval_s: float) -> list[float]:
-    """The median of the values produced in each interval of `interval_s` seconds (intervals
-    counted from the epoch, so both versions' line up), in time order; intervals without a value
-    give none."""
+def interval_medians(values: Sequence[Timed], interval_s: float) -> dict[int, float]:
+    """The median of the values produced in each interval of `interval_s` seconds, by the
+    interval's number counted from the epoch (so both versions' line up), in time order;
+    intervals without a value give none."""
     if not interval_s > 0:
         raise ValueError("an interval is a positive number of seconds")
     grouped: dict[int, list[float]] = {}
     for at, value in values:
         grouped.setdefault(math.floor(at / interval_s), []).append(value)
-    return [statistics.median(grouped[k]) for k in sorted(grouped)]
+    return {k: statistics.median(grouped[k]) for k in sorted(grouped)}
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class CanaryThresholds:
     min_keep_up: float = 0.95  # completions / arrivals on each candidate partition
     min_samples: int = 30  # requests per version for the cost and the rates; fewer: marginal
     interval_s: float = 1.0  # of production time: latency and overhead are judged per interval
-    min_intervals: int = 10  # intervals with a request, per version; fewer: marginal
+    min_intervals: int = 10  # intervals with a request of both versions; fewer: marginal
 
     def __post_init__(self) -> None:
         if not 0 < self.alpha < 0.5:
@@ -86,9 +91,9 @@ class CanaryThresholds:
                 raise ValueError(f"{name} is a difference of rates: in [0, 1)")
         if not 0 < self.min_keep_up <= 1:
             raise ValueError("min_keep_up is completions over arrivals: in (0, 1]")
-        for name in ("min_samples", "min_intervals"):
-            if getattr(self, name) < MIN_SAMPLES_FLOOR:
-                raise ValueError(f"{name} must be at least {MIN_SAMPLES_FLOOR}: below it the rank "
+        for name, floor in (("min_samples", MIN_SAMPLES_FLOOR), ("min_intervals", MIN_PAIRS_FLOOR)):
+            if getattr(self, name) < floor:
+                raise ValueError(f"{name} must be at least {floor}: below it the rank "
                                  "test's normal approximation does not hold")
         if not 0 < self.interval_s < math.inf:
             raise ValueError("interval_s is a positive number of seconds")
@@ -162,9 +167,27 @@ class Verdict:
                 "quota_share": {k: dict(v) for k, v in self.quota_share.items()}}
 
     def summary(self) -> str:
+        """The outcome and each check that did not pass (all of them when every one did), with its
+        figures beside the baseline's and the shift's bounds: what a reader of a log needs to see
+        how far from its tolerance a check was."""
         shown = [c for c in self.checks if c.outcome != PASS] or list(self.checks)
-        return f"{self.outcome.upper()}: " + "; ".join(f"{c.name} {c.outcome} ({c.note or c.required})"
-                                                      for c in shown)
+        return f"{self.outcome.upper()}: " + "; ".join(_described(c) for c in shown)
+
+
+def _figure(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _described(check: Check) -> str:
+    said = f"{check.name} {check.outcome} ({check.note or check.required}"
+    if check.measured is not None or check.baseline is not None:
+        said += f"; {_figure(check.measured)} against {_figure(check.baseline)}"
+    if check.interval is not None:
+        i = check.interval
+        said += f"; shift {_figure(i['estimate'])} [{_figure(i['low'])}, {_figure(i['high'])}]"
+    if check.p_value is not None:
+        said += f", p {check.p_value:.3g}"
+    return said + ")"
 
 
 def _classify(beyond: bool, significant: bool) -> Outcome:
@@ -175,47 +198,70 @@ def _too_few(n_baseline: int, n_candidate: int, minimum: int, what: str = "reque
     return f"not enough data: {n_baseline} baseline and {n_candidate} candidate {what} (< {minimum})"
 
 
-def _rank_check(name: str, baseline: Sequence[float], candidate: Sequence[float], tolerance: float,
-                thresholds: CanaryThresholds, shown: tuple[float | None, float | None], minimum: int,
-                what: str) -> Check:
-    """A "lower is better" distribution: the rank test of `what` (the values tested, at least
-    `minimum` per version), judged on the relative shift. With a baseline median of 0 there is
-    no relative shift: any positive shift counts as beyond. `shown` the candidate's and the
-    baseline's figures beside the test."""
-    required = (f"shift of the {what} <= {tolerance:.0%} of the baseline's median (Hodges-Lehmann); "
-                f"fail when beyond it and one-sided Mann-Whitney p < {thresholds.alpha:g}")
-    measured, reference = shown
-    if not baseline or not candidate:
-        return Check(name, MARGINAL, measured, reference, required,
-                     note=_too_few(len(baseline), len(candidate), minimum, what))
-    test = mann_whitney(baseline, candidate, 1 - thresholds.alpha)
+def _shift_check(name: str, test: RankTest | SignedRankTest, observed: int, tolerance: float,
+                 thresholds: CanaryThresholds, shown: tuple[float | None, float | None], minimum: int,
+                 what: str, too_few: str) -> Check:
+    """A "lower is better" shift judged on its relative size: beyond the tolerance and
+    significant fails. With a baseline median of 0 there is no relative shift: any positive
+    shift counts as beyond. `observed` the values (or pairs) the test had, at least `minimum`,
+    else marginal with the note `too_few`."""
+    required = _required(what, tolerance, _TEST_NAMES[type(test)], thresholds.alpha)
     beyond = test.shift > 0 if test.relative_shift is None else test.relative_shift > tolerance
     significant = test.p_greater < thresholds.alpha
     interval = {"estimate": test.relative_shift, "low": test.relative_low, "high": test.relative_high,
                 "confidence": test.confidence}
-    if min(test.observed) < minimum:
+    if observed < minimum:
         outcome: Outcome = MARGINAL
-        note = _too_few(*test.observed, minimum, what)
+        note = too_few
     else:
         outcome = _classify(beyond, significant)
         note = {FAIL: "significantly worse, beyond the tolerance",
                 MARGINAL: "beyond the tolerance but not significant",
                 PASS: ("significant but " if significant else "") + "within the tolerance"}[outcome]
-    return Check(name, outcome, measured, reference, required, test.z, test.p_greater,
+    return Check(name, outcome, shown[0], shown[1], required, test.z, test.p_greater,
                  test.relative_shift, interval, test.as_dict(), note)
+
+
+_TEST_NAMES = {RankTest: "Mann-Whitney", SignedRankTest: "signed-rank"}
+
+
+def _required(what: str, tolerance: float, test_name: str, alpha: float) -> str:
+    return (f"shift of the {what} <= {tolerance:.0%} of the baseline's median (Hodges-Lehmann); "
+            f"fail when beyond it and one-sided {test_name} p < {alpha:g}")
+
+
+def _rank_check(name: str, baseline: Sequence[float], candidate: Sequence[float], tolerance: float,
+                thresholds: CanaryThresholds, shown: tuple[float | None, float | None], what: str) -> Check:
+    """Two independent samples (the requests' costs): the rank test, at least `min_samples`
+    values per version."""
+    if not baseline or not candidate:
+        return Check(name, MARGINAL, *shown, _required(what, tolerance, "Mann-Whitney", thresholds.alpha),
+                     note=_too_few(len(baseline), len(candidate), thresholds.min_samples, what))
+    test = mann_whitney(baseline, candidate, 1 - thresholds.alpha)
+    return _shift_check(name, test, min(test.observed), tolerance, thresholds, shown, thresholds.min_samples,
+                        what, _too_few(*test.observed, thresholds.min_samples, what))
 
 
 def _series_check(name: str, baseline: Sequence[Timed], candidate: Sequence[Timed], tolerance: float,
                   thresholds: CanaryThresholds) -> Check:
-    """A time judged as a series: the rank test of each version's per-interval medians (see the
-    module docstring), the per-request medians shown."""
+    """A time judged as a series (see the module docstring): the signed-rank test of the two
+    versions' medians over the intervals both served, paired by interval, the per-request
+    medians shown."""
     def median(values: Sequence[Timed]) -> float | None:
         return statistics.median(v for _, v in values) if values else None
 
-    return _rank_check(name, interval_medians(baseline, thresholds.interval_s),
-                       interval_medians(candidate, thresholds.interval_s), tolerance, thresholds,
-                       (median(candidate), median(baseline)), thresholds.min_intervals,
-                       f"medians per {thresholds.interval_s:g} s")
+    what = f"medians per {thresholds.interval_s:g} s"
+    shown = (median(candidate), median(baseline))
+    ours, theirs = (interval_medians(v, thresholds.interval_s) for v in (baseline, candidate))
+    paired = sorted(ours.keys() & theirs.keys())
+    too_few = (f"not enough data: {len(paired)} intervals both versions served "
+               f"({len(ours)} baseline, {len(theirs)} candidate; < {thresholds.min_intervals})")
+    if not paired:
+        return Check(name, MARGINAL, *shown, _required(what, tolerance, "signed-rank", thresholds.alpha),
+                     note=too_few)
+    test = signed_rank([ours[k] for k in paired], [theirs[k] for k in paired], 1 - thresholds.alpha)
+    return _shift_check(name, test, len(paired), tolerance, thresholds, shown, thresholds.min_intervals,
+                        what, too_few)
 
 
 def _rate_check(name: str, bad: tuple[int, int], baseline: VersionSample, candidate: VersionSample,
@@ -298,7 +344,7 @@ def judge(baseline: VersionSample, candidate: VersionSample,
         b, c = baseline.costs, candidate.costs
         checks.append(_rank_check("cost_per_request", b, c, t.max_cost_increase, t,
                                   (statistics.fmean(c) if c else None, statistics.fmean(b) if b else None),
-                                  t.min_samples, "requests' costs"))
+                                  "requests' costs"))
     else:
         priced = baseline.costs is not None or candidate.costs is not None
         checks.append(Check("cost_per_request", MARGINAL if priced else PASS, None, None,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -170,9 +171,18 @@ def browser_page() -> Iterator[Any]:
             yield page
         except BaseException:
             page.screenshot(path=SHOTS / "failure.png")
+            print(f"the page at failure: {page.url}\n{shown_text(page)}")
             raise
         finally:
             browser.close()
+
+
+def shown_text(page: Any, limit: int = 2000) -> str:
+    """What the page shows as text, cut at `limit` characters (what a failure can say of it)."""
+    try:
+        return " | ".join(page.inner_text("body", timeout=5_000).split("\n"))[:limit]
+    except playwright_api.Error as e:
+        return f"(its text could not be read: {e.message.splitlines()[0]})"
 
 
 @pytest.fixture
@@ -230,9 +240,18 @@ def trigger_from_the_form(page: Any, airflow: str, pipeline: str) -> str:
 
 
 def trigger_dialog(page: Any, airflow: str, dag_id: str) -> Any:
-    """The DAG's trigger form, opened from its page."""
+    """The DAG's trigger form, opened from its page. A page whose Trigger button has not shown
+    within the default timeout is loaded once more, with a warning that says what it showed
+    instead."""
     page.goto(f"{airflow}/dags/{dag_id}")
-    page.get_by_role("button", name="Trigger").first.click()
+    trigger = page.get_by_role("button", name="Trigger").first
+    try:
+        trigger.wait_for()
+    except playwright_api.TimeoutError:
+        warnings.warn(f"no Trigger button on {page.url} after a minute; it showed: {shown_text(page)}",
+                      stacklevel=2)
+        page.reload()
+    trigger.click()
     dialog = page.get_by_role("dialog")
     playwright_api.expect(dialog.get_by_text(f"Trigger Dag - {dag_id}")).to_be_visible()
     return dialog

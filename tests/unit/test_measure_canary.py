@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from measure import canary, two_sample
-from measure.canary import CanaryThresholds, VersionSample, judge
+from measure.canary import CanaryThresholds, Check, Verdict, VersionSample, judge
 from measure.two_sample import mann_whitney, proportion_test
 
 
@@ -167,28 +167,32 @@ def test_identical_versions_pass() -> None:
 
 
 def test_thirty_percent_slower_on_200_requests_fails() -> None:
-    # 30 % on the latency (and so on the overhead, a tenth of it) over sigma 0.5 in log: z near 5.6
+    # 30 % on the latency (and so on the overhead, a tenth of it) over sigma 0.5 in log, paired
+    # second by second. The paired shift estimates the pseudo-median of 1.3 Y - X (X, Y of median
+    # 2): 0.315 of the median, by a simulation of 400,000 Walsh pairs apart from this code.
     verdict = judge(sample(lognormal(7, 200)), sample(lognormal(8, 200, scale=1.3), partitions={1: (1, 1)}))
     latency = verdict.checks[0]
     assert (latency.outcome, verdict.outcome) == ("fail", "fail")
     assert latency.p_value is not None and latency.p_value < 1e-6
-    assert latency.effect is not None and 0.2 < latency.effect < 0.4
-    assert latency.interval is not None and latency.interval["low"] > 0.1  # beyond even at the bound
+    assert latency.interval is not None and latency.interval["low"] < 0.315 < latency.interval["high"]
+    assert latency.interval["low"] > 0.1  # beyond the tolerance even at the bound
     assert "significantly worse" in verdict.summary()
 
 
 def test_thirty_percent_slower_on_8_requests_is_not_enough_data() -> None:
     verdict = judge(sample(lognormal(7, 8)), sample(lognormal(8, 8, scale=1.3), partitions={1: (1, 1)}))
     assert outcome(verdict, "latency") == "marginal"
-    assert verdict.checks[0].note.startswith("not enough data: 8 baseline and 8 candidate")
+    assert verdict.checks[0].note == ("not enough data: 8 intervals both versions served "
+                                      "(8 baseline, 8 candidate; < 10)")
     assert verdict.outcome == "marginal"
 
 
 def test_interval_medians_by_hand() -> None:
     # seconds 0: 3, 1, 2 -> 2; 1: 5 -> 5; 3: 4, 6 -> 5 (second 2 has none); -1.5 is in second -2
     values = [(0.1, 3.0), (0.9, 1.0), (1.0, 5.0), (0.5, 2.0), (3.2, 4.0), (3.99, 6.0), (-1.5, 7.0)]
-    assert canary.interval_medians(values, 1.0) == [7.0, 2.0, 5.0, 5.0]
-    assert canary.interval_medians(values, 2.0) == [7.0, 2.5, 5.0]  # [-2, 0) 7; [0, 2) 1 2 3 5; [2, 4) 4 6
+    assert list(canary.interval_medians(values, 1.0).items()) == [(-2, 7.0), (0, 2.0), (1, 5.0), (3, 5.0)]
+    # [-2, 0) 7; [0, 2) 1 2 3 5; [2, 4) 4 6
+    assert list(canary.interval_medians(values, 2.0).items()) == [(-1, 7.0), (0, 2.5), (1, 5.0)]
     with pytest.raises(ValueError):
         canary.interval_medians(values, 0.0)
 
@@ -196,7 +200,9 @@ def test_interval_medians_by_hand() -> None:
 def test_a_stall_shared_by_one_seconds_requests_counts_once() -> None:
     # 30 seconds of one 2 s request each on both sides, but in the candidate's first second a stall
     # held 50 requests, each answered in 4 s. Per second the candidate's medians are 4 once and 2
-    # 29 times: of the 30 x 30 differences 870 are 0, so the shift is 0 and the check passes.
+    # 29 times: the differences are 2 once and 0 29 times. The test ranks the one nonzero: W+ = 1
+    # at its mean 1/2 plus the correction, sigma = sqrt(1 x 2 x 3 / 24) = 0.5, z = 0, p = 0.5; of
+    # the 465 Walsh averages 435 are 0, so the shift is 0 and the check passes.
     baseline = VersionSample([(float(i), 2.0) for i in range(30)], [(float(i), 0.2) for i in range(30)],
                              None, 30, 0, 0, {0: (30, 30)}, 30)
     stalled = [(0.01 * k + 0.001, 4.0) for k in range(50)] + [(float(i), 2.0) for i in range(1, 30)]
@@ -204,13 +210,25 @@ def test_a_stall_shared_by_one_seconds_requests_counts_once() -> None:
                               {1: (79, 79)}, 79)
     latency = judge(baseline, candidate).checks[0]
     assert (latency.outcome, latency.effect, latency.measured, latency.baseline) == ("pass", 0.0, 4.0, 2.0)
-    assert latency.test is not None and latency.test["n"] == [30, 30]
-    # Counted per request (intervals of 0.01 s split the stall's 50), 50 of 79 are 2 s slower: the
-    # differences are 2 for 50 x 30 pairs and 0 for 29 x 30, the median 2, the shift 100 %; U =
-    # 1500 + 870 / 2 = 1935 of 2370 pairs, far past its mean 1185: a failure the stall made.
-    per_request = judge(baseline, candidate, CanaryThresholds(interval_s=0.01)).checks[0]
-    assert (per_request.outcome, per_request.effect) == ("fail", 1.0)
-    assert per_request.test is not None and per_request.test["u"] == 1935.0
+    assert latency.test is not None
+    assert (latency.test["n"], latency.test["nonzero"], latency.test["w"]) == (30, 1, 1.0)
+    assert (latency.statistic, latency.p_value) == (0.0, 0.5)
+
+
+def test_a_slowdown_both_versions_share_cancels_in_their_pairs() -> None:
+    # The load swings: second i's requests take i s on the baseline (1..20, median 10.5), and the
+    # candidate is 20 % slower in each: 1.2 i. Every difference 0.2 i is positive: W+ = 210 of
+    # mean 105, sigma^2 = 20 x 21 x 41 / 24 = 717.5, z = (105 - 0.5) / 26.7862 = 3.9013, p below
+    # 1e-4; the Walsh averages 0.1 (i + j) lie symmetric about 2.1, the shift, 20 % of 10.5.
+    baseline = [float(i) for i in range(1, 21)]
+    candidate = [1.2 * v for v in baseline]
+    latency = judge(sample(baseline), sample(candidate, partitions={1: (1, 1)})).checks[0]
+    assert latency.statistic == pytest.approx(3.9013, abs=1e-4)
+    assert latency.p_value is not None and latency.p_value < 1e-4
+    assert latency.effect == pytest.approx(0.2)
+    assert latency.outcome == "fail"
+    # the same values unpaired: the swing of the load spreads both far wider than the shift
+    assert mann_whitney(baseline, candidate).p_greater > 0.1
 
 
 def test_five_percent_slower_on_many_requests_passes_though_significant() -> None:
@@ -223,16 +241,17 @@ def test_five_percent_slower_on_many_requests_passes_though_significant() -> Non
 
 
 def test_a_shift_beyond_the_tolerance_without_significance_is_marginal() -> None:
-    # baseline 10..39 s (median 24.5), candidate 4 s later: differences 4 + (j - i), so the shift is
-    # 4, 16.3 % of the median. U = 900 - #{j - i <= -5} - #{j - i = -4} / 2 = 900 - 325 - 13 = 562;
-    # 14..39 tied twice: sum(t^3 - t) = 26 x 6 = 156, variance 75 x (61 - 156 / 3540) = 4571.695,
-    # z = (562 - 450 - 0.5) / 67.6143 = 1.6491: p = 0.0496 (tables), not below 0.01.
-    baseline = [float(v) for v in range(10, 40)]
-    verdict = judge(sample(baseline), sample([v + 4 for v in baseline], partitions={1: (1, 1)}))
+    # baseline 20 s in each of 10 seconds; the candidate's differences 3 + (-10, -8, .., -2, 2, .., 10)
+    # = -7 -5 -3 -1 1 5 7 9 11 13, symmetric about 3: the shift is 3, 15 % of the median 20.
+    # |d| ranked: 1 1 -> 1.5 each, 3 -> 3, 5 5 -> 4.5, 7 7 -> 6.5, 9 -> 8, 11 -> 9, 13 -> 10;
+    # W+ = 1.5 + 4.5 + 6.5 + 8 + 9 + 10 = 39.5, mean 27.5, sigma^2 = 96.25 - 3 x 6 / 48 = 95.875,
+    # z = (39.5 - 27.5 - 0.5) / 9.79158 = 1.17448: p = 0.1201 (tables), not below 0.01.
+    differences = [-7.0, -5.0, -3.0, -1.0, 1.0, 5.0, 7.0, 9.0, 11.0, 13.0]
+    verdict = judge(sample([20.0] * 10), sample([20.0 + d for d in differences], partitions={1: (1, 1)}))
     latency = verdict.checks[0]
-    assert latency.statistic == pytest.approx(1.6491, abs=1e-4)
-    assert latency.p_value == pytest.approx(0.0496, abs=1e-4)
-    assert latency.effect == pytest.approx(4 / 24.5)
+    assert latency.statistic == pytest.approx(1.17448, abs=1e-5)
+    assert latency.p_value == pytest.approx(0.1201, abs=1e-4)
+    assert latency.effect == pytest.approx(3 / 20)
     assert latency.outcome == "marginal" and latency.note == "beyond the tolerance but not significant"
 
 
@@ -294,7 +313,7 @@ def test_the_verdict_is_the_worst_check_and_serialises() -> None:
     as_json = json.loads(json.dumps(verdict.to_dict(), allow_nan=False))
     assert as_json["outcome"] == "fail" and as_json["checks"][-1]["name"] == "keep_up"
     full = judge(sample(lognormal(1, 50)), sample(lognormal(2, 50), partitions={1: (1, 1)}))
-    assert json.loads(json.dumps(full.to_dict(), allow_nan=False))["checks"][0]["test"]["n"] == [50, 50]
+    assert json.loads(json.dumps(full.to_dict(), allow_nan=False))["checks"][0]["test"]["n"] == 50
 
 
 def test_quota_share_against_the_partition_share() -> None:
@@ -315,3 +334,14 @@ def test_a_partition_in_both_versions_is_no_split() -> None:
         judge(sample([1.0] * 40), sample([1.0] * 40))
     with pytest.raises(ValueError):
         sample([1.0], errors=-1)
+
+
+def test_a_summary_gives_each_unpassed_check_its_figures_and_the_shift_s_bounds() -> None:
+    latency = Check("latency", "marginal", 0.5, 0.4, "shift <= 10%", p_value=0.0312,
+                    interval={"estimate": 0.25, "low": -0.05, "high": 0.5, "confidence": 0.98},
+                    note="beyond the tolerance but not significant")
+    keep_up = Check("keep_up", "pass", 1.0, 1.0, ">= 0.95")
+    assert Verdict("marginal", (latency, keep_up)).summary() == (
+        "MARGINAL: latency marginal (beyond the tolerance but not significant; 0.5 against 0.4; "
+        "shift 0.25 [-0.05, 0.5], p 0.0312)")
+    assert Verdict("pass", (keep_up,)).summary() == "PASS: keep_up pass (>= 0.95; 1 against 1)"
