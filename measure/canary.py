@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from measure.signed_rank import MIN_PAIRS_FLOOR, SignedRankTest, signed_rank
-from measure.two_sample import MIN_SAMPLES_FLOOR, RankTest, mann_whitney, proportion_test
+from measure.two_sample import MIN_SAMPLES_FLOOR, RankTest, ShiftTest, mann_whitney, proportion_test
 
 Outcome = Literal["pass", "marginal", "fail"]
 PASS: Outcome = "pass"
@@ -198,7 +198,7 @@ def _too_few(n_baseline: int, n_candidate: int, minimum: int, what: str = "reque
     return f"not enough data: {n_baseline} baseline and {n_candidate} candidate {what} (< {minimum})"
 
 
-def _shift_check(name: str, test: RankTest | SignedRankTest, observed: int, tolerance: float,
+def _shift_check(name: str, test: ShiftTest, observed: int, tolerance: float,
                  thresholds: CanaryThresholds, shown: tuple[float | None, float | None], minimum: int,
                  what: str, too_few: str) -> Check:
     """A "lower is better" shift judged on its relative size: beyond the tolerance and

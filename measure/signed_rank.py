@@ -24,10 +24,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
-from measure.two_sample import normal_upper_tail
+from measure.two_sample import ShiftTest, continuity_z, evenly_spaced, marked_rank_sum, relative_to
 
 # Pairs kept: the shift sorts n (n + 1) / 2 Walsh averages. Above it, pairs at evenly spaced
 # positions in the given (time) order, so a long window keeps its whole span.
@@ -39,53 +38,14 @@ MIN_PAIRS_FLOOR = 10
 
 
 @dataclass(frozen=True)
-class SignedRankTest:
+class SignedRankTest(ShiftTest):
     """The signed-rank test of paired differences (see the module docstring): `w` is W+, `n` the
-    pairs used and `nonzero` those the test ranked, `observed` the pairs before thinning.
-    `relative_*` is None when the baseline's median is 0; a bound None when there are too few
-    pairs to give one."""
+    pairs used and `nonzero` those the test ranked, `observed` the pairs before thinning."""
 
-    w: float
-    z: float
-    p_two_sided: float
-    p_greater: float
-    shift: float
-    shift_low: float | None
-    shift_high: float | None
-    baseline_median: float
-    relative_shift: float | None
-    relative_low: float | None
-    relative_high: float | None
-    confidence: float
-    n: int
-    nonzero: int
-    observed: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _evenly(values: Sequence[float], cap: int) -> list[float]:
-    """`cap` of the values at evenly spaced positions, the first and last included."""
-    n = len(values)
-    if n <= cap:
-        return list(values)
-    return [values[(2 * i * (n - 1) + cap - 1) // (2 * (cap - 1))] for i in range(cap)]
-
-
-def _positive_rank_sum(differences: Sequence[float]) -> tuple[float, int, int]:
-    """W+ over the nonzero differences ranked by size (ties at their mid-rank), their count and
-    the tie term sum(t^3 - t) over the groups of tied sizes."""
-    ranked = sorted((abs(d), d > 0) for d in differences if d != 0)
-    w, ties, i = 0.0, 0, 0
-    while i < len(ranked):
-        j = i
-        while j < len(ranked) and ranked[j][0] == ranked[i][0]:
-            j += 1
-        w += sum(positive for _, positive in ranked[i:j]) * (i + 1 + j) / 2  # ranks i + 1 .. j
-        ties += (j - i) ** 3 - (j - i)
-        i = j
-    return w, len(ranked), ties
+    w: float = 0.0
+    n: int = 0
+    nonzero: int = 0
+    observed: int = 0
 
 
 def signed_rank(baseline: Sequence[float], candidate: Sequence[float], confidence: float = 0.99,
@@ -103,17 +63,16 @@ def signed_rank(baseline: Sequence[float], candidate: Sequence[float], confidenc
         raise ValueError("a paired test needs at least one pair")
     if not 0.5 < confidence < 1:
         raise ValueError("confidence must be in (0.5, 1)")
-    xs, ys = _evenly(baseline, cap), _evenly(candidate, cap)
+    if cap < 2:
+        raise ValueError("a thinned sample keeps at least 2 pairs")
+    xs, ys = evenly_spaced(baseline, cap), evenly_spaced(candidate, cap)
     differences = [y - x for x, y in zip(xs, ys, strict=True)]
-    w, m, ties = _positive_rank_sum(differences)
+    nonzero = sorted((abs(d), d > 0) for d in differences if d != 0)  # zeros dropped (Wilcoxon)
+    w, ties = marked_rank_sum(nonzero)  # ranks of |d| over the positive differences
+    m = len(nonzero)
     sigma = math.sqrt(max(m * (m + 1) * (2 * m + 1) / 24 - ties / 48, 0.0))
     excess = w - m * (m + 1) / 4
-    if sigma > 0:
-        z = math.copysign(max(abs(excess) - 0.5, 0.0), excess) / sigma
-        p_two = min(1.0, 2 * normal_upper_tail(abs(z)))
-        p_greater = normal_upper_tail((excess - 0.5) / sigma)
-    else:  # every difference 0: nothing tells the versions apart
-        z, p_two, p_greater = 0.0, 1.0, 1.0
+    z, p_two, p_greater = continuity_z(excess, sigma)
     n = len(differences)
     walsh = sorted((differences[i] + differences[j]) / 2 for i in range(n) for j in range(i, n))
     shift = statistics.median(walsh)
@@ -121,9 +80,6 @@ def signed_rank(baseline: Sequence[float], candidate: Sequence[float], confidenc
     k = math.floor(len(walsh) / 2 - statistics.NormalDist().inv_cdf(confidence) * spread + 0.5)
     low, high = (walsh[k - 1], walsh[len(walsh) - k]) if 1 <= k <= len(walsh) + 1 - k else (None, None)
     median = statistics.median(xs)
-
-    def relative(value: float | None) -> float | None:
-        return None if value is None or median == 0 else value / abs(median)
-
-    return SignedRankTest(w, z, p_two, p_greater, shift, low, high, median, relative(shift), relative(low),
-                          relative(high), confidence, n, m, len(baseline))
+    return SignedRankTest(z, p_two, p_greater, shift, low, high, median, relative_to(median, shift),
+                          relative_to(median, low), relative_to(median, high), confidence, w=w, n=n,
+                          nonzero=m, observed=len(baseline))

@@ -42,6 +42,17 @@ def normal_upper_tail(z: float) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
+def continuity_z(excess: float, sigma: float) -> tuple[float, float, float]:
+    """A rank statistic's z, two-sided p and one-sided p ("candidate larger") under the normal
+    approximation, `excess` its distance from its mean: a continuity correction of 1/2 toward
+    0 (0 within 1/2), the one-sided p's toward the alternative. With sigma 0 every value is
+    equal and nothing tells the versions apart: z 0, p 1."""
+    if sigma <= 0:
+        return 0.0, 1.0, 1.0
+    z = math.copysign(max(abs(excess) - 0.5, 0.0), excess) / sigma
+    return z, min(1.0, 2 * normal_upper_tail(abs(z))), normal_upper_tail((excess - 0.5) / sigma)
+
+
 def thin(values: Sequence[float], cap: int = MAX_SAMPLE) -> list[float]:
     """The values sorted, and above `cap` of them `cap` at evenly spaced ranks (every k-th, k
     fractional, the first and last included): each quantile stays within half a stride of the
@@ -49,25 +60,29 @@ def thin(values: Sequence[float], cap: int = MAX_SAMPLE) -> list[float]:
     unlike a random subsample, so a verdict can be recomputed."""
     if cap < 2:
         raise ValueError("a thinned sample keeps at least 2 values")
-    ordered = sorted(values)
-    n = len(ordered)
+    return evenly_spaced(sorted(values), cap)
+
+
+def evenly_spaced(values: Sequence[float], cap: int) -> list[float]:
+    """`cap` of the values at evenly spaced positions, the first and last included (all of them
+    when there are no more than `cap`)."""
+    n = len(values)
     if n <= cap:
-        return ordered
-    stride = 2 * (cap - 1)  # rank i * (n - 1) / (cap - 1), rounded half up, in integers
-    return [ordered[(2 * i * (n - 1) + cap - 1) // stride] for i in range(cap)]
+        return list(values)
+    stride = 2 * (cap - 1)  # position i * (n - 1) / (cap - 1), rounded half up, in integers
+    return [values[(2 * i * (n - 1) + cap - 1) // stride] for i in range(cap)]
 
 
 @dataclass(frozen=True)
-class RankTest:
-    """Mann-Whitney U of the candidate against the baseline (see the module docstring); `n` the
-    values used per side (baseline, candidate), `observed` before thinning. `relative_*` is None
-    when the baseline's median is 0; a bound None when the samples are too small to give one."""
+class ShiftTest:
+    """What a rank test of a candidate against a baseline gives, paired or not: z, the
+    p-values (one-sided for "candidate larger"), the Hodges-Lehmann shift with its one-sided
+    bounds at `confidence`, and each relative to the baseline's median (None when that median
+    is 0; a bound None when the samples are too small to give one)."""
 
-    u: float
     z: float
     p_two_sided: float
     p_greater: float
-    superiority: float
     shift: float
     shift_low: float | None
     shift_high: float | None
@@ -76,23 +91,40 @@ class RankTest:
     relative_low: float | None
     relative_high: float | None
     confidence: float
-    n: tuple[int, int]
-    observed: tuple[int, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def relative_to(median: float, value: float | None) -> float | None:
+    """`value` over the baseline's median; None without a value or with a median of 0."""
+    return None if value is None or median == 0 else value / abs(median)
+
+
+@dataclass(frozen=True)
+class RankTest(ShiftTest):
+    """Mann-Whitney U of the candidate against the baseline (see the module docstring); `n` the
+    values used per side (baseline, candidate), `observed` before thinning."""
+
+    u: float = 0.0
+    superiority: float = 0.5
+    n: tuple[int, int] = (0, 0)
+    observed: tuple[int, int] = (0, 0)
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "n": list(self.n), "observed": list(self.observed)}
 
 
-def _rank_sum(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, int]:
-    """The candidate's (ys') rank sum in the pooled sample, tied values at their mid-rank, and
-    the tie term sum(t^3 - t) over the groups of tied values."""
-    pooled = sorted([(v, 0) for v in xs] + [(v, 1) for v in ys])
+def marked_rank_sum(ordered: Sequence[tuple[float, bool]]) -> tuple[float, int]:
+    """Over values in ascending order, each marked or not: the sum of the marked ones' ranks
+    (from 1, tied values at their mid-rank) and the tie term sum(t^3 - t) over the groups of
+    tied values."""
     ranks, ties, i = 0.0, 0, 0
-    while i < len(pooled):
+    while i < len(ordered):
         j = i
-        while j < len(pooled) and pooled[j][0] == pooled[i][0]:
+        while j < len(ordered) and ordered[j][0] == ordered[i][0]:
             j += 1
-        ranks += sum(side for _, side in pooled[i:j]) * (i + 1 + j) / 2  # ranks i + 1 .. j
+        ranks += sum(marked for _, marked in ordered[i:j]) * (i + 1 + j) / 2  # ranks i + 1 .. j
         ties += (j - i) ** 3 - (j - i)
         i = j
     return ranks, ties
@@ -158,17 +190,12 @@ def mann_whitney(baseline: Sequence[float], candidate: Sequence[float], confiden
     xs, ys = thin(baseline, cap), thin(candidate, cap)
     n1, n2 = len(xs), len(ys)
     pairs, total = n1 * n2, n1 + n2
-    ranks, ties = _rank_sum(xs, ys)
+    ranks, ties = marked_rank_sum(sorted([(v, False) for v in xs] + [(v, True) for v in ys]))  # ys' ranks
     u = ranks - n2 * (n2 + 1) / 2
     variance = pairs / 12 * (total + 1 - (ties / (total * (total - 1)) if total > 1 else 0))
     sigma = math.sqrt(max(variance, 0.0))
     excess = u - pairs / 2
-    if sigma > 0:
-        z = math.copysign(max(abs(excess) - 0.5, 0.0), excess) / sigma
-        p_two = min(1.0, 2 * normal_upper_tail(abs(z)))
-        p_greater = normal_upper_tail((excess - 0.5) / sigma)
-    else:  # every value equal: nothing tells the versions apart
-        z, p_two, p_greater = 0.0, 1.0, 1.0
+    z, p_two, p_greater = continuity_z(excess, sigma)
     middle = (pairs + 1) // 2
     shift = _kth_difference(xs, ys, middle)
     if pairs % 2 == 0:
@@ -177,12 +204,9 @@ def mann_whitney(baseline: Sequence[float], candidate: Sequence[float], confiden
     low, high = ((_kth_difference(xs, ys, k), _kth_difference(xs, ys, pairs + 1 - k))
                  if 1 <= k <= pairs + 1 - k else (None, None))
     median = statistics.median(xs)
-
-    def relative(value: float | None) -> float | None:
-        return None if value is None or median == 0 else value / abs(median)
-
-    return RankTest(u, z, p_two, p_greater, u / pairs, shift, low, high, median, relative(shift),
-                    relative(low), relative(high), confidence, (n1, n2), (len(baseline), len(candidate)))
+    return RankTest(z, p_two, p_greater, shift, low, high, median, relative_to(median, shift),
+                    relative_to(median, low), relative_to(median, high), confidence, u=u,
+                    superiority=u / pairs, n=(n1, n2), observed=(len(baseline), len(candidate)))
 
 
 @dataclass(frozen=True)
