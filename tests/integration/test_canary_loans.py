@@ -130,6 +130,7 @@ def test_a_killed_candidates_partitions_are_taken_back_from_its_commit(stack: St
         candidate = FleetProcess(replace(settings, instance=f"canary-{uuid.uuid4().hex[:4]}", version=version,
                                          canary=canary))
         with candidate.running():
+            candidate.wait_assigned()  # its process up (or the error it died of): the loan timed apart
             store.lend(group, topic, [3], canary)
             until(lambda: held(store, group, topic, 1), HOLD_TIMEOUT_S,
                   "the lent partition was never held by the candidate")
