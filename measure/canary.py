@@ -205,7 +205,7 @@ def _shift_check(name: str, test: ShiftTest, observed: int, tolerance: float,
     significant fails. With a baseline median of 0 there is no relative shift: any positive
     shift counts as beyond. `observed` the values (or pairs) the test had, at least `minimum`,
     else marginal with the note `too_few`."""
-    required = _required(what, tolerance, _TEST_NAMES[type(test)], thresholds.alpha)
+    required = _required(what, tolerance, test.test_name, thresholds.alpha)
     beyond = test.shift > 0 if test.relative_shift is None else test.relative_shift > tolerance
     significant = test.p_greater < thresholds.alpha
     interval = {"estimate": test.relative_shift, "low": test.relative_low, "high": test.relative_high,
@@ -222,8 +222,6 @@ def _shift_check(name: str, test: ShiftTest, observed: int, tolerance: float,
                  test.relative_shift, interval, test.as_dict(), note)
 
 
-_TEST_NAMES = {RankTest: "Mann-Whitney", SignedRankTest: "signed-rank"}
-
 
 def _required(what: str, tolerance: float, test_name: str, alpha: float) -> str:
     return (f"shift of the {what} <= {tolerance:.0%} of the baseline's median (Hodges-Lehmann); "
@@ -235,7 +233,7 @@ def _rank_check(name: str, baseline: Sequence[float], candidate: Sequence[float]
     """Two independent samples (the requests' costs): the rank test, at least `min_samples`
     values per version."""
     if not baseline or not candidate:
-        return Check(name, MARGINAL, *shown, _required(what, tolerance, "Mann-Whitney", thresholds.alpha),
+        return Check(name, MARGINAL, *shown, _required(what, tolerance, RankTest.test_name, thresholds.alpha),
                      note=_too_few(len(baseline), len(candidate), thresholds.min_samples, what))
     test = mann_whitney(baseline, candidate, 1 - thresholds.alpha)
     return _shift_check(name, test, min(test.observed), tolerance, thresholds, shown, thresholds.min_samples,
@@ -257,8 +255,8 @@ def _series_check(name: str, baseline: Sequence[Timed], candidate: Sequence[Time
     too_few = (f"not enough data: {len(paired)} intervals both versions served "
                f"({len(ours)} baseline, {len(theirs)} candidate; < {thresholds.min_intervals})")
     if not paired:
-        return Check(name, MARGINAL, *shown, _required(what, tolerance, "signed-rank", thresholds.alpha),
-                     note=too_few)
+        required = _required(what, tolerance, SignedRankTest.test_name, thresholds.alpha)
+        return Check(name, MARGINAL, *shown, required, note=too_few)
     test = signed_rank([ours[k] for k in paired], [theirs[k] for k in paired], 1 - thresholds.alpha)
     return _shift_check(name, test, len(paired), tolerance, thresholds, shown, thresholds.min_intervals,
                         what, too_few)

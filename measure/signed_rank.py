@@ -25,6 +25,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from measure.two_sample import ShiftTest, continuity_z, evenly_spaced, marked_rank_sum, relative_to
 
@@ -42,10 +43,11 @@ class SignedRankTest(ShiftTest):
     """The signed-rank test of paired differences (see the module docstring): `w` is W+, `n` the
     pairs used and `nonzero` those the test ranked, `observed` the pairs before thinning."""
 
-    w: float = 0.0
-    n: int = 0
-    nonzero: int = 0
-    observed: int = 0
+    w: float
+    n: int
+    nonzero: int
+    observed: int
+    test_name: ClassVar[str] = "signed-rank"
 
 
 def signed_rank(baseline: Sequence[float], candidate: Sequence[float], confidence: float = 0.99,

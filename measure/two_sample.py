@@ -24,7 +24,7 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 # Values kept per sample: the rank test sorts n1 + n2 values and the shift selects among n1 x n2
 # differences in passes over n1 + n2 rather than sorting every pair. With thousands per side a
@@ -91,6 +91,7 @@ class ShiftTest:
     relative_low: float | None
     relative_high: float | None
     confidence: float
+    test_name: ClassVar[str]  # as a check's bound names it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,10 +107,11 @@ class RankTest(ShiftTest):
     """Mann-Whitney U of the candidate against the baseline (see the module docstring); `n` the
     values used per side (baseline, candidate), `observed` before thinning."""
 
-    u: float = 0.0
-    superiority: float = 0.5
-    n: tuple[int, int] = (0, 0)
-    observed: tuple[int, int] = (0, 0)
+    u: float
+    superiority: float
+    n: tuple[int, int]
+    observed: tuple[int, int]
+    test_name: ClassVar[str] = "Mann-Whitney"
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "n": list(self.n), "observed": list(self.observed)}
