@@ -14,7 +14,8 @@ answer reported) and the prices the endpoints declare:
   was produced), a refused or timed-out connection (nothing was sent), a try not sent, a skip of
   a recorded result.
 - a call's cost: what the gateway reported for it; else its tokens x the endpoint's declared
-  prices per 1,000 input and output tokens; else unknown. A reported 0 gives way to declared
+  prices per 1,000 input and output tokens for the tier it was a try of (realtime, or the
+  cheaper batch and flex tiers an endpoint may sell); else unknown. A reported 0 gives way to declared
   prices: LiteLLM's proxy reports 0 for a model missing from its price map.
 - estimated: a billed try whose answer told neither its cost nor its tokens (cut off, not JSON,
   a crash) is priced at the mean of its stage's `ok` tries whose cost is known, and its tokens
@@ -33,6 +34,9 @@ answer reported) and the prices the endpoints declare:
   (x 1,000): what a configuration pays per delivered request, failed and duplicate calls
   included, as measure.capacity charges every call to the completed requests.
 - failed_cost, paid_twice_cost: the cost of the failed and of the paid-twice tries.
+- realtime_cost, batch_cost, flex_cost (and `_calls`): the cost and the billed tries of each
+  tier, so `<tier>_cost_per_1k_requests` are the parts the cost per 1,000 completed requests is
+  made of.
 - gateway_over_declared: over the tries with both a reported cost and tokens at declared
   prices, the reported sum / the tokens x prices sum: whether the declared prices agree with
   the gateway's bill.
@@ -59,12 +63,15 @@ BROKEN = "connection_error"  # billed when a 2xx answer had begun
 BILLED_SQL = (f"(outcome IN {ANSWERED + ABANDONED!r} AND (http_status IS NULL OR http_status BETWEEN 200 "
               f"AND 299) OR outcome = '{BROKEN}' AND http_status BETWEEN 200 AND 299)")
 USED, PAID_TWICE, FAILED = "used", "paid_twice", "failed"
+REALTIME = "realtime"
+TIERS = (REALTIME, "batch", "flex")
 REPORTED, DECLARED, ESTIMATED, UNKNOWN = "reported", "declared", "estimated", "unknown"
 # A run's totals: summed over runs to combine them (None: unknown, and so is any sum with it).
 TOTALS = ("completed", "billed_calls", USED, PAID_TWICE, FAILED, "abandoned",
           REPORTED, DECLARED, ESTIMATED, UNKNOWN,
           "tokens_input", "tokens_output", "cost", "failed_cost", "paid_twice_cost",
-          "reported_checked", "declared_checked")
+          "reported_checked", "declared_checked",
+          *(f"{tier}_{part}" for tier in TIERS for part in ("calls", "cost")))
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,7 @@ class Attempt:
     tokens_output: int | None = None
     reported_cost: float | None = None
     resulted: bool = True  # the (request, stage) has a recorded result
+    tier: str = REALTIME  # what the try was sold as (`TIERS`)
 
     @property
     def tokens(self) -> tuple[int, int] | None:
@@ -132,23 +140,32 @@ def _used(attempt: Attempt) -> bool:
     return attempt.outcome == "ok" and attempt.resulted
 
 
-def _stage_means(attempts: Sequence[Attempt], prices: Mapping[str, Prices | None]
-                 ) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
-    """Per stage, the mean cost and the mean (input, output) tokens of its `ok` tries that
-    know them: what an estimated try is priced at."""
-    costs: dict[str, list[float]] = defaultdict(list)
-    tokens: dict[str, list[tuple[int, int]]] = defaultdict(list)
+def price_of(attempt: Attempt, prices: Mapping[str, Prices | None],
+             tier_prices: Mapping[tuple[str, str], Prices]) -> Prices | None:
+    """The declared prices a try is charged at: its stage's realtime prices, or its tier's."""
+    if attempt.tier == REALTIME:
+        return prices.get(attempt.stage)
+    return tier_prices.get((attempt.stage, attempt.tier))
+
+
+def _stage_means(attempts: Sequence[Attempt], prices: Mapping[str, Prices | None],
+                 tier_prices: Mapping[tuple[str, str], Prices]
+                 ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], tuple[float, float]]]:
+    """Per (stage, tier), the mean cost and the mean (input, output) tokens of its `ok` tries
+    that know them: what an estimated try is priced at."""
+    costs: dict[tuple[str, str], list[float]] = defaultdict(list)
+    tokens: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     for attempt in attempts:
         if attempt.outcome != "ok":
             continue
-        cost, _ = call_cost(attempt, prices.get(attempt.stage))
+        cost, _ = call_cost(attempt, price_of(attempt, prices, tier_prices))
         if cost is not None:
-            costs[attempt.stage].append(cost)
+            costs[(attempt.stage, attempt.tier)].append(cost)
         if attempt.tokens is not None:
-            tokens[attempt.stage].append(attempt.tokens)
-    return ({stage: statistics.fmean(c) for stage, c in costs.items()},
-            {stage: (statistics.fmean(i for i, _ in t), statistics.fmean(o for _, o in t))
-             for stage, t in tokens.items()})
+            tokens[(attempt.stage, attempt.tier)].append(attempt.tokens)
+    return ({pair: statistics.fmean(c) for pair, c in costs.items()},
+            {pair: (statistics.fmean(i for i, _ in t), statistics.fmean(o for _, o in t))
+             for pair, t in tokens.items()})
 
 
 def _add(total: float | None, value: float | None) -> float | None:
@@ -162,22 +179,26 @@ def _sum(values: Iterable[float | None]) -> float | None:
     return total
 
 
-def run_costs(attempts: Iterable[Attempt], completed: int,
-              prices: Mapping[str, Prices | None]) -> dict[str, Any]:
-    """A run's cost figures from its attempt rows (ordered as written), its completed requests
-    and each AI stage's declared prices (None: none declared)."""
+def run_costs(attempts: Iterable[Attempt], completed: int, prices: Mapping[str, Prices | None],
+              tier_prices: Mapping[tuple[str, str], Prices] | None = None) -> dict[str, Any]:
+    """A run's cost figures from its attempt rows (ordered as written), its completed requests,
+    each AI stage's declared prices (None: none declared) and those of the other tiers its
+    endpoint sells, by (stage, tier)."""
     rows = list(attempts)
-    cost_means, token_means = _stage_means(rows, prices)
+    tier_prices = tier_prices or {}
+    cost_means, token_means = _stage_means(rows, prices, tier_prices)
     totals: dict[str, Any] = {key: 0 for key in TOTALS}
     totals.update(completed=completed, tokens_input=0.0, tokens_output=0.0, cost=0.0, failed_cost=0.0,
-                  paid_twice_cost=0.0, reported_checked=0.0, declared_checked=0.0)
+                  paid_twice_cost=0.0, reported_checked=0.0, declared_checked=0.0,
+                  **{f"{tier}_cost": 0.0 for tier in TIERS})
     unpriced: set[str] = set()
     for attempt, kind in kinds(rows):
-        price = prices.get(attempt.stage)
+        price = price_of(attempt, prices, tier_prices)
         cost, source = call_cost(attempt, price)
-        if cost is None and attempt.stage in cost_means:
-            cost, source = cost_means[attempt.stage], ESTIMATED
-        tokens = attempt.tokens or token_means.get(attempt.stage)
+        pair = (attempt.stage, attempt.tier)
+        if cost is None and pair in cost_means:
+            cost, source = cost_means[pair], ESTIMATED
+        tokens = attempt.tokens or token_means.get(pair)
         if cost is None:
             unpriced.add(attempt.stage)
         totals["billed_calls"] += 1
@@ -187,6 +208,8 @@ def run_costs(attempts: Iterable[Attempt], completed: int,
         totals["tokens_input"] = _add(totals["tokens_input"], tokens[0] if tokens else None)
         totals["tokens_output"] = _add(totals["tokens_output"], tokens[1] if tokens else None)
         totals["cost"] = _add(totals["cost"], cost)
+        totals[f"{attempt.tier}_calls"] += 1
+        totals[f"{attempt.tier}_cost"] = _add(totals[f"{attempt.tier}_cost"], cost)
         if kind != USED:
             totals[f"{kind}_cost"] = _add(totals[f"{kind}_cost"], cost)
         if attempt.reported_cost is not None and price is not None and attempt.tokens is not None:
@@ -223,6 +246,7 @@ def _derived(totals: Mapping[str, Any]) -> dict[str, Any]:
         "cost_per_request": _per(cost, n),
         "cost_per_1k_requests": per_1k,
         "gateway_over_declared": totals["reported_checked"] / checked if checked else None,
+        **{f"{tier}_cost_per_1k_requests": _per(totals[f"{tier}_cost"], n, 1000) for tier in TIERS},
     }
     figures["reasoning"] = [
         f"{totals['billed_calls']} billed tries: {totals[USED]} used, {totals[PAID_TWICE]} paid twice, "
@@ -235,6 +259,9 @@ def _derived(totals: Mapping[str, Any]) -> dict[str, Any]:
         f"cost per 1,000 completed requests: {shown(cost)} / {n} x 1000 = {shown(per_1k)}",
         f"failed calls cost {shown(totals['failed_cost'])}, "
         f"paid-twice calls {shown(totals['paid_twice_cost'])}",
+        "by tier: " + ", ".join(
+            f"{tier} {totals[f'{tier}_calls']} tries costing {shown(totals[f'{tier}_cost'])}"
+            for tier in TIERS if totals[f"{tier}_calls"]),
     ]
     return figures
 

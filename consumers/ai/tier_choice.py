@@ -55,7 +55,9 @@ def fallback_at(deadline_at: float, realtime_s: float) -> float:
 
 
 class Turnaround:
-    """One tier's expected turnaround, shared by every caller of a fleet (thread-safe)."""
+    """One tier's expected turnaround, shared by the router and the keeper of a fleet
+    (thread-safe); its history is the tier's recent completions in the database, so every
+    process of a stage learns from every batch."""
 
     def __init__(self, declared_s: float) -> None:
         if not declared_s > 0:
@@ -64,10 +66,10 @@ class Turnaround:
         self._lock = threading.Lock()
         self._seen: deque[float] = deque(maxlen=SAMPLES)
 
-    def ended(self, took_s: float) -> None:
-        """A batch (or a flex call) answered `took_s` seconds after it was sent."""
+    def learned(self, recent: Sequence[float]) -> None:
+        """The seconds the tier's recent batches (or flex calls) took to answer, oldest first."""
         with self._lock:
-            self._seen.append(took_s)
+            self._seen = deque(recent[-SAMPLES:], maxlen=SAMPLES)
 
     def expected_s(self) -> float:
         """The seconds a record sent to the tier now is expected to wait at most."""

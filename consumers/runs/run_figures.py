@@ -61,7 +61,7 @@ GROUP BY request_id, stage HAVING count(*) > 1
 ATTEMPTS_SQL = """
 SELECT a.request_id, a.stage, a.outcome, a.http_status, a.tokens_input, a.tokens_output, a.reported_cost,
        EXISTS (SELECT FROM stage_results s WHERE s.pipeline = a.pipeline AND s.request_id = a.request_id
-               AND s.stage = a.stage)
+               AND s.stage = a.stage), a.tier
 FROM ai_attempts a WHERE a.run_id = %(run)s ORDER BY a.id
 """
 
@@ -124,9 +124,22 @@ def prices_of(spec: PipelineSpec) -> dict[str, cost.Prices | None]:
     return prices
 
 
+def tier_prices_of(spec: PipelineSpec) -> dict[tuple[str, str], cost.Prices]:
+    """Each AI stage's prices at the other tiers its endpoint sells, by (stage, tier)."""
+    prices = {}
+    for stage in spec.ai_stages:
+        endpoint = spec.endpoint_of(stage)
+        for tier in ("batch", "flex"):
+            sold = endpoint.tiers.of(tier) if endpoint else None
+            if sold is not None and sold.price is not None:
+                prices[(stage, tier)] = cost.Prices(sold.price.input_per_1k, sold.price.output_per_1k)
+    return prices
+
+
 def attempt_costs(found: Iterable[Sequence[Any]], completed: int, spec: PipelineSpec) -> dict[str, Any]:
     """measure.cost.run_costs of a run from its ATTEMPTS_SQL rows, however they were fetched."""
-    return cost.run_costs([cost.Attempt(*row) for row in found], completed, prices_of(spec))
+    return cost.run_costs([cost.Attempt(*row) for row in found], completed, prices_of(spec),
+                          tier_prices_of(spec))
 
 
 def cost_figures(database_url: str, run_id: str, completed: int, spec: PipelineSpec) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import ConsumerGroupState, KafkaException
 
+from consumers.ai.batch_api import BatchAPI
 from consumers.ai.circuit import Circuit
 from consumers.ai.client import CALLER_HEADER, AIClient, Endpoint
 from consumers.ai.learned_timeout import LearnedTimeout
@@ -32,6 +33,9 @@ from consumers.kafka_clients.producer import KeyedProducer
 from consumers.quota.holder import LEASE_S, QuotaHolder
 from consumers.quota.leases import Holder, LeaseStore, Limits
 from consumers.runtime import fleet_args, metrics, start_up_heap, storage
+from consumers.runtime.batch_keeper import LEASE_S as BATCH_LEASE_S
+from consumers.runtime.batch_keeper import TICK_S as BATCH_TICK_S
+from consumers.runtime.batch_keeper import BatchKeeper, KeeperSettings
 from consumers.runtime.batch_member import BatchMember
 from consumers.runtime.borrower_member import BorrowerMember
 from consumers.runtime.fleet_settings import (
@@ -46,6 +50,8 @@ from consumers.runtime.member import StageMember
 from consumers.runtime.outbox import DirectOutbox
 from consumers.runtime.share_member import ShareMember
 from consumers.runtime.stages import StageContext
+from consumers.runtime.storage.batches import BatchStore, Scope
+from consumers.runtime.tier_router import TierRouter
 from consumers.runtime.window_pool import WindowPool
 
 log = logging.getLogger(__name__)
@@ -95,6 +101,7 @@ class Fleet:
             windows=WindowPool(concurrency) if s.member.mode == "flow" else None,
             loans=LoanStore(s.database_url) if s.member.mode == "flow" else None,
         )
+        self.keeper = self._batch_tier(spec)
         self.members = self._members()
         self.storage.record_members(s.member.run_id, s.member.stage, s.version, s.canary,
                                     [m.name for m in self.members])
@@ -103,6 +110,8 @@ class Fleet:
         self._recorder: threading.Thread | None = None
         self._quota_stop = threading.Event()  # set once the members' calls are over
         self._renewer: threading.Thread | None = None
+        self._keeper_stop = threading.Event()  # set once the members are stopped
+        self._keeper_thread: threading.Thread | None = None
 
     def _members(self) -> list[StageMember]:
         """The stage's members: in its group, or, for a canary, on what the group lends it."""
@@ -139,6 +148,29 @@ class Fleet:
         return AIClient(endpoint, s.retry, pool_size=pool, limiter=limiter, circuit=Circuit(),
                         rate_budget=budget, timeout=timeout)
 
+    def _batch_tier(self, spec: pipeline_spec.PipelineSpec) -> BatchKeeper | None:
+        """The stage's router to the batch tier (`ctx.router`) and the keeper of its batches,
+        when the stage may use the tier; None otherwise."""
+        s, ai = self.settings, self.ctx.ai
+        stage = spec.stages[s.member.stage]
+        if ai is None or s.ai_url is None or not isinstance(stage.work, pipeline_spec.HttpWork):
+            return None
+        endpoint = spec.endpoints[stage.work.endpoint]
+        # a fallback is given the most one try may take, and the keeper's tick that notices it
+        router = TierRouter.of(stage, endpoint, s.member.time_scale,
+                               lambda: ai.timeout.current() + BATCH_TICK_S)
+        if router is None or endpoint.tiers.batch is None:
+            return None
+        self.ctx.router = router
+        owner = f"{s.member.stage}/{s.instance or 'fleet'}/{socket.gethostname()}/{os.getpid()}"
+        return BatchKeeper(
+            KeeperSettings(endpoint.tiers.batch, endpoint.path, self.ctx.topics.source_of(s.member.stage),
+                           s.member.time_scale),
+            BatchStore(s.database_url, Scope(spec.name, s.member.run_id, s.member.stage), owner,
+                       BATCH_LEASE_S),
+            BatchAPI.beside(s.ai_url, endpoint.path, s.ai_auth_header, endpoint.headers),
+            self.producer, router.turnaround)
+
     def _quota_holder(self, spec: pipeline_spec.PipelineSpec, name: str, pool: int,
                       limiter: AdaptiveLimit, budget: RateBudget) -> QuotaHolder:
         """This fleet's hold on the provider quota its endpoint spends: a claim of its own,
@@ -165,6 +197,10 @@ class Fleet:
             thread = threading.Thread(target=member.run, args=(self._stop,), name=member.name)
             thread.start()
             self._threads.append(thread)
+        if self.keeper is not None:
+            self._keeper_thread = threading.Thread(target=self.keeper.run, args=(self._keeper_stop,),
+                                                   name=f"{self.settings.member.stage}-batches", daemon=True)
+            self._keeper_thread.start()
         if self.ctx.ai is not None:
             self._recorder = threading.Thread(target=self._record_changes, args=(self.ctx.ai,),
                                               name=f"{self.settings.member.stage}-changes", daemon=True)
@@ -250,6 +286,8 @@ class Fleet:
         for member in self.members:
             if member.failure is not None:
                 raise RuntimeError(f"member {member.name} failed: {member.failure!r}") from member.failure
+        if self.keeper is not None and self.keeper.failure is not None:
+            raise RuntimeError(f"the batch keeper failed: {self.keeper.failure!r}") from self.keeper.failure
 
     def _assignments(self) -> list[frozenset]:
         return [frozenset(m.assignment) for m in self.members]
@@ -270,6 +308,9 @@ class Fleet:
         alive = [t.name for t in self._threads if t.is_alive()]
         if self._recorder is not None:
             self._recorder.join(5)
+        if self._keeper_thread is not None:  # its last resends go out before the producer closes
+            self._keeper_stop.set()
+            self._keeper_thread.join(30)
         if self.quota is not None and self._renewer is not None:
             self._quota_stop.set()
             self._renewer.join(5)
@@ -323,10 +364,8 @@ def main() -> None:
         signal.signal(sig, lambda *_: stop.set())
     fleet.start()
     log.info("fleet %s running: %s", args.stage, config.stage(args.stage))
-    later = [t for t in topics.spec.stages[args.stage].tiers if t != "realtime"]
-    if later:  # declared for the router (consumers.ai.tier_choice), which no stage runs yet
-        log.warning("stage %s lists the %s tiers: this version calls every record realtime",
-                    args.stage, ", ".join(later))
+    if "flex" in topics.spec.stages[args.stage].tiers:  # the router weighs realtime and batch only
+        log.warning("stage %s lists the flex tier: this version calls its records realtime", args.stage)
     # Watch the members while waiting: a process whose member loop died must not run on with
     # fewer members; it exits non-zero (EX_SOFTWARE) so its supervisor starts it again.
     failure: RuntimeError | None = None

@@ -44,10 +44,12 @@ from consumers.config.pipeline_spec import HttpWork, PythonWork, Route, StageSpe
 from consumers.kafka_clients.producer import key_for
 from consumers.runtime.failures import ClaimHeld, Transient, WorkFailed
 from consumers.runtime.outbox import Outbox, Outgoing
-from consumers.runtime.storage import CallClaim, Claim, Ended, Key, Origin, Status, Storage
+from consumers.runtime.storage import CallClaim, Claim, Ended, Key, Line, Origin, Status, Storage
+from consumers.runtime.tier_router import TierRouter
 from consumers.runtime.window_pool import WindowPool
 
 TEMPLATE_FAILED = "request_template"  # the dead letter's reason: the event lacks what the request needs
+ANSWERED = "answered"  # a batch line's state once its answer is in
 
 
 @dataclass
@@ -64,6 +66,7 @@ class StageContext:
     claim_lease_s: float = 30.0  # longer than one try plus the backoff before the next
     windows: WindowPool | None = None  # flow: the members' windows, pooled
     loans: LoanStore | None = None  # flow: partitions lent to a canary (consumers.canary.loans)
+    router: TierRouter | None = None  # a stage that may park records for the batch tier
 
     @property
     def spec(self) -> StageSpec:
@@ -107,6 +110,15 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
     spec, key = ctx.spec, ctx.key(event)
     endpoint = spec.work.endpoint if isinstance(spec.work, HttpWork) else None
     calls = endpoint is not None and state.result is None and state.failure is None
+    if calls and ctx.router is not None:
+        line = _batch_line(ctx, key, event, origin)
+        if line is not None and line.waiting:  # the batch's now: the offset can be committed
+            ctx.storage.take(key, event["produced_at"], {f: event[f] for f in spec.record if f in event},
+                             ctx.status(spec.status, route=False))
+            return
+        if line is not None and line.state == ANSWERED:
+            _batch_result(spec.work, line, state)
+            calls = False
     if calls:
         if ctx.ai is None:
             raise RuntimeError(f"stage {ctx.stage} has no URL for endpoint {endpoint}")
@@ -129,6 +141,32 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
     ctx.outbox.deliver(origin, [ctx.outgoing(route.to, message(route, ctx.topics.spec.key, key, outcome))
                                 for route in routes if state.recorded_first or not route.once],
                        key if status is not None and status.settles else None)
+
+
+def _batch_line(ctx: StageContext, key: Key, event: dict[str, Any], origin: Origin) -> Line | None:
+    """The record's batch line: parked now when the router sends it to the batch tier, found
+    when an earlier handling parked it (this is a copy, or the keeper sent it back settled).
+    A record without a deadline has none, and no database round trip is spent on it."""
+    assert ctx.router is not None and isinstance(ctx.spec.work, HttpWork)
+    if ctx.router.deadline_at(event) is None:
+        return None
+    work = ctx.spec.work
+    try:
+        body = work.payload(event, ctx.topics.spec.key, ctx.topics.spec.endpoints[work.endpoint].model)
+    except RenderError:
+        body = None  # the realtime path dead-letters it
+    parked = ctx.router.parked(event, body, time.time()) if body is not None else None
+    return ctx.storage.park(key, ctx.stage, origin, parked)
+
+
+def _batch_result(work: HttpWork | PythonWork | None, line: Line, state: RecordState) -> None:
+    """The kept fields of the batch's answer, or the record's failure when it lacks them."""
+    assert isinstance(work, HttpWork) and line.answer is not None
+    kept, missing = work.result(line.answer)
+    if missing:
+        state.failure = AIBadAnswer(f"batch answer from {work.endpoint} without {missing}")
+    else:
+        state.result = kept
 
 
 def message(route: Route, key_field: str, key: Key, outcome: dict[str, Any]) -> dict[str, Any]:

@@ -152,6 +152,13 @@ class Batches:
             batch = self._batches.get(batch_id)
             return (200, self._shown(batch)) if batch else (404, error_body(INVALID, "no such batch"))
 
+    def listed(self, limit: int) -> tuple[int, dict[str, Any]]:
+        """GET /v1/batches: the newest `limit` batches (1 to 100, as OpenAI's page)."""
+        with self._lock:
+            newest = sorted(self._refreshed(), key=lambda b: b.created_at, reverse=True)
+            return 200, {"object": "list", "data": [self._shown(b) for b in newest[:max(1, min(100, limit))]],
+                         "has_more": len(newest) > limit}
+
     def cancel(self, batch_id: str) -> tuple[int, dict[str, Any]]:
         """POST /v1/batches/<id>/cancel: a pending batch ends `cancelled`, nothing answered."""
         with self._lock:

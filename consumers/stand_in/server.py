@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -146,6 +146,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._send_json(Reply(*self.standin.batches.create(request)))
 
+    def _list_batches(self, _body: bytes) -> None:
+        """GET /v1/batches?limit=N: the newest batches first."""
+        if not self._admin_allowed():
+            return
+        limit = parse_qs(urlsplit(self.path).query).get("limit", ["20"])[0]
+        self._send_json(Reply(*self.standin.batches.listed(int(limit) if limit.isdigit() else 20)))
+
     def _batch_get(self, _body: bytes) -> None:
         """GET /v1/batches/<id>, or a file's content at /v1/files/<id>/content."""
         if not self._admin_allowed():
@@ -205,7 +212,7 @@ ROUTES: dict[str, dict[str, Route]] = {  # the service's own; each endpoint adds
     HEALTH: {"GET": _Handler._health},
     METRICS: {"GET": _Handler._metrics},
     FILES: {"POST": _Handler._upload},
-    BATCHES: {"POST": _Handler._create_batch},
+    BATCHES: {"POST": _Handler._create_batch, "GET": _Handler._list_batches},
 }
 
 

@@ -25,7 +25,7 @@ COPY consumers/ai/ consumers/ai/
 COPY consumers/quota/ consumers/quota/
 COPY consumers/canary/ consumers/canary/
 COPY consumers/config/ consumers/config/
-COPY measure/__init__.py measure/sizing.py measure/quota_share.py measure/
+COPY measure/__init__.py measure/sizing.py measure/quota_share.py measure/cost.py measure/
 COPY pipelines/ pipelines/
 # A numeric user, so that the pod's runAsNonRoot can check it.
 USER 10001:10001

@@ -153,3 +153,24 @@ def test_an_endpoints_declared_prices_price_the_stages_that_call_it() -> None:
     document["endpoints"]["summarize"]["price"] = {"input_per_1k": -1, "output_per_1k": 0.0006}
     with pytest.raises(pipeline_spec.SpecError, match=r"endpoints\.summarize\.price\.input_per_1k"):
         pipeline_spec.parse(document)
+
+
+def test_a_batch_try_is_priced_at_its_tier_and_a_late_batch_answer_is_paid_twice() -> None:
+    realtime, batch = Prices(0.0025, 0.01), Prices(0.00125, 0.005)
+    rows = [
+        Attempt("t1", "draft", "ok", 200, 1000, 200),  # realtime: 0.0025 + 0.002 = 0.0045, used
+        Attempt("t2", "draft", "ok", 200, 1000, 200, tier="batch"),  # batch: 0.00125 + 0.001 = 0.00225, used
+        Attempt("t3", "draft", "ok", 200, 2000, 200),  # fell back, realtime: 0.005 + 0.002 = 0.007, used
+        # its batch answered too late: 0.0025 + 0.001 = 0.0035, paid twice
+        Attempt("t3", "draft", "ok", 200, 2000, 200, tier="batch"),
+    ]
+    got = cost.run_costs(rows, 3, {"draft": realtime}, {("draft", "batch"): batch})
+    assert (got["realtime_calls"], got["batch_calls"], got["flex_calls"]) == (2, 2, 0)
+    assert got["realtime_cost"] == pytest.approx(0.0115)  # 0.0045 + 0.007
+    assert got["batch_cost"] == pytest.approx(0.00575)  # 0.00225 + 0.0035
+    assert got["cost"] == pytest.approx(0.01725)
+    assert (got["paid_twice"], got["paid_twice_cost"]) == (1, pytest.approx(0.0035))
+    assert got["batch_cost_per_1k_requests"] == pytest.approx(1.916667)  # 0.00575 / 3 x 1000
+    assert got["flex_cost"] == 0.0 and got["flex_cost_per_1k_requests"] == 0.0
+    # a batch try whose tier declares no price is unknown, however its stage's realtime price reads
+    assert cost.run_costs(rows[1:2], 1, {"draft": realtime})["cost"] is None

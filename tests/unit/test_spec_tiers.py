@@ -40,8 +40,12 @@ def test_a_stage_that_may_wait_for_cheaper_tiers_is_accepted() -> None:
     assert draft.tiers == ["realtime", "flex", "batch"] and draft.deadline.within_s == 5400
     batch = spec.endpoints["large_model"].tiers.batch
     assert batch.protocol == "openai_batch" and batch.price.input_per_1k == 0.00125
-    # the shipped spec itself stays realtime only
-    assert pipeline_spec.load("support_tickets").stages["draft"].tiers == ["realtime"]
+    # the shipped spec drafts a ticket that says how long its customer may wait in a batch
+    shipped = pipeline_spec.load("support_tickets")
+    assert shipped.stages["draft"].tiers == ["realtime", "batch"]
+    assert shipped.stages["draft"].deadline.event_field == "answer_within_s"
+    assert shipped.stages["draft"].deadline.within_s is None  # a ticket without it: realtime
+    assert shipped.stages["triage"].tiers == ["realtime"]
 
 
 def test_a_tier_the_endpoint_does_not_sell_is_refused_at_the_stage_s_list() -> None:

@@ -1,11 +1,14 @@
 """The router's choice of tier on a table written out by hand: prices of one record's tokens,
-turnarounds and the time it has left; and a tier's turnaround learned from its completions."""
+turnarounds and the time it has left; a tier's turnaround learned from its completions; and
+the shipped support tickets' drafts routed by their deadlines."""
 
 from __future__ import annotations
 
 import pytest
 
 from consumers.ai.tier_choice import Offer, Turnaround, choose, fallback_at
+from consumers.config import pipeline_spec
+from consumers.runtime.tier_router import TierRouter
 from measure.cost import Prices
 
 TOKENS = (1000, 200)  # input, expected output
@@ -43,14 +46,53 @@ def test_a_record_not_answered_falls_back_a_realtime_call_before_its_deadline() 
 
 def test_the_turnaround_is_the_declared_window_until_five_completions_then_their_95th_percentile() -> None:
     turnaround = Turnaround(3600.0)
-    for took in (100.0, 200.0, 300.0, 400.0):
-        turnaround.ended(took)
+    turnaround.learned([100.0, 200.0, 300.0, 400.0])
     assert turnaround.expected_s() == 3600.0
-    turnaround.ended(500.0)
+    turnaround.learned([100.0, 200.0, 300.0, 400.0, 500.0])
     # 100 ... 500, inclusive: rank 0.95 x 4 = 3.8, 400 + 0.8 x 100
     assert turnaround.expected_s() == pytest.approx(480.0)
-    for _ in range(50):  # the last 50 only: the first five leave
-        turnaround.ended(60.0)
+    turnaround.learned([100.0, 200.0, 300.0, 400.0, 500.0] + [60.0] * 50)  # the last 50 only
     assert turnaround.expected_s() == 60.0
     with pytest.raises(ValueError):
         Turnaround(0.0)
+
+
+# The shipped support_tickets' draft: batch at 3,600 s declared; at time scale 0.01 that is 36 s,
+# and a fallback's realtime call is given 6 s.
+def router() -> TierRouter:
+    spec = pipeline_spec.load("support_tickets")
+    found = TierRouter.of(spec.stages["draft"], spec.endpoints["large_model"], 0.01, lambda: 6.0)
+    assert found is not None
+    return found
+
+
+BODY = {"model": "large-model", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 160}
+
+
+@pytest.mark.parametrize(("within_s", "now", "learned", "parked"), [
+    (None, 1000.0, [], None),  # the ticket says nothing: drafted at once
+    (0, 1000.0, [], None),  # not a wait
+    (True, 1000.0, [], None),  # not a number of seconds
+    # due at 1000 + 5000 x 0.01 = 1050: 50 s left, 36 + 6 = 42 fit; falls back at 1050 - 6
+    (5000, 1000.0, [], (1050.0, 1044.0)),
+    (5000, 1008.0, [], (1050.0, 1044.0)),  # 42 s left: fits exactly
+    (5000, 1009.0, [], None),  # 41 s left
+    # five batches took 10 s: their 95th percentile, 10 + 6 = 16, fits the 20 s left
+    (5000, 1030.0, [10.0] * 5, (1050.0, 1044.0)),
+    (5000, 1035.0, [10.0] * 5, None),  # 15 s left
+])
+def test_a_ticket_is_parked_for_the_batch_tier_when_its_learned_turnaround_and_a_fallback_fit(
+        within_s: object, now: float, learned: list[float], parked: tuple[float, float] | None) -> None:
+    routing = router()
+    routing.turnaround.learned(learned)
+    event = {"ticket_id": "t1", "produced_at": 1000.0,
+             **({} if within_s is None else {"answer_within_s": within_s})}
+    found = routing.parked(event, BODY, now)
+    assert (None if found is None else (found.deadline_at, found.fallback_at)) == parked
+    if found is not None:
+        assert found.event is event and found.body is BODY
+
+
+def test_a_stage_without_a_deadline_or_a_batch_tier_has_no_router() -> None:
+    spec = pipeline_spec.load("support_tickets")
+    assert TierRouter.of(spec.stages["triage"], spec.endpoints["small_model"], 1.0, lambda: 6.0) is None

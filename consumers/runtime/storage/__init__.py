@@ -17,7 +17,17 @@ The package: the records every write names (`records`), the statements (`stateme
 and its writes (`store`).
 """
 
-from consumers.runtime.storage.records import CallClaim, Claim, ClaimLost, Ended, Key, Origin, Status
+from consumers.runtime.storage.records import (
+    CallClaim,
+    Claim,
+    ClaimLost,
+    Ended,
+    Key,
+    Line,
+    Origin,
+    Parked,
+    Status,
+)
 from consumers.runtime.storage.store import (
            LEFT_FOR_OTHERS,
            Storage,
@@ -26,5 +36,5 @@ from consumers.runtime.storage.store import (
            sized_pool,
 )
 
-__all__ = ["LEFT_FOR_OTHERS", "CallClaim", "Claim", "ClaimLost", "Ended", "Key", "Origin", "Status",
-           "Storage", "fitted_pool_size", "free_connections", "sized_pool"]
+__all__ = ["LEFT_FOR_OTHERS", "CallClaim", "Claim", "ClaimLost", "Ended", "Key", "Line", "Origin", "Parked",
+           "Status", "Storage", "fitted_pool_size", "free_connections", "sized_pool"]

@@ -64,6 +64,31 @@ class CallClaim:
     join: Sequence[str] = ()
 
 
+@dataclass(frozen=True)
+class Parked:
+    """A record a stage parks for the batch tier (`Storage.park`): its event, sent to the stage
+    again once the line is settled, the request its line carries and its times (epoch s)."""
+
+    event: dict[str, Any]
+    body: dict[str, Any]
+    deadline_at: float
+    fallback_at: float
+
+
+@dataclass(frozen=True)
+class Line:
+    """A parked record's line as `Storage.park` finds it: `state` (pending, submitted, answered,
+    fallen_back) and, answered, the answer's body."""
+
+    state: str
+    answer: dict[str, Any] | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Still the batch's: a copy of the record has nothing to do."""
+        return self.state in ("pending", "submitted")
+
+
 class ClaimLost(Transient):
     """The lease ran out and another member took the claim over."""
 

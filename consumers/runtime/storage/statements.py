@@ -87,3 +87,16 @@ TAKE_AND_CLAIM = (
     "AND stage = %(s)s AND redrive = %(round)s AND own_failure) "
     "SELECT (SELECT fields FROM taken), (SELECT result FROM done), (SELECT id FROM first), "
     "(SELECT n FROM own)")
+
+# A record's line for the batch tier (`row_params`'s parameters and %(event)s, %(body)s,
+# %(deadline)s, %(fallback)s), unless %(park)s is false, the stage's result is recorded or the
+# request has a line at the stage already; then the line found, as it is now (no row: none).
+PARK = (
+    "WITH parked AS (INSERT INTO batch_lines (pipeline, request_id, stage, run_id, event, body, member, "
+    "topic, kafka_partition, kafka_offset, redrive, deadline_at, fallback_at) "
+    "SELECT %(p)s, %(r)s, %(s)s, %(run)s, %(event)s, %(body)s, %(member)s, %(topic)s, %(partition)s, "
+    "%(offset)s, %(round)s, %(deadline)s, %(fallback)s WHERE %(park)s AND NOT EXISTS ("
+    "SELECT FROM stage_results WHERE pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s) "
+    "ON CONFLICT (pipeline, request_id, stage) DO NOTHING RETURNING state, answer) "
+    "SELECT state, answer FROM parked UNION ALL "
+    "SELECT state, answer FROM batch_lines WHERE pipeline = %(p)s AND request_id = %(r)s AND stage = %(s)s")

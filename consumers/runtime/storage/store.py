@@ -16,11 +16,23 @@ from psycopg2.extensions import connection
 from psycopg2.pool import ThreadedConnectionPool
 
 from consumers.config.pipeline_spec import TERMINAL_STATUSES
-from consumers.runtime.storage.records import CallClaim, Claim, ClaimLost, Ended, Key, Origin, Status, ts
+from consumers.runtime.storage.records import (
+    CallClaim,
+    Claim,
+    ClaimLost,
+    Ended,
+    Key,
+    Line,
+    Origin,
+    Parked,
+    Status,
+    ts,
+)
 from consumers.runtime.storage.statements import (
     DEAD_LETTERED_RANK,
     END_ATTEMPTS,
     FORWARD,
+    PARK,
     START_ATTEMPT,
     TAKE,
     TAKE_AND_CLAIM,
@@ -174,6 +186,20 @@ class Storage:
                  "status": status.name if status else "", "rank": status.rank if status else -1,
                  "settled": list(TERMINAL_STATUSES), **ended_params(ended)})
             return cur.fetchone()[0]
+
+    def park(self, key: Key, stage: str, origin: Origin, parked: Parked | None) -> Line | None:
+        """Park the record for the batch tier (`parked`; None: look only), unless the stage's
+        result is recorded or the request has a line at the stage: its line as it is now, None
+        when it has none (see `PARK`)."""
+        params = {**row_params(key, stage, origin), "park": parked is not None,
+                  "event": json.dumps(parked.event) if parked else None,
+                  "body": json.dumps(parked.body) if parked else None,
+                  "deadline": ts(parked.deadline_at) if parked else None,
+                  "fallback": ts(parked.fallback_at) if parked else None}
+        with self._tx(atomic=False) as cur:
+            cur.execute(PARK, params)
+            found = cur.fetchone()
+        return Line(*found) if found else None
 
     def mark_notified(self, *keys: Key) -> None:
         """The settling routes' messages were acknowledged (or their transaction committed):
