@@ -35,7 +35,7 @@ TEST_RUN := $(if $(filter 1,$(TEST_WORKERS)),.venv/bin/pytest -q -rfEs --duratio
   ( .venv/bin/pytest -q -rfEs --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
     -m "not serial"; r=$$?; .venv/bin/pytest -q -rfEs --durations=5 -m serial $(SERIAL_MODULES) || r=1; exit $$r ))
 
-.PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats canary canary-stats shared-quota limit-matrix faults test test-unit test-fast lint airflow
+.PHONY: deps venv gateway-venv jars postgres-server browser up down status demo capacity bench bench-smoke gate-stats canary canary-stats tiers shared-quota limit-matrix faults test test-unit test-fast lint airflow
 
 deps: venv jars postgres-server browser
 
@@ -120,6 +120,11 @@ canary: up
 
 canary-stats: up
 	$(CANARY_ENV) && $(PY) -m bench.canary --stats 20 $(BENCH_ARGS)
+
+# Support tickets that may wait drafted by the batch tier, against the same tickets all realtime
+# (bench/tiers.py): cost per 1,000 by tier, interactive p99, deadline misses, fallbacks.
+tiers: up
+	$(DEV_ENV) && $(PY) -m bench.tiers $(BENCH_ARGS)
 
 # Three pipelines on one provider quota, weights 2 : 1 : 1 (bench/shared_quota.py): backlogged
 # under a concurrency and a requests-per-minute quota, then one of them idle for a minute.

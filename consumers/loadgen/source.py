@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import subprocess
 import sys
@@ -32,6 +33,24 @@ from consumers.runtime import start_up_heap
 
 FLUSH_TIMEOUT_S = 60.0
 SEED = 7  # of the load's random choices: every run sends the same sequence of requests
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A share of the requests whose senders may wait `within_s` seconds (real scale) for the
+    answer: each of the spec's deadline fields is set to it on their first event. Which ones is
+    fixed by their index, evenly spread (of 0.7: 7 in every 10), so a run without it sends the
+    same requests and its figures can be read for the same ones."""
+
+    share: float
+    within_s: float
+
+    def waits(self, index: int) -> bool:
+        return math.floor((index + 1) * self.share) > math.floor(index * self.share)
+
+    def apply(self, index: int, fields: list[str], request: list[tuple[str, dict]]) -> None:
+        if request and self.waits(index):
+            request[0][1].update(dict.fromkeys(fields, self.within_s))
 
 
 @dataclass
@@ -52,7 +71,7 @@ class SourceReport:
 
 def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, count: int,
                   rate: float | None = None, reject_share: float = 0.0, seed: int = SEED,
-                  progress: bool = True) -> SourceReport:
+                  progress: bool = True, waiting: Waiting | None = None) -> SourceReport:
     """Send `count` requests, as a burst or at `rate` per second; wait for every ack.
 
     A burst is built first and then sent back to back, each request's first events before any
@@ -60,9 +79,17 @@ def send_requests(producer: KeyedProducer, topics: events.Topics, run_id: str, c
     event builder's: that is what puts a keyless burst into few sticky-partitioning windows.
     """
     spec = topics.spec
-    generator = pipeline_spec.resolve(spec.load.generator)
+    resolved = pipeline_spec.resolve(spec.load.generator)
     rng = random.Random(seed)
+    fields = sorted({s.deadline.event_field for s in spec.stages.values()
+                     if s.deadline is not None and s.deadline.event_field})
     sent: list[tuple[str, Future]] = []
+
+    def generator(rng: random.Random, run_id: str, index: int, reject_share: float) -> list[tuple[str, dict]]:
+        request = resolved(rng, run_id, index, reject_share)
+        if waiting is not None:
+            waiting.apply(index, fields, request)
+        return request
 
     def send(topic: str, event: dict) -> None:
         sent.append((topic, producer.send(topics.name(topic), event)))
@@ -109,19 +136,21 @@ def _check_delivered(futures: list[Future], undelivered: int) -> None:
 
 def _send_with_own_producer(kafka: KafkaConnection, profile: str, key_strategy: str, topics: events.Topics,
                             run_id: str, count: int, rate: float | None, reject_share: float,
-                            progress: bool, batch_records: int | None) -> SourceReport:
+                            progress: bool, batch_records: int | None,
+                            waiting: Waiting | None = None) -> SourceReport:
     producer = KeyedProducer(kafka, profile=profile, key_strategy=key_strategy, batch_records=batch_records)
     try:
         producer.prepare(topics.producing())
         return send_requests(producer, topics, run_id, count, rate=rate, reject_share=reject_share,
-                             progress=progress)
+                             progress=progress, waiting=waiting)
     finally:
         producer.close()
 
 
 def send_in_process(kafka: KafkaConnection, profile: str, key_strategy: str, topics: events.Topics,
                     run_id: str, count: int, rate: float | None = None, reject_share: float = 0.0,
-                    progress: bool = False, batch_records: int | None = None) -> SourceReport:
+                    progress: bool = False, batch_records: int | None = None,
+                    waiting: Waiting | None = None) -> SourceReport:
     """`send_requests` from a process of its own (this module's command), as the backend it
     stands for would send; `batch_records` caps its producer's batches (PipelineConfig's
     producer_batch_records).
@@ -136,6 +165,7 @@ def send_in_process(kafka: KafkaConnection, profile: str, key_strategy: str, top
            "--prefix", topics.prefix, "--run-id", run_id,
            *load, "--keys", key_strategy, "--profile", profile, "--reject-share", str(reject_share),
            *(["--batch-records", str(batch_records)] if batch_records else []),
+           *(["--wait-share", str(waiting.share), "--wait-s", str(waiting.within_s)] if waiting else []),
            "--json", *([] if progress else ["--quiet"])]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False,
                           env=kafka.child_environment())
@@ -159,6 +189,10 @@ def main() -> None:
                    help="share of requests the pipeline's generator makes to be refused")
     p.add_argument("--batch-records", type=int,
                    help="most records a producer batch holds (the window of a share group it feeds)")
+    p.add_argument("--wait-share", type=float, default=0.0,
+                   help="share of requests whose senders may wait --wait-s for the answer (the spec's "
+                        "deadline fields set)")
+    p.add_argument("--wait-s", type=float, default=3600.0, help="seconds, real scale, with --wait-share")
     kafka_connection.add_argument(p)
     p.add_argument("--json", action="store_true", help="print the report (request ids, partitions) as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -167,9 +201,10 @@ def main() -> None:
     kafka = kafka_connection.from_args(args, p).of("source")
     topics = events.Topics(args.prefix, pipeline_spec.load(args.pipeline))
     start_up_heap.freeze()
+    waiting = Waiting(args.wait_share, args.wait_s) if args.wait_share else None
     report = _send_with_own_producer(kafka, args.profile, args.keys, topics, args.run_id, count,
                                      args.rate, args.reject_share, progress=not args.quiet,
-                                     batch_records=args.batch_records)
+                                     batch_records=args.batch_records, waiting=waiting)
     if args.json:
         print(json.dumps(asdict(report)))
         return

@@ -22,7 +22,7 @@ from consumers.config.candidate import Endpoints, PipelineConfig
 from consumers.config.kafka_connection import KafkaAccess
 from consumers.kafka_clients import acls
 from consumers.kafka_clients.provisioning import delete, provision
-from consumers.loadgen.source import SourceReport, send_in_process
+from consumers.loadgen.source import SourceReport, Waiting, send_in_process
 from consumers.runtime.fleet import Fleet
 from consumers.runtime.fleet_process import FleetProcess
 from consumers.runtime.fleet_settings import settings_for
@@ -42,11 +42,12 @@ class Pipeline:
     fleets: dict[str, Fleet | FleetProcess] = field(default_factory=dict)
 
     def send(self, count: int, rate: float | None = None, reject_share: float = 0.0,
-             key_strategy: str | None = None, progress: bool = False) -> SourceReport:
+             key_strategy: str | None = None, progress: bool = False,
+             waiting: Waiting | None = None) -> SourceReport:
         return send_in_process(self.kafka.of("source"), self.config.producer_profile or self.config.profile,
                                key_strategy or self.config.key_strategy, self.topics, self.run_id,
                                count, rate=rate, reject_share=reject_share, progress=progress,
-                               batch_records=self.config.producer_batch_records(None))
+                               batch_records=self.config.producer_batch_records(None), waiting=waiting)
 
     def status_counts(self) -> dict[str, int]:
         with closing(RunRecords(self)) as records:
