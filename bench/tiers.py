@@ -89,9 +89,10 @@ def arm_figures(stack: Stack, run_id: str, replies_topic: str, ids: list[str], w
     interactive = [rid for rid in ids if rid not in waits]
     completed = figures_of.settled(counts)
     costs = cost_figures(db, run_id, completed, CONFIG.spec)
-    latency = dict(rows(db, "SELECT request_id, extract(epoch FROM notified_at - produced_at) FROM requests "
-                        "WHERE run_id = %s AND status = 'completed' AND notified_at IS NOT NULL", (run_id,)))
-    drafted = dict(rows(db, "SELECT r.request_id, extract(epoch FROM s.completed_at - r.produced_at) "
+    latency = dict(rows(db, "SELECT request_id, extract(epoch FROM notified_at - produced_at)::float8 "
+                        "FROM requests WHERE run_id = %s AND status = 'completed' "
+                        "AND notified_at IS NOT NULL", (run_id,)))
+    drafted = dict(rows(db, "SELECT r.request_id, extract(epoch FROM s.completed_at - r.produced_at)::float8 "
                         "FROM requests r JOIN stage_results s USING (pipeline, request_id) "
                         "WHERE r.run_id = %s AND s.stage = 'draft'", (run_id,)))
     lines = Counter(dict(rows(db, "SELECT state, count(*) FROM batch_lines WHERE run_id = %s GROUP BY 1",
@@ -112,7 +113,7 @@ def arm_figures(stack: Stack, run_id: str, replies_topic: str, ids: list[str], w
                                          if isinstance(e, dict) and "duplicate_served" in e),
         "duplicate_replies": sum(n - 1 for n in replies.values() if n > 1),
         "interactive": len(interactive),
-        "interactive_p99_s": figures_of.percentile([latency[r] for r in interactive if r in latency], 99),
+        "interactive_p99_s": figures_of.percentile([latency[r] for r in interactive if r in latency], 0.99),
         "interactive_latencies_s": sorted(latency[r] for r in interactive if r in latency),
         "waiting": len(waits),
         "deadline_misses": tiers_of.deadline_misses([drafted.get(r) for r in waits], WAIT_S * TIME_SCALE),
