@@ -2,6 +2,7 @@
 what does the batch tier save, and what does it cost the tickets a person waits on?
 
     python -m bench.tiers [--tickets 900] [--rate 15] [--waiting 0.7] [--repetitions 1]
+                          [--fault none|expired|failed|create-500|slow]
 
 support_tickets runs with its fleets in processes of their own against a stand-in started here
 (its batch tier at its defaults: a turnaround with a median of 7 minutes and a p99 of an hour,
@@ -13,7 +14,8 @@ read_committed reader of the replies: the cost per 1,000 completed tickets by ti
 interactive tickets' p99 end-to-end latency, deadline misses (a waiting ticket's draft recorded
 after its deadline, or never), the batch lines that fell back and what their realtime calls
 cost, tickets lost, paid twice and duplicate replies. The arms alternate in order between
-repetitions. Figures and a plot go to results/tiers-<id>/.
+repetitions. `--fault` makes the stand-in's batch tier fail in one of its ways (`FAULTS`). Figures
+and a plot go to results/tiers-<id>/.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -39,6 +42,7 @@ from consumers.config.candidate import Endpoints, PipelineConfig, StageConfig
 from consumers.loadgen.source import Waiting
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runs.run_figures import ATTEMPTS_SQL, attempt_costs, cost_figures, rows
+from consumers.stand_in.batches import BatchConfig
 from consumers.stand_in.config import ServiceConfig
 from consumers.stand_in.server import serve
 from infra.kafka_tools import topic_values
@@ -51,10 +55,20 @@ TIME_SCALE = 0.02  # a batch's median of 7 minutes is 8.4 s here, its p99 72 s
 WAIT_S = 7200.0  # what a waiting ticket allows, real scale: 144 s here
 DRAIN_S = 2 * WAIT_S * TIME_SCALE + 60  # after the last ticket: every deadline passed, and some
 LIMIT = 64  # the stand-in's concurrency per endpoint
+BATCH_DEFAULTS = asdict(BatchConfig())  # each arm starts from the stand-in's own batch tier
 CONFIG = PipelineConfig(pipeline="support_tickets", partitions=6, time_scale=TIME_SCALE, replication_factor=1,
                         stages={"triage": StageConfig("flow", members=1, window=32),
                                 "draft": StageConfig("flow", members=1, window=32)})
 ARMS = ("realtime", "tiered")
+# The batch tier failing in each of its ways (the stand-in's batch settings, real scale): every
+# waiting ticket must still be drafted before its deadline, by its fallback.
+FAULTS: dict[str, dict[str, float]] = {
+    "none": {},
+    "expired": {"expire_rate": 1.0, "window_s": 3600.0},  # each batch expires at the hour, half done
+    "failed": {"fail_validation_rate": 1.0},  # each batch fails its validation
+    "create-500": {"create_error_rate": 1.0},  # no batch is ever created
+    "slow": {"median_s": 20000.0, "p99_s": 40000.0},  # beyond the deadline: every line falls back
+}
 
 
 @contextmanager
@@ -69,8 +83,10 @@ def stand_in() -> Iterator[str]:
 
 
 def run_arm(arm: str, stack: Stack, url: str, waiting: Waiting, tickets: int, rate: float,
-            run_id: str) -> dict[str, Any]:
+            run_id: str, fault: str) -> dict[str, Any]:
     """One arm's run to the end of its deadlines, and its figures."""
+    requests.put(f"{url}/v1/config", timeout=10, json={"batches": {**BATCH_DEFAULTS, **FAULTS[fault]}}
+                 ).raise_for_status()
     requests.post(f"{url}/v1/stats/reset", timeout=10).raise_for_status()
     console.rule(f"[bold]{run_id}")
     with running_pipeline(CONFIG, stack.kafka, stack.database_url, Endpoints.on(url, CONFIG.spec),
@@ -174,6 +190,7 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=15.0, help="tickets a second")
     p.add_argument("--waiting", type=float, default=0.7, help="share of the tickets that may wait")
     p.add_argument("--repetitions", type=int, default=1)
+    p.add_argument("--fault", choices=FAULTS, default="none", help="how the batch tier fails (FAULTS)")
     args = p.parse_args()
     stack = Stack.from_environment(os.environ)
     if stack is None:
@@ -186,13 +203,13 @@ def main() -> None:
         for rep in range(1, args.repetitions + 1):
             order = ARMS if rep % 2 else tuple(reversed(ARMS))
             reps.append({arm: run_arm(arm, stack, url, waiting, args.tickets, args.rate,
-                                      f"{bench_id}-{arm}-{rep}") for arm in order})
+                                      f"{bench_id}-{arm}-{rep}", args.fault) for arm in order})
     ratios = {figure: tiers_of.ratio_of_means([(r["tiered"][figure], r["realtime"][figure]) for r in reps])
               for figure in ("cost_per_1k", "interactive_p99_s")}
     out = run_dir(bench_id)
-    summary = {"bench_id": bench_id, "tickets": args.tickets, "rate": args.rate, "waiting": args.waiting,
-               "wait_s": WAIT_S, "time_scale": TIME_SCALE, "seconds": round(time.monotonic() - started),
-               "repetitions": reps, "ratios": ratios}
+    summary = {"bench_id": bench_id, "fault": args.fault, "tickets": args.tickets, "rate": args.rate,
+               "waiting": args.waiting, "wait_s": WAIT_S, "time_scale": TIME_SCALE,
+               "seconds": round(time.monotonic() - started), "repetitions": reps, "ratios": ratios}
     (out / "figures.json").write_text(json.dumps(summary, indent=2, default=str))
     plot(reps, out / "tiers.png")
     show(reps, ratios)
