@@ -136,8 +136,9 @@ def arm_figures(stack: Stack, run_id: str, replies_topic: str, ids: list[str], w
         "batch_lines": dict(lines),
         "fallback_cost_per_1k": tiers_of.per_1k(attempt_costs(fallback_tries, completed, CONFIG.spec)["cost"],
                                                 completed),
-        "batches": {k: stats["batches"][k] for k in ("batches_created", "lines_served", "completed",
-                                                     "expired", "failed", "cancelled")},
+        # the stand-in's counters of this arm (its batches' statuses are counted over its life)
+        "batches": {k: stats["batches"][k] for k in ("batches_created", "batches_refused", "lines_served",
+                                                     "lines_failed")},
     }
 
 
