@@ -27,8 +27,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import ExitStack, closing
 from dataclasses import replace
 from typing import Any
 
@@ -37,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.report import run_dir, save
-from bench.stacks import Stack
+from bench.stacks import Stack, own_stand_in
 from consumers.config.canary_plan import CanaryPlan
 from consumers.config.candidate import Endpoints, PipelineConfig, StageConfig
 from consumers.kafka_clients.producer import KeyedProducer
@@ -47,8 +46,6 @@ from consumers.runs.pipeline_run import Pipeline, running_pipeline
 from consumers.runs.run_figures import cost_figures, rows
 from consumers.runtime.fleet_process import FleetProcess
 from consumers.runtime.fleet_settings import settings_for
-from consumers.stand_in.config import ServiceConfig
-from consumers.stand_in.server import serve
 from infra.kafka_tools import topic_values
 from measure.canary import PASS, CanaryThresholds
 from measure.figures import TERMINAL
@@ -117,17 +114,6 @@ class LiveLoad:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-@contextmanager
-def stand_in() -> Iterator[str]:
-    server = serve(ServiceConfig.from_specs([ACTIVE_CONFIG.spec], time_scale=TIME_SCALE, limit=LIMIT),
-                   host="127.0.0.1", port=0)
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 class Live:
@@ -259,7 +245,7 @@ def main() -> None:
                   f"(80 % of {rate / LOAD_SHARE:.1f})")
     registry, records = ConfigRegistry(), CanaryRecords()
     trials: list[dict[str, Any]] = []
-    with stand_in() as url, ExitStack() as cleanup:
+    with own_stand_in(ACTIVE_CONFIG.spec, TIME_SCALE, LIMIT) as url, ExitStack() as cleanup:
         endpoints = Endpoints.on(url, ACTIVE_CONFIG.spec)
         pipeline = cleanup.enter_context(running_pipeline(
             ACTIVE_CONFIG, stack.kafka, stack.database_url, endpoints, stages=("triage", STAGE),

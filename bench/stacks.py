@@ -11,6 +11,8 @@ from consumers.config import presets
 from consumers.config.candidate import Endpoints
 from consumers.config.kafka_connection import KafkaAccess
 from consumers.config.pipeline_spec import PipelineSpec
+from consumers.stand_in.config import ServiceConfig
+from consumers.stand_in.server import serve
 from infra import ai_gateway
 from infra import stack as local_stack
 from infra.layout import PLAINTEXT, Layout
@@ -93,3 +95,16 @@ def durable(layout: Layout) -> Iterator[Stack]:
         if stack is None:
             raise SystemExit(f"the {layout.name} stack started but wrote no addresses to {layout.env_file}")
         yield stack
+
+
+@contextmanager
+def own_stand_in(spec: PipelineSpec, time_scale: float, limit: int) -> Iterator[str]:
+    """A stand-in of the spec's endpoints in this process, for a benchmark that sets its time
+    scale and limits apart from the stack's; its base URL."""
+    server = serve(ServiceConfig.from_specs([spec], time_scale=time_scale, limit=limit),
+                   host="127.0.0.1", port=0)
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -26,8 +26,6 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -37,14 +35,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.report import run_dir, save
-from bench.stacks import Stack
+from bench.stacks import Stack, own_stand_in
 from consumers.config.candidate import Endpoints, PipelineConfig, StageConfig
 from consumers.loadgen.source import Waiting
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runs.run_figures import ATTEMPTS_SQL, attempt_costs, cost_figures, rows
 from consumers.stand_in.batches import BatchConfig
-from consumers.stand_in.config import ServiceConfig
-from consumers.stand_in.server import serve
 from infra.kafka_tools import topic_values
 from measure import figures as figures_of
 from measure import tiers as tiers_of
@@ -69,17 +65,6 @@ FAULTS: dict[str, dict[str, float]] = {
     "create-500": {"create_error_rate": 1.0},  # no batch is ever created
     "slow": {"median_s": 20000.0, "p99_s": 40000.0},  # beyond the deadline: every line falls back
 }
-
-
-@contextmanager
-def stand_in() -> Iterator[str]:
-    server = serve(ServiceConfig.from_specs([CONFIG.spec], time_scale=TIME_SCALE, limit=LIMIT),
-                   host="127.0.0.1", port=0)
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def run_arm(arm: str, stack: Stack, url: str, waiting: Waiting, tickets: int, rate: float,
@@ -200,7 +185,7 @@ def main() -> None:
     waiting = Waiting(args.waiting, WAIT_S)
     started = time.monotonic()
     reps: list[dict[str, dict[str, Any]]] = []
-    with stand_in() as url:
+    with own_stand_in(CONFIG.spec, TIME_SCALE, LIMIT) as url:
         for rep in range(1, args.repetitions + 1):
             order = ARMS if rep % 2 else tuple(reversed(ARMS))
             reps.append({arm: run_arm(arm, stack, url, waiting, args.tickets, args.rate,
