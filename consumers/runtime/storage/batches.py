@@ -222,10 +222,11 @@ class BatchStore:
                             "AND request_id = ANY(%(ids)s)", self._params(ids=[r.request_id for r in found]))
 
     def turnarounds(self, recent: int) -> list[float]:
-        """The seconds the stage's last `recent` completed batches took, oldest first."""
+        """The seconds the stage's last `recent` completed batches of the run took, oldest first
+        (a run's own: another run may have had another time scale)."""
         with self._tx() as cur:
             cur.execute("SELECT extract(epoch FROM ended_at - submitted_at)::float8 FROM ai_batches "
-                        "WHERE pipeline = %(p)s AND stage = %(s)s AND outcome = 'completed' "
+                        f"WHERE {_SCOPE} AND outcome = 'completed' "
                         "ORDER BY ended_at DESC LIMIT %(n)s", self._params(n=recent))
             return [row[0] for row in reversed(cur.fetchall())]
 
