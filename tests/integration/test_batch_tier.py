@@ -29,8 +29,9 @@ from tests.stack import Stack
 TIME_SCALE = 0.005  # the declared window of 3,600 s is 18 s here
 TICKETS = 30
 WAITING = 20  # tickets whose customer may wait
-# 25 s here: the declared window (18 s) and the realtime call kept in hand (at most 6 s) fit
-WITHIN_S = 5000
+# 35 s here: the declared window (18 s) and the realtime call kept in hand (about 6 s) fit with
+# 11 s to spare for the triage before it (on a loaded machine, 1 s was not enough)
+WITHIN_S = 7000
 QUICK = {"median_s": 150.0, "p99_s": 300.0, "validation_s": 5.0}  # 0.75 s median here
 DEFAULTS = {"fail_validation_rate": 0.0, "expire_rate": 0.0, "create_error_rate": 0.0,
             "line_error_rate": 0.0, "window_s": 86400.0}
