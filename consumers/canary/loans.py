@@ -35,11 +35,16 @@ class Loan:
     state: str
     position: int | None
     holder: str | None
-    lapsed: bool  # lent or returning, and the candidate's lease is over
+    # Nobody has it any more: held once and its holder's lease is over (the candidate died), or
+    # asked back while nobody holds it. A lent partition not held yet does not lapse: a
+    # candidate whose fleet starts later than one lease after the hand-over still gets it, and
+    # the canary's step bounds the wait (its recall then returns it).
+    lapsed: bool
 
 
 _COLUMNS = ("partition, canary_id, state, position, holder, "
-            "(state IN ('lent', 'returning') AND lease_until < now()) AS lapsed")
+            "(state IN ('lent', 'returning') AND holder IS NOT NULL AND lease_until < now() "
+            "OR state = 'returning' AND holder IS NULL) AS lapsed")
 
 
 class LoanStore:
@@ -120,7 +125,7 @@ class LoanStore:
                   "AND state IN ('lent', 'returning') AND lease_until >= now()", params)
         self._run("WITH free AS (SELECT partition FROM partition_loans WHERE group_id = %(g)s "
                   "AND topic = %(t)s AND canary_id = %(c)s AND state = 'lent' AND holder IS NULL "
-                  "AND lease_until >= now() ORDER BY partition LIMIT GREATEST(0, "
+                  "ORDER BY partition LIMIT GREATEST(0, "
                   "ceil((SELECT count(*) FROM partition_loans WHERE group_id = %(g)s AND topic = %(t)s "
                   "AND canary_id = %(c)s AND state IN ('lent', 'returning'))::float / %(n)s)::int "
                   "- (SELECT count(*) FROM partition_loans WHERE group_id = %(g)s AND topic = %(t)s "

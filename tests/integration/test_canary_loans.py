@@ -118,6 +118,29 @@ def test_lent_partitions_are_handled_by_the_candidate_and_handed_back(stack: Sta
     assert set(candidate_partitions(stack.database_url, pipeline.run_id, version)) == {0, 1}
 
 
+def test_a_partition_lent_before_its_candidate_is_up_waits_for_it_past_the_lease(
+        stack: Stack, ai: AIService) -> None:
+    """A candidate whose fleet starts after one lease from the hand-over (a slow start under a
+    supervisor) still gets the partition: a loan nobody has held does not lapse."""
+    ai.reset()
+    with (running_pipeline(CONFIG, stack.kafka, stack.database_url, ai.endpoints,
+                           stages=("check", "generate")) as pipeline,
+          closing(LoanStore(stack.database_url)) as store):
+        canary, version = canary_row(stack.database_url, pipeline.run_id)
+        topic, group = pipeline.topics.source_of("generate"), pipeline.topics.group_of("generate")
+        store.lend(group, topic, [2], canary)
+        until(lambda: bool(query(stack.database_url, "SELECT FROM partition_loans WHERE group_id = %s "
+                                 "AND topic = %s AND state = 'lent' AND lease_until < now()", group, topic)),
+              60, "the partition was never handed over, or its lease never ran out")
+        settings = settings_for(CONFIG, "generate", pipeline.run_id, pipeline.topics, stack.kafka,
+                                stack.database_url, ai.endpoints)
+        with Fleet(replace(settings, instance="late-canary", version=version, canary=canary)).running():
+            until(lambda: held(store, group, topic, 1), HOLD_TIMEOUT_S,
+                  "the partition lent before the candidate was up was never held by it")
+            store.recall(group, topic, canary)
+            until(lambda: not store.loans(group, topic), 30, "the partition was never taken back")
+
+
 def test_a_killed_candidates_partitions_are_taken_back_from_its_commit(stack: Stack, ai: AIService) -> None:
     ai.reset()
     with (running_pipeline(CONFIG, stack.kafka, stack.database_url, ai.endpoints,
