@@ -4,6 +4,8 @@ Three gates, each optional, in this order: the endpoint's circuit (`consumers.ai
 minute's requests and tokens (`consumers.ai.rate_budget`), a permit of the concurrency limit
 (`consumers.ai.limit`). A 429 goes to the gate it speaks of: a budget spent to the budget, a
 full service to the limit, so a minute's budget running out never halves the concurrency.
+A try that does not teach (a flex try: its latency and refusals are the flex pool's) spends the
+budget but tells the limit and the circuit nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class Admission:
         if self.limiter is not None:
             self.limiter.wake()
 
-    def admit(self, request: str, payload: Mapping[str, Any]) -> Admitted | None:
+    def admit(self, request: str, payload: Mapping[str, Any], teaches: bool = True) -> Admitted | None:
         """Let `request`'s try through, once its budget and a permit are free (it waits for
         them, `Cancelled` once stopped); None when the circuit holds it back. The permit is
         renewed: its thread may have waited to run since it was granted."""
@@ -71,7 +73,7 @@ class Admission:
             if self.budget is not None and taken is not None:
                 self.budget.ended(taken[1], answered=False)
             raise
-        return Admitted(self, request, taken, permit)
+        return Admitted(self, request, taken, permit, teaches)
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Admitted:
     request: str
     taken: tuple[Estimate, Spent] | None  # of the budget: the try's tokens as estimated, and what it spent
     permit: Permit | None
+    teaches: bool = True  # its ending tells the limit and the circuit about the endpoint
 
     def sent(self) -> None:
         """The try goes out now (once on record): a call at the endpoint from here."""
@@ -94,7 +97,7 @@ class Admitted:
         A try that raised ends unsent (`reply` still NOT_SENT), which teaches the gates nothing."""
         gates = self.admission
         if gates.limiter is not None and self.permit is not None:
-            counts = reply.outcome != OVERLOAD or reply.refusal == CONCURRENCY
+            counts = self.teaches and (reply.outcome != OVERLOAD or reply.refusal == CONCURRENCY)
             gates.limiter.release(self.permit, reply.outcome if counts else NOT_SENT, reply.retry_after_s)
         if gates.budget is not None and self.taken is not None:
             budget, (estimate, spent) = gates.budget, self.taken
@@ -104,6 +107,8 @@ class Admitted:
                 budget.settle(spent, estimate, reply.body)
             elif reply.refusal in (REQUESTS, TOKENS):
                 budget.refused(reply.refusal, reply.retry_after_s, reply.headers, spent)
+        if not self.teaches:
+            return False
         if gates.circuit is not None:
             return gates.circuit.ended(self.request, reply.outcome, took)
         return reply.outcome in REQUEST_FAILURES

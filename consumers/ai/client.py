@@ -26,14 +26,19 @@ cut off after its answer's status line arrived keeps that status (and the header
 figures can tell an answer the provider began from one it refused. How long a try may take is
 the `consumers.ai.learned_timeout.LearnedTimeout` in force (fixed at the endpoint's timeout
 without one): a try the client gives up on is still answered, and billed, by a hosted API.
+
+A call may first try the endpoint's flex tier (`Flex`): the same request asked for at a lower
+price, slower, refused when the provider is short of flex capacity. That one try is given until
+the record's fallback time; refused, failed or not answered by then, the call goes on realtime
+at once. The flex try is not the request's failure, and it teaches the limit, the circuit and
+the learned timeout nothing (its latency and its refusals are the flex pool's, not the
+endpoint's); it spends the minute's budget as any call does.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,11 +47,13 @@ from typing import Any, Protocol
 import urllib3
 from urllib3.connection import HTTPConnection
 
-from consumers.ai.admission import CONCURRENCY, Admission, Admitted
+from consumers.ai.admission import Admission, Admitted
 from consumers.ai.circuit import Circuit
 from consumers.ai.learned_timeout import LearnedTimeout
 from consumers.ai.limit import NOT_SENT, OK, OVERLOAD, AdaptiveLimit
-from consumers.ai.rate_budget import REQUESTS, TOKENS, RateBudget, header_number
+from consumers.ai.rate_budget import RateBudget, header_number
+from consumers.ai.reply import Reply, Usage, refusal_kind
+from consumers.ai.tier_choice import FLEX, REALTIME
 from consumers.ai.waits import Cancelled
 
 
@@ -72,38 +79,7 @@ class RetryPolicy:
         return max(rng.uniform(0, ceiling), retry_after_s or 0.0)
 
 
-COST_HEADER = "x-litellm-response-cost"  # the cost LiteLLM's proxy reports for each call
 CALLER_HEADER = "X-Caller"  # whose call it is, for a meter shared by several pipelines
-
-
-@dataclass(frozen=True)
-class Usage:
-    """What one answer says it used: the input and output tokens of an OpenAI-compatible
-    `usage` and the cost a gateway reports in COST_HEADER; None for what it does not say."""
-
-    tokens_input: int | None = None
-    tokens_output: int | None = None
-    reported_cost: float | None = None
-
-    @classmethod
-    def of(cls, body: Any, headers: Mapping[str, str]) -> Usage:
-        """Read from an answer's JSON body and its (lower-cased) headers."""
-        usage = body.get("usage") if isinstance(body, Mapping) else None
-        usage = usage if isinstance(usage, Mapping) else {}
-        return cls(_count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
-                   _amount(headers.get(COST_HEADER)))
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _amount(value: str | None) -> float | None:
-    try:
-        amount = float(value) if value is not None else None
-    except ValueError:
-        return None
-    return amount if amount is not None and math.isfinite(amount) and amount >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -116,49 +92,20 @@ class Try:
     outcome: str  # ok | http_429 | http_5xx | http_4xx | timeout | connection_error | bad_answer | not_sent
     http_status: int | None  # on a timeout or a broken connection: the answer had begun
     own: bool = False  # a failure of the request's own (see consumers.ai.circuit)
-    usage: Usage = Usage()
-
-
-BAD_ANSWER = "bad_answer"
-
-
-# How a refusal's message names a minute's budget: OpenAI's "on requests per min (RPM)", a
-# gateway's "RPM limit=120" (LiteLLM's proxy, which sends no rate-limit headers with its 429).
-_BUDGET_WORDS = {REQUESTS: re.compile(r"\brpm\b|requests per min", re.IGNORECASE),
-                 TOKENS: re.compile(r"\btpm\b|tokens per min", re.IGNORECASE)}
-
-
-def refusal_kind(body: bytes, headers: Mapping[str, str]) -> str:
-    """What a 429 says ran out: `requests` or `tokens` (a minute's budget, said by the error's
-    `type` as OpenAI-compatible APIs give it, by its message, or by a remaining count of 0 in
-    the rate-limit headers), else `concurrency` (a service full of calls at once)."""
-    try:
-        error = json.loads(body).get("error")
-    except (ValueError, AttributeError):
-        error = None
-    kind = error.get("type") if isinstance(error, dict) else None
-    if kind in (REQUESTS, TOKENS, CONCURRENCY):
-        return kind
-    message = str(error.get("message", "")) if isinstance(error, dict) else ""
-    for kind, words in _BUDGET_WORDS.items():
-        if words.search(message):
-            return kind
-    for kind in (REQUESTS, TOKENS):
-        if headers.get(f"x-ratelimit-remaining-{kind}", "").strip() in ("0", "0.0"):
-            return kind
-    return CONCURRENCY
+    usage: Usage = field(default_factory=Usage)
+    tier: str = REALTIME  # the price tier the try was asked at (its attempt row's `tier`)
 
 
 @dataclass(frozen=True)
-class Reply:
-    """What one POST came back with."""
+class Flex:
+    """A call's first try asked at the flex tier: the request `fields` that ask for it, and
+    when the record falls back to realtime (epoch s)."""
 
-    status: int | None
-    body: dict
-    outcome: str
-    retry_after_s: float | None = None
-    refusal: str | None = None  # a 429's kind (refusal_kind)
-    headers: Mapping[str, str] = field(default_factory=dict)
+    fields: Mapping[str, Any]
+    until: float
+
+
+BAD_ANSWER = "bad_answer"
 
 
 class AIUnavailable(RuntimeError):
@@ -228,25 +175,23 @@ class AIClient:
         self._rng = random.Random(seed)
 
     def call(self, payload: dict[str, Any], observer: CallObserver | None = None, request: str = "",
-             budget: int | None = None) -> dict[str, Any]:
+             budget: int | None = None, flex: Flex | None = None) -> dict[str, Any]:
         """POST the payload for `request`; return the JSON answer, or raise (module docstring).
-        `budget`: the request's own failures this call may still have (all of them: None)."""
+        `budget`: the request's own failures this call may still have (all of them: None);
+        `flex`: try the flex tier first, until the record's fallback time."""
         budget = self.policy.max_attempts if budget is None else budget
         own, tries, reason = 0, 0, "no attempt made"
+        first = 1  # the first realtime try's number: 2 after a flex try
+        if flex is not None and flex.until > time.time():
+            answer = self._flex(payload, flex, observer, request)
+            if answer is not None:
+                return answer
+            first, reason = 2, "the flex try did not answer"
         while tries < self.policy.max_attempts and own < budget:
-            attempt = tries + 1
-            try:
-                admitted = self._admission.admit(request, payload)
-            except Cancelled:
-                self._not_sent(attempt, observer)
-                raise AIWaiting(f"the fleet is stopping: try {attempt} not sent; {reason}") from None
-            if admitted is None:
-                assert self.circuit is not None  # the one gate that holds a try back
-                self._not_sent(attempt, observer)
-                raise EndpointDown(f"{self.endpoint.url} is down for every caller (circuit "
-                                   f"{self.circuit.state}); {reason}")
+            attempt = first + tries
+            admitted = self._admitted(request, payload, attempt, observer, reason)
             reply, started, took, counted = self._try(payload, attempt, observer, admitted)
-            tries, outcome = attempt, reply.outcome
+            tries, outcome = tries + 1, reply.outcome
             if observer is not None:
                 observer.ended(Try(attempt, started, started + took, outcome, reply.status, own=counted,
                                    usage=Usage.of(reply.body, reply.headers)))
@@ -259,15 +204,44 @@ class AIClient:
                 raise AIUnavailable(reason, final=True)
             own += counted
             if tries < self.policy.max_attempts and own < budget:
-                time.sleep(self.policy.backoff(attempt, reply.retry_after_s, self._rng))
+                time.sleep(self.policy.backoff(tries, reply.retry_after_s, self._rng))
         if own < budget:
             raise AIWaiting(f"{reason}: {tries} tries, not all of them failures of the request's own")
-        if tries == 0:
+        if tries == 0 and first == 1:
             self._not_sent(1, observer)
         if self.circuit is None or self.circuit.serving():
             raise AIUnavailable(f"{reason}; the request's own failures reached max_attempts")
         raise AIWaiting(f"{reason}; the request had its tries, but the endpoint serves no one "
                         "else either: it waits for the endpoint")
+
+    def _admitted(self, request: str, payload: dict[str, Any], attempt: int,
+                  observer: CallObserver | None, reason: str, teaches: bool = True) -> Admitted:
+        """The try let through the admission, or the call raised for waiting (module docstring)."""
+        try:
+            admitted = self._admission.admit(request, payload, teaches)
+        except Cancelled:
+            self._not_sent(attempt, observer)
+            raise AIWaiting(f"the fleet is stopping: try {attempt} not sent; {reason}") from None
+        if admitted is None:
+            assert self.circuit is not None  # the one gate that holds a try back
+            self._not_sent(attempt, observer)
+            raise EndpointDown(f"{self.endpoint.url} is down for every caller (circuit "
+                               f"{self.circuit.state}); {reason}")
+        return admitted
+
+    def _flex(self, payload: dict[str, Any], flex: Flex, observer: CallObserver | None,
+              request: str) -> dict[str, Any] | None:
+        """The flex try's answer (try 1), None when it gave none by `flex.until`."""
+        admitted = self._admitted(request, payload, 1, observer, "no attempt made", teaches=False)
+        wait_s = min(flex.until - time.time(), self.timeout.ceiling_s)
+        reply, started, took, _ = self._try({**payload, **flex.fields}, 1, observer, admitted,
+                                            max(wait_s, 0.001))
+        if observer is not None:
+            observer.ended(Try(1, started, started + took, reply.outcome, reply.status,
+                               usage=Usage.of(reply.body, reply.headers), tier=FLEX))
+        if reply.outcome == BAD_ANSWER:
+            raise AIBadAnswer(f"2xx from {self.endpoint.url} whose body is not JSON")
+        return reply.body if reply.outcome == OK else None
 
     @staticmethod
     def _not_sent(attempt: int, observer: CallObserver | None) -> None:
@@ -277,30 +251,34 @@ class AIClient:
             observer.ended(Try(1, now, now, NOT_SENT, None))
 
     def _try(self, payload: dict[str, Any], attempt: int, observer: CallObserver | None,
-             admitted: Admitted) -> tuple[Reply, float, float, bool]:
+             admitted: Admitted, flex_s: float | None = None) -> tuple[Reply, float, float, bool]:
         """One try `admitted` let through; its outcome, when it was sent (epoch s, for the
         record), how long it took (on the steady clock: the wall clock jumps, and a step mid-call
         would make a latency of an hour, or a negative one) and whether its failure is the
-        request's own. It counts as a call at the endpoint from `sent`, once it is on record."""
+        request's own. It counts as a call at the endpoint from `sent`, once it is on record.
+        A flex try is given `flex_s` and kept from the learned timeout."""
         reply, took = Reply(None, {}, NOT_SENT), 0.0
         try:
             if observer is not None:
                 observer.started(attempt, time.time())
             admitted.sent()
             started, sent = time.time(), time.monotonic()
-            ticket = self.timeout.sent(sent)
-            try:
-                reply = self._post(payload)
+            if flex_s is not None:
+                reply = self._post(payload, flex_s)
                 took = time.monotonic() - sent
-            finally:
-                self.timeout.ended(ticket, took if reply.outcome == OK else None)
+            else:
+                ticket = self.timeout.sent(sent)
+                try:
+                    reply = self._post(payload, self.timeout.current())
+                    took = time.monotonic() - sent
+                finally:
+                    self.timeout.ended(ticket, took if reply.outcome == OK else None)
         finally:
             own = admitted.ended(reply, took)
         return reply, started, took, own
 
-    def _post(self, payload: dict[str, Any]) -> Reply:
-        """One POST within the timeout in force, as a whole (see `_read_within`)."""
-        timeout_s = self.timeout.current()
+    def _post(self, payload: dict[str, Any], timeout_s: float) -> Reply:
+        """One POST within `timeout_s`, as a whole (see `_read_within`)."""
         deadline = time.monotonic() + timeout_s
         response = None
         try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from measure.cost import Prices
 
-REALTIME = "realtime"
+REALTIME, FLEX, BATCH = "realtime", "flex", "batch"
 QUANTILE = 95  # percentile of the recent turnarounds a tier is expected within
 SAMPLES = 50  # recent completions (a batch's, a flex call's) the percentile is taken over
 MIN_SAMPLES = 5  # below these the declared window holds
@@ -70,6 +70,11 @@ class Turnaround:
         """The seconds the tier's recent batches (or flex calls) took to answer, oldest first."""
         with self._lock:
             self._seen = deque(recent[-SAMPLES:], maxlen=SAMPLES)
+
+    def add(self, seconds: float) -> None:
+        """One more completion (a flex call's, as the process that made it sees it)."""
+        with self._lock:
+            self._seen.append(seconds)
 
     def expected_s(self) -> float:
         """The seconds a record sent to the tier now is expected to wait at most."""

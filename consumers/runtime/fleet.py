@@ -26,6 +26,7 @@ from consumers.ai.learned_timeout import LearnedTimeout
 from consumers.ai.limit import AdaptiveLimit
 from consumers.ai.limit.log import ChangeLog
 from consumers.ai.rate_budget import RateBudget
+from consumers.ai.tier_choice import BATCH
 from consumers.canary.loans import LoanStore
 from consumers.config import events, kafka_connection, pipeline_spec
 from consumers.config.candidate import KEYS_ENV, WINDOW_MODES, Endpoints
@@ -101,7 +102,7 @@ class Fleet:
             windows=WindowPool(concurrency) if s.member.mode == "flow" else None,
             loans=LoanStore(s.database_url) if s.member.mode == "flow" else None,
         )
-        self.keeper = self._batch_tier(spec)
+        self.keeper = self._later_tiers(spec)
         self.members = self._members()
         self.storage.record_members(s.member.run_id, s.member.stage, s.version, s.canary,
                                     [m.name for m in self.members])
@@ -148,9 +149,9 @@ class Fleet:
         return AIClient(endpoint, s.retry, pool_size=pool, limiter=limiter, circuit=Circuit(),
                         rate_budget=budget, timeout=timeout)
 
-    def _batch_tier(self, spec: pipeline_spec.PipelineSpec) -> BatchKeeper | None:
-        """The stage's router to the batch tier (`ctx.router`) and the keeper of its batches,
-        when the stage may use the tier; None otherwise."""
+    def _later_tiers(self, spec: pipeline_spec.PipelineSpec) -> BatchKeeper | None:
+        """The stage's router to its later tiers (`ctx.router`), when it may use one, and the
+        keeper of its batches when the batch tier is among them; None otherwise."""
         s, ai = self.settings, self.ctx.ai
         stage = spec.stages[s.member.stage]
         if ai is None or s.ai_url is None or not isinstance(stage.work, pipeline_spec.HttpWork):
@@ -159,9 +160,9 @@ class Fleet:
         # a fallback is given the most one try may take, and the keeper's tick that notices it
         router = TierRouter.of(stage, endpoint, s.member.time_scale,
                                lambda: ai.timeout.current() + BATCH_TICK_S)
-        if router is None or endpoint.tiers.batch is None:
-            return None
         self.ctx.router = router
+        if router is None or BATCH not in router.turnarounds or endpoint.tiers.batch is None:
+            return None
         owner = f"{s.member.stage}/{s.instance or 'fleet'}/{socket.gethostname()}/{os.getpid()}"
         return BatchKeeper(
             KeeperSettings(endpoint.tiers.batch, endpoint.path, self.ctx.topics.source_of(s.member.stage),
@@ -169,7 +170,7 @@ class Fleet:
             BatchStore(s.database_url, Scope(spec.name, s.member.run_id, s.member.stage), owner,
                        BATCH_LEASE_S),
             BatchAPI.beside(s.ai_url, endpoint.path, s.ai_auth_header, endpoint.headers),
-            self.producer, router.turnaround)
+            self.producer, router.turnarounds[BATCH])
 
     def _quota_holder(self, spec: pipeline_spec.PipelineSpec, name: str, pool: int,
                       limiter: AdaptiveLimit, budget: RateBudget) -> QuotaHolder:
@@ -364,8 +365,6 @@ def main() -> None:
         signal.signal(sig, lambda *_: stop.set())
     fleet.start()
     log.info("fleet %s running: %s", args.stage, config.stage(args.stage))
-    if "flex" in topics.spec.stages[args.stage].tiers:  # the router weighs realtime and batch only
-        log.warning("stage %s lists the flex tier: this version calls its records realtime", args.stage)
     # Watch the members while waiting: a process whose member loop died must not run on with
     # fewer members; it exits non-zero (EX_SOFTWARE) so its supervisor starts it again.
     failure: RuntimeError | None = None

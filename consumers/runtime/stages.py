@@ -34,8 +34,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers.ai.client import AIBadAnswer, AIClient, AIUnavailable, AIWaiting, EndpointDown, Try
-from consumers.ai.limit import NOT_SENT
+from consumers.ai.client import AIBadAnswer, AIClient, AIUnavailable, AIWaiting, EndpointDown, Flex, Try
+from consumers.ai.limit import NOT_SENT, OK
+from consumers.ai.tier_choice import BATCH, FLEX
 from consumers.canary.loans import LoanStore
 from consumers.config import pipeline_spec
 from consumers.config.events import InvalidEvent, Topics, encode
@@ -44,7 +45,7 @@ from consumers.config.pipeline_spec import HttpWork, PythonWork, Route, StageSpe
 from consumers.kafka_clients.producer import key_for
 from consumers.runtime.failures import ClaimHeld, Transient, WorkFailed
 from consumers.runtime.outbox import Outbox, Outgoing
-from consumers.runtime.storage import CallClaim, Claim, Ended, Key, Line, Origin, Status, Storage
+from consumers.runtime.storage import CallClaim, Claim, Ended, Key, Line, Origin, Parked, Status, Storage
 from consumers.runtime.tier_router import TierRouter
 from consumers.runtime.window_pool import WindowPool
 
@@ -66,7 +67,7 @@ class StageContext:
     claim_lease_s: float = 30.0  # longer than one try plus the backoff before the next
     windows: WindowPool | None = None  # flow: the members' windows, pooled
     loans: LoanStore | None = None  # flow: partitions lent to a canary (consumers.canary.loans)
-    router: TierRouter | None = None  # a stage that may park records for the batch tier
+    router: TierRouter | None = None  # a stage whose records may go to a cheaper, later tier
 
     @property
     def spec(self) -> StageSpec:
@@ -103,6 +104,7 @@ class RecordState:
     unwritten: list[Ended] = field(default_factory=list)  # tries whose attempt rows are not completed
     recorded_first: bool = False  # this handling recorded the stage's result
     skipped_duplicate: bool = False
+    flex: Flex | None = None  # this handling tries the flex tier first (`_later_tier`)
 
 
 def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
@@ -110,8 +112,9 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
     spec, key = ctx.spec, ctx.key(event)
     endpoint = spec.work.endpoint if isinstance(spec.work, HttpWork) else None
     calls = endpoint is not None and state.result is None and state.failure is None
+    state.flex = None
     if calls and ctx.router is not None:
-        line = _batch_line(ctx, key, event, origin)
+        line = _later_tier(ctx, key, event, origin, state)
         if line is not None and line.waiting:  # the batch's now: the offset can be committed
             ctx.storage.take(key, event["produced_at"], {f: event[f] for f in spec.record if f in event},
                              ctx.status(spec.status, route=False))
@@ -143,20 +146,28 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
                        key if status is not None and status.settles else None)
 
 
-def _batch_line(ctx: StageContext, key: Key, event: dict[str, Any], origin: Origin) -> Line | None:
+def _later_tier(ctx: StageContext, key: Key, event: dict[str, Any], origin: Origin,
+                state: RecordState) -> Line | None:
     """The record's batch line: parked now when the router sends it to the batch tier, found
     when an earlier handling parked it (this is a copy, or the keeper sent it back settled).
-    A record without a deadline has none, and no database round trip is spent on it."""
+    Without a line, a record the router sends to the flex tier gets its `state.flex`. A record
+    without a deadline has neither, and no database round trip is spent on it."""
     assert ctx.router is not None and isinstance(ctx.spec.work, HttpWork)
     if ctx.router.deadline_at(event) is None:
         return None
     work = ctx.spec.work
+    endpoint = ctx.topics.spec.endpoints[work.endpoint]
     try:
-        body = work.payload(event, ctx.topics.spec.key, ctx.topics.spec.endpoints[work.endpoint].model)
+        body = work.payload(event, ctx.topics.spec.key, endpoint.model)
     except RenderError:
         body = None  # the realtime path dead-letters it
-    parked = ctx.router.parked(event, body, time.time()) if body is not None else None
-    return ctx.storage.park(key, ctx.stage, origin, parked)
+    choice = ctx.router.choose(event, body, time.time()) if body is not None else None
+    parked = (Parked(event, body, choice.deadline_at, choice.fallback_at)
+              if choice is not None and body is not None and choice.tier == BATCH else None)
+    line = ctx.storage.park(key, ctx.stage, origin, parked)
+    if line is None and choice is not None and choice.tier == FLEX and endpoint.tiers.flex is not None:
+        state.flex = Flex(endpoint.tiers.flex.fields, choice.fallback_at)
+    return line
 
 
 def _batch_result(work: HttpWork | PythonWork | None, line: Line, state: RecordState) -> None:
@@ -229,10 +240,13 @@ class _AttemptLog:
 
     def ended(self, attempt: Try) -> None:
         self.state.tries.append(attempt)
+        if attempt.tier == FLEX and attempt.outcome == OK and self.ctx.router is not None:
+            self.ctx.router.flex_answered(attempt.ended - attempt.started)
         usage = attempt.usage
         self.state.unwritten.append(Ended(self._ids[attempt.attempt], attempt.started, attempt.ended,
                                           attempt.outcome, attempt.http_status, attempt.own,
-                                          usage.tokens_input, usage.tokens_output, usage.reported_cost))
+                                          usage.tokens_input, usage.tokens_output, usage.reported_cost,
+                                          attempt.tier))
 
 
 def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any], origin: Origin,
@@ -260,8 +274,8 @@ def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any
             state.unwritten.clear()
             raise InvalidEvent(TEMPLATE_FAILED, str(exc)) from None
         try:
-            body = ctx.ai.call(payload, log,
-                               request=key.request_id, budget=ctx.ai.policy.max_attempts - own)
+            body = ctx.ai.call(payload, log, request=key.request_id,
+                               budget=ctx.ai.policy.max_attempts - own, flex=state.flex)
         except (AIUnavailable, AIBadAnswer) as exc:
             state.failure = exc  # the request's own fault
         except AIWaiting:

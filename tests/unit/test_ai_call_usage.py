@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumers.ai.client import COST_HEADER, AIClient, Endpoint, Reply, RetryPolicy, Usage
+from consumers.ai.client import AIClient, Endpoint, RetryPolicy
+from consumers.ai.reply import COST_HEADER, Reply, Usage
 from tests.recorded_tries import Tries
 
 # A chat completion as OpenAI-compatible APIs (and LiteLLM's proxy in front of them) answer it.
@@ -43,7 +44,7 @@ class Answering(AIClient):
                          RetryPolicy(max_attempts=3, backoff_base_s=0.0, backoff_max_s=0.0))
         self.replies = list(replies)
 
-    def _post(self, payload: dict[str, Any]) -> Reply:
+    def _post(self, payload: dict[str, Any], timeout_s: float) -> Reply:
         return self.replies.pop(0)
 
 

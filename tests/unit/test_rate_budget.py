@@ -9,9 +9,10 @@ from collections import Counter
 
 import pytest
 
-from consumers.ai.client import CONCURRENCY, refusal_kind
+from consumers.ai.admission import CONCURRENCY
 from consumers.ai.meters import PeriodBudget, RefilledBudget
 from consumers.ai.rate_budget import REQUESTS, TOKENS, Estimate, RateBudget, Spent, duration_s
+from consumers.ai.reply import refusal_kind
 from tests.hand_clock import HandClock
 
 

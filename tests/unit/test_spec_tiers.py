@@ -40,9 +40,10 @@ def test_a_stage_that_may_wait_for_cheaper_tiers_is_accepted() -> None:
     assert draft.tiers == ["realtime", "flex", "batch"] and draft.deadline.within_s == 5400
     batch = spec.endpoints["large_model"].tiers.batch
     assert batch.protocol == "openai_batch" and batch.price.input_per_1k == 0.00125
-    # the shipped spec drafts a ticket that says how long its customer may wait in a batch
+    # the shipped spec drafts a ticket that says how long its customer may wait at flex or batch prices
     shipped = pipeline_spec.load("support_tickets")
-    assert shipped.stages["draft"].tiers == ["realtime", "batch"]
+    assert shipped.stages["draft"].tiers == ["realtime", "flex", "batch"]
+    assert shipped.endpoints["large_model"].tiers.flex.fields == {"service_tier": "flex"}
     assert shipped.stages["draft"].deadline.event_field == "answer_within_s"
     assert shipped.stages["draft"].deadline.within_s is None  # a ticket without it: realtime
     assert shipped.stages["triage"].tiers == ["realtime"]

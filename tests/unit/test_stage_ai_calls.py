@@ -18,18 +18,18 @@ import psycopg2
 import pytest
 import urllib3
 
+from consumers.ai.admission import CONCURRENCY
 from consumers.ai.circuit import Circuit
 from consumers.ai.client import (
-    CONCURRENCY,
     AIBadAnswer,
     AIClient,
     AIUnavailable,
     AIWaiting,
     Endpoint,
     EndpointDown,
-    Reply,
     RetryPolicy,
 )
+from consumers.ai.reply import Reply
 from consumers.config import events, http_work, pipeline_spec
 from consumers.runtime import stages
 from consumers.runtime.failures import POISON, TRANSIENT, ClaimHeld, Verdict, classify
@@ -89,7 +89,7 @@ class ScriptedClient(AIClient):
         self.sent = 0
         self.payloads: list[dict[str, Any]] = []
 
-    def _post(self, payload: dict[str, Any]) -> Reply:
+    def _post(self, payload: dict[str, Any], timeout_s: float) -> Reply:
         self.sent += 1
         self.payloads.append(payload)
         outcome = self.outcomes.popleft()

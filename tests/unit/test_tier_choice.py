@@ -57,8 +57,8 @@ def test_the_turnaround_is_the_declared_window_until_five_completions_then_their
         Turnaround(0.0)
 
 
-# The shipped support_tickets' draft: batch at 3,600 s declared; at time scale 0.01 that is 36 s,
-# and a fallback's realtime call is given 6 s.
+# The shipped support_tickets' draft: batch at 3,600 s declared and flex at 60 s, both at half
+# the price; at time scale 0.01 they are 36 s and 0.6 s, and a fallback's realtime call is given 6 s.
 def router() -> TierRouter:
     spec = pipeline_spec.load("support_tickets")
     found = TierRouter.of(spec.stages["draft"], spec.endpoints["large_model"], 0.01, lambda: 6.0)
@@ -69,30 +69,41 @@ def router() -> TierRouter:
 BODY = {"model": "large-model", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 160}
 
 
-@pytest.mark.parametrize(("within_s", "now", "learned", "parked"), [
-    (None, 1000.0, [], None),  # the ticket says nothing: drafted at once
-    (0, 1000.0, [], None),  # not a wait
-    (True, 1000.0, [], None),  # not a number of seconds
+@pytest.mark.parametrize(("within_s", "now", "batches", "flex_calls", "chosen"), [
+    (None, 1000.0, [], [], None),  # the ticket says nothing: drafted at once
+    (0, 1000.0, [], [], None),  # not a wait
+    (True, 1000.0, [], [], None),  # not a number of seconds
     # due at 1000 + 5000 x 0.01 = 1050: 50 s left, 36 + 6 = 42 fit; falls back at 1050 - 6
-    (5000, 1000.0, [], (1050.0, 1044.0)),
-    (5000, 1008.0, [], (1050.0, 1044.0)),  # 42 s left: fits exactly
-    (5000, 1009.0, [], None),  # 41 s left
+    (5000, 1000.0, [], [], "batch"),
+    (5000, 1008.0, [], [], "batch"),  # 42 s left: fits exactly
+    (5000, 1009.0, [], [], "flex"),  # 41 s left: batch no more, flex's 0.6 + 6 fits; same price as batch
     # five batches took 10 s: their 95th percentile, 10 + 6 = 16, fits the 20 s left
-    (5000, 1030.0, [10.0] * 5, (1050.0, 1044.0)),
-    (5000, 1035.0, [10.0] * 5, None),  # 15 s left
+    (5000, 1030.0, [10.0] * 5, [], "batch"),
+    (5000, 1035.0, [10.0] * 5, [], "flex"),  # 15 s left
+    (5000, 1043.0, [], [], "flex"),  # 7 s left: 0.6 + 6 = 6.6 fits
+    (5000, 1043.5, [], [], "realtime"),  # 6.5 s left
+    # five flex calls took 2 s: 2 + 6 = 8
+    (5000, 1042.0, [], [2.0] * 5, "flex"),
+    (5000, 1042.1, [], [2.0] * 5, "realtime"),
 ])
-def test_a_ticket_is_parked_for_the_batch_tier_when_its_learned_turnaround_and_a_fallback_fit(
-        within_s: object, now: float, learned: list[float], parked: tuple[float, float] | None) -> None:
+def test_a_ticket_goes_to_the_cheapest_tier_whose_learned_turnaround_and_a_fallback_fit(
+        within_s: object, now: float, batches: list[float], flex_calls: list[float],
+        chosen: str | None) -> None:
     routing = router()
-    routing.turnaround.learned(learned)
+    routing.turnarounds["batch"].learned(batches)
+    for seconds in flex_calls:
+        routing.flex_answered(seconds)
     event = {"ticket_id": "t1", "produced_at": 1000.0,
              **({} if within_s is None else {"answer_within_s": within_s})}
-    found = routing.parked(event, BODY, now)
-    assert (None if found is None else (found.deadline_at, found.fallback_at)) == parked
+    found = routing.choose(event, BODY, now)
+    assert (None if found is None else found.tier) == chosen
     if found is not None:
-        assert found.event is event and found.body is BODY
+        assert (found.deadline_at, found.fallback_at) == (1050.0, 1044.0)
 
 
-def test_a_stage_without_a_deadline_or_a_batch_tier_has_no_router() -> None:
+def test_a_stage_without_a_deadline_or_a_later_tier_has_no_router() -> None:
     spec = pipeline_spec.load("support_tickets")
     assert TierRouter.of(spec.stages["triage"], spec.endpoints["small_model"], 1.0, lambda: 6.0) is None
+    flex_only = spec.stages["draft"].model_copy(update={"tiers": ["realtime", "flex"]})
+    only = TierRouter.of(flex_only, spec.endpoints["large_model"], 1.0, lambda: 6.0)
+    assert only is not None and list(only.turnarounds) == ["flex"]

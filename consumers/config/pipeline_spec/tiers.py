@@ -65,7 +65,7 @@ class Tiers(Model):
     flex: FlexTier | None = None
     batch: BatchTier | None = None
 
-    def of(self, name: TierName) -> FlexTier | BatchTier | None:
+    def of(self, name: str) -> FlexTier | BatchTier | None:
         return self.flex if name == "flex" else self.batch if name == "batch" else None
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import psycopg2
 from psycopg2.extensions import cursor
 
-from consumers.ai.client import Usage
+from consumers.ai.reply import Usage
 
 ASSEMBLING, SUBMITTED, ENDED = "assembling", "submitted", "ended"
 

@@ -112,3 +112,4 @@ class Ended(NamedTuple):
     tokens_input: int | None = None
     tokens_output: int | None = None
     reported_cost: float | None = None
+    tier: str = "realtime"  # the price tier it was asked at

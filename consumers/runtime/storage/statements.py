@@ -21,11 +21,12 @@ FORWARD = ("status = CASE WHEN requests.status = ANY(%(settled)s) OR requests.st
 END_ATTEMPTS = (
     "UPDATE ai_attempts a SET started_at = e.sent, ended_at = e.at, outcome = e.outcome, "
     "http_status = e.status, own_failure = e.own, tokens_input = e.tokens_input, "
-    "tokens_output = e.tokens_output, reported_cost = e.cost FROM unnest(%(ended_id)s::bigint[], "
+    "tokens_output = e.tokens_output, reported_cost = e.cost, tier = e.tier "
+    "FROM unnest(%(ended_id)s::bigint[], "
     "%(ended_sent)s::timestamptz[], %(ended_at)s::timestamptz[], %(ended_outcome)s::text[], "
     "%(ended_status)s::int[], %(ended_own)s::boolean[], %(ended_tokens_input)s::int[], "
-    "%(ended_tokens_output)s::int[], %(ended_cost)s::float8[]) "
-    "AS e(id, sent, at, outcome, status, own, tokens_input, tokens_output, cost) WHERE a.id = e.id")
+    "%(ended_tokens_output)s::int[], %(ended_cost)s::float8[], %(ended_tier)s::text[]) "
+    "AS e(id, sent, at, outcome, status, own, tokens_input, tokens_output, cost, tier) WHERE a.id = e.id")
 
 
 def ended_params(ended: Sequence[Ended]) -> dict[str, list]:
@@ -35,7 +36,7 @@ def ended_params(ended: Sequence[Ended]) -> dict[str, list]:
             "ended_status": [e.http_status for e in ended], "ended_own": [e.own for e in ended],
             "ended_tokens_input": [e.tokens_input for e in ended],
             "ended_tokens_output": [e.tokens_output for e in ended],
-            "ended_cost": [e.reported_cost for e in ended]}
+            "ended_cost": [e.reported_cost for e in ended], "ended_tier": [e.tier for e in ended]}
 
 
 def row_params(key: Key, stage: str, origin: Origin) -> dict[str, Any]:
