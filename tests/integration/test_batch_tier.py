@@ -43,24 +43,26 @@ def ai() -> Iterator[AIService]:
         yield service
 
 
-def tickets(run_id: str) -> list[dict[str, Any]]:
-    """TICKETS tickets, none of them spam, the first WAITING of them able to wait."""
+def tickets(run_id: str, within_s: float) -> list[dict[str, Any]]:
+    """TICKETS tickets, none of them spam, the first WAITING of them able to wait `within_s`."""
     rng = random.Random(11)
     found = [request(rng, run_id, i, 0.0)[0][1] for i in range(TICKETS)]
     for ticket in found[:WAITING]:
-        ticket["answer_within_s"] = WITHIN_S
+        ticket["answer_within_s"] = within_s
     return found
 
 
-def run(stack: Stack, ai: AIService, batches: dict[str, float]) -> tuple[Pipeline, dict[str, int], dict]:
-    """The tickets through the pipeline with the stand-in's batch tier behaving as `batches`."""
-    ai.configure(batches={**DEFAULTS, **batches})
+def run(stack: Stack, ai: AIService, batches: dict[str, float], within_s: float = WITHIN_S,
+        **endpoints: dict[str, float]) -> tuple[Pipeline, dict[str, int], dict]:
+    """The tickets through the pipeline with the stand-in's batch tier behaving as `batches`
+    and its `endpoints` changed so."""
+    ai.configure(batches={**DEFAULTS, **batches}, **endpoints)
     ai.reset()
     config = PipelineConfig(pipeline="support_tickets", partitions=2, time_scale=TIME_SCALE,
                             replication_factor=1).with_stages(draft=StageConfig(window=16))
     with running_pipeline(config, stack.kafka, stack.database_url,
                           ai.endpoints_of("support_tickets")) as pipeline:
-        sent = tickets(pipeline.run_id)
+        sent = tickets(pipeline.run_id, within_s)
         assert produce(stack.connection, pipeline.topics.name("tickets"), [json.dumps(t) for t in sent]) == []
         counts = pipeline.wait_terminal(TICKETS, timeout_s=120)
     return pipeline, counts, ai.stats()
@@ -74,11 +76,14 @@ def lines(stack: Stack, run_id: str) -> Counter[tuple[str, str]]:
     return Counter((state, why) for state, why, _ in found)
 
 
-def draft_tries(stack: Stack, run_id: str) -> Counter[tuple[str, str]]:
-    """The draft stage's billed tries by (tier, outcome)."""
+BILLED = ["ok", "started", "timeout"]  # the outcomes of tries a provider bills
+
+
+def draft_tries(stack: Stack, run_id: str, outcomes: list[str] = BILLED) -> Counter[tuple[str, str]]:
+    """The draft stage's tries that ended in one of `outcomes`, by (tier, outcome)."""
     return Counter(dict(((tier, outcome), n) for tier, outcome, n in query(
         stack.database_url, "SELECT tier, outcome, count(*) FROM ai_attempts WHERE run_id = %s "
-        "AND stage = 'draft' AND outcome IN ('ok', 'started', 'timeout') GROUP BY 1, 2", run_id)))
+        "AND stage = 'draft' AND outcome = ANY(%s) GROUP BY 1, 2", run_id, outcomes)))
 
 
 def missed_deadlines(stack: Stack, run_id: str) -> list[tuple]:
@@ -107,13 +112,19 @@ def test_tickets_that_may_wait_are_drafted_by_batches_at_half_the_price(stack: S
     assert stats["batches"]["lines_served"] == WAITING and stats["batches"]["completed"] >= 1
     assert missed_deadlines(stack, pipeline.run_id) == []
     replies_once(stack, pipeline)
-    # a batch try costs half what its tokens cost realtime (0.00125 and 0.005 per 1,000 against 0.0025, 0.01)
+    assert_half_price(stack, pipeline, "batch")
+
+
+def assert_half_price(stack: Stack, pipeline: Pipeline, tier: str) -> None:
+    """The WAITING tickets' tries of `tier` cost half what their tokens cost realtime (0.00125
+    and 0.005 per 1,000 against 0.0025 and 0.01), and the run's cost is its tiers' sum."""
     (tokens_in, tokens_out), = query(stack.database_url, "SELECT sum(tokens_input), sum(tokens_output) "
-                                     "FROM ai_attempts WHERE run_id = %s AND tier = 'batch'", pipeline.run_id)
+                                     "FROM ai_attempts WHERE run_id = %s AND tier = %s",
+                                     pipeline.run_id, tier)
     figures = cost_figures(stack.database_url, pipeline.run_id, TICKETS, pipeline.config.spec)
     at_realtime = tokens_in / 1000 * 0.0025 + tokens_out / 1000 * 0.01
-    assert figures["batch_calls"] == WAITING and figures["batch_cost"] == pytest.approx(at_realtime / 2)
-    assert figures["cost"] == pytest.approx(figures["realtime_cost"] + figures["batch_cost"])
+    assert figures[f"{tier}_calls"] == WAITING and figures[f"{tier}_cost"] == pytest.approx(at_realtime / 2)
+    assert figures["cost"] == pytest.approx(figures["realtime_cost"] + figures[f"{tier}_cost"])
 
 
 FAILING = {
@@ -179,7 +190,7 @@ def test_a_killed_keeper_s_batch_is_taken_over_and_not_submitted_again(stack: St
         first = FleetProcess(draft)
         with first.running():
             first.wait_assigned()
-            sent = [{**t, "answer_within_s": 12000} for t in tickets(pipeline.run_id)[:WAITING]]
+            sent = [{**t, "answer_within_s": 12000} for t in tickets(pipeline.run_id, WITHIN_S)[:WAITING]]
             assert produce(stack.connection, pipeline.topics.name("tickets"),
                            [json.dumps(t) for t in sent]) == []
             wait_for(stack, "SELECT FROM batch_lines WHERE run_id = %s GROUP BY run_id "
