@@ -183,10 +183,11 @@ class AIClient:
         own, tries, reason = 0, 0, "no attempt made"
         first = 1  # the first realtime try's number: 2 after a flex try
         if flex is not None and flex.until > time.time():
-            answer = self._flex(payload, flex, observer, request)
-            if answer is not None:
-                return answer
-            first, reason = 2, "the flex try did not answer"
+            tried = self._flex(payload, flex, observer, request)
+            if tried is not None and tried.outcome == OK:
+                return tried.body
+            if tried is not None:
+                first, reason = 2, f"{tried.outcome} from the flex tier (try 1)"
         while tries < self.policy.max_attempts and own < budget:
             attempt = first + tries
             admitted = self._admitted(request, payload, attempt, observer, reason)
@@ -230,18 +231,21 @@ class AIClient:
         return admitted
 
     def _flex(self, payload: dict[str, Any], flex: Flex, observer: CallObserver | None,
-              request: str) -> dict[str, Any] | None:
-        """The flex try's answer (try 1), None when it gave none by `flex.until`."""
+              request: str) -> Reply | None:
+        """The flex try's reply (try 1); None when its time ran out while it waited to be let
+        through: it is not sent then, as a call its caller cannot wait for is billed all the same."""
         admitted = self._admitted(request, payload, 1, observer, "no attempt made", teaches=False)
         wait_s = min(flex.until - time.time(), self.timeout.ceiling_s)
-        reply, started, took, _ = self._try({**payload, **flex.fields}, 1, observer, admitted,
-                                            max(wait_s, 0.001))
+        if wait_s <= 0:
+            admitted.ended(Reply(None, {}, NOT_SENT), 0.0)
+            return None
+        reply, started, took, _ = self._try({**payload, **flex.fields}, 1, observer, admitted, wait_s)
         if observer is not None:
             observer.ended(Try(1, started, started + took, reply.outcome, reply.status,
                                usage=Usage.of(reply.body, reply.headers), tier=FLEX))
         if reply.outcome == BAD_ANSWER:
             raise AIBadAnswer(f"2xx from {self.endpoint.url} whose body is not JSON")
-        return reply.body if reply.outcome == OK else None
+        return reply
 
     @staticmethod
     def _not_sent(attempt: int, observer: CallObserver | None) -> None:

@@ -120,7 +120,7 @@ def prices_of(spec: PipelineSpec) -> dict[str, cost.Prices | None]:
     for stage in spec.ai_stages:
         endpoint = spec.endpoint_of(stage)
         price = endpoint.price if endpoint else None
-        prices[stage] = cost.Prices(price.input_per_1k, price.output_per_1k) if price else None
+        prices[stage] = price.prices if price else None
     return prices
 
 
@@ -132,7 +132,7 @@ def tier_prices_of(spec: PipelineSpec) -> dict[tuple[str, str], cost.Prices]:
         for tier in ("batch", "flex"):
             sold = endpoint.tiers.of(tier) if endpoint else None
             if sold is not None and sold.price is not None:
-                prices[(stage, tier)] = cost.Prices(sold.price.input_per_1k, sold.price.output_per_1k)
+                prices[(stage, tier)] = sold.price.prices
     return prices
 
 

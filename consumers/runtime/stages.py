@@ -104,7 +104,6 @@ class RecordState:
     unwritten: list[Ended] = field(default_factory=list)  # tries whose attempt rows are not completed
     recorded_first: bool = False  # this handling recorded the stage's result
     skipped_duplicate: bool = False
-    flex: Flex | None = None  # this handling tries the flex tier first (`_later_tier`)
 
 
 def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: RecordState) -> None:
@@ -112,9 +111,9 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
     spec, key = ctx.spec, ctx.key(event)
     endpoint = spec.work.endpoint if isinstance(spec.work, HttpWork) else None
     calls = endpoint is not None and state.result is None and state.failure is None
-    state.flex = None
+    flex = None
     if calls and ctx.router is not None:
-        line = _later_tier(ctx, key, event, origin, state)
+        line, flex = _later_tier(ctx, key, event, origin)
         if line is not None and line.waiting:  # the batch's now: the offset can be committed
             ctx.storage.take(key, event["produced_at"], {f: event[f] for f in spec.record if f in event},
                              ctx.status(spec.status, route=False))
@@ -134,7 +133,7 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
     if any(f not in row for f in spec.join):
         return  # the other half of the join records it
     outcome = {**event, **row} if spec.join else dict(event)
-    _work(ctx, spec, key, outcome, origin, state, claim)
+    _work(ctx, spec, key, outcome, origin, state, claim, flex)
     outcome.update(state.result or {})
     routes = [r for r in spec.routes if r.matches(outcome)]
     status = next((ctx.status(r.status, route=True) for r in routes if r.status), None)
@@ -146,15 +145,15 @@ def handle(ctx: StageContext, event: dict[str, Any], origin: Origin, state: Reco
                        key if status is not None and status.settles else None)
 
 
-def _later_tier(ctx: StageContext, key: Key, event: dict[str, Any], origin: Origin,
-                state: RecordState) -> Line | None:
+def _later_tier(ctx: StageContext, key: Key, event: dict[str, Any],
+                origin: Origin) -> tuple[Line | None, Flex | None]:
     """The record's batch line: parked now when the router sends it to the batch tier, found
     when an earlier handling parked it (this is a copy, or the keeper sent it back settled).
-    Without a line, a record the router sends to the flex tier gets its `state.flex`. A record
+    Without a line, the flex try of a record the router sends to the flex tier. A record
     without a deadline has neither, and no database round trip is spent on it."""
     assert ctx.router is not None and isinstance(ctx.spec.work, HttpWork)
     if ctx.router.deadline_at(event) is None:
-        return None
+        return None, None
     work = ctx.spec.work
     endpoint = ctx.topics.spec.endpoints[work.endpoint]
     try:
@@ -166,8 +165,8 @@ def _later_tier(ctx: StageContext, key: Key, event: dict[str, Any], origin: Orig
               if choice is not None and body is not None and choice.tier == BATCH else None)
     line = ctx.storage.park(key, ctx.stage, origin, parked)
     if line is None and choice is not None and choice.tier == FLEX and endpoint.tiers.flex is not None:
-        state.flex = Flex(endpoint.tiers.flex.fields, choice.fallback_at)
-    return line
+        return None, Flex(endpoint.tiers.flex.fields, choice.fallback_at)
+    return line, None
 
 
 def _batch_result(work: HttpWork | PythonWork | None, line: Line, state: RecordState) -> None:
@@ -190,13 +189,13 @@ def message(route: Route, key_field: str, key: Key, outcome: dict[str, Any]) -> 
 
 
 def _work(ctx: StageContext, spec: StageSpec, key: Key, outcome: dict[str, Any], origin: Origin,
-          state: RecordState, claim: Claim | None) -> None:
+          state: RecordState, claim: Claim | None, flex: Flex | None) -> None:
     """Put the work's kept fields in `state.result`, unless an earlier try of the record did
-    (a stage without work keeps none)."""
+    (a stage without work keeps none); an AI call tries `flex` first."""
     if isinstance(spec.work, PythonWork) and state.result is None:
         state.result = _python_result(spec.work, spec.retry.max_attempts, outcome, state)
     elif isinstance(spec.work, HttpWork):
-        _ai_result(ctx, spec.work, key, outcome, origin, state, claim)
+        _ai_result(ctx, spec.work, key, outcome, origin, state, claim, flex)
 
 
 class WorkRetrying(Transient):
@@ -250,7 +249,7 @@ class _AttemptLog:
 
 
 def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any], origin: Origin,
-               state: RecordState, claim: Claim | None) -> None:
+               state: RecordState, claim: Claim | None, flex: Flex | None) -> None:
     """The stage's kept AI answer: recorded already (`claim.done`; the skip is on record),
     received by an earlier try of the record (kept even when writing its attempt rows failed,
     and then there is no `claim`), or called for now. The tries' attempt rows are completed here
@@ -275,7 +274,7 @@ def _ai_result(ctx: StageContext, work: HttpWork, key: Key, event: dict[str, Any
             raise InvalidEvent(TEMPLATE_FAILED, str(exc)) from None
         try:
             body = ctx.ai.call(payload, log, request=key.request_id,
-                               budget=ctx.ai.policy.max_attempts - own, flex=state.flex)
+                               budget=ctx.ai.policy.max_attempts - own, flex=flex)
         except (AIUnavailable, AIBadAnswer) as exc:
             state.failure = exc  # the request's own fault
         except AIWaiting:

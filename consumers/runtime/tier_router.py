@@ -21,8 +21,6 @@ from typing import Any
 from consumers.ai.rate_budget import strings_of, tokens_of
 from consumers.ai.tier_choice import BATCH, FLEX, REALTIME, Offer, Turnaround, choose, fallback_at
 from consumers.config.pipeline_spec import EndpointSpec, StageSpec
-from consumers.config.pipeline_spec.tiers import Price
-from measure.cost import Prices
 
 
 @dataclass(frozen=True)
@@ -73,11 +71,11 @@ class TierRouter:
         if due is None:
             return None
         assert self.endpoint.price is not None  # spec checks: a later tier is weighed against it
-        offers = [Offer(REALTIME, _prices(self.endpoint.price), 0.0)]
+        offers = [Offer(REALTIME, self.endpoint.price.prices, 0.0)]
         for name, turnaround in self.turnarounds.items():  # batch first: it wins a tie
             sold = self.endpoint.tiers.of(name)
             assert sold is not None and sold.price is not None  # spec checks
-            offers.append(Offer(name, _prices(sold.price), turnaround.expected_s()))
+            offers.append(Offer(name, sold.price.prices, turnaround.expected_s()))
         prompt = tokens_of("".join(strings_of(body.get("messages", body))))
         answer = body.get("max_tokens")
         reserve = self.realtime_s()
@@ -88,7 +86,3 @@ class TierRouter:
         """A flex try answered in `seconds`: the flex tier's turnaround learns it."""
         if FLEX in self.turnarounds:
             self.turnarounds[FLEX].add(seconds)
-
-
-def _prices(price: Price) -> Prices:
-    return Prices(price.input_per_1k, price.output_per_1k)

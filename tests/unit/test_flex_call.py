@@ -70,3 +70,19 @@ def test_a_flex_refusal_is_read_as_such_not_as_a_full_service() -> None:
     coded = json.dumps({"error": {"code": "resource_unavailable", "message": "try later"}}).encode()
     assert refusal_kind(coded, {}) == "resource_unavailable"
     assert refusal_kind(b'{"error": {"message": "busy"}}', {}) == "concurrency"
+
+
+class LateAdmission(Answering):
+    """Its tries wait past the flex try's time for their permit."""
+
+    def _admitted(self, *args: Any, **kwargs: Any) -> Any:
+        admitted = super()._admitted(*args, **kwargs)
+        time.sleep(0.05)
+        return admitted
+
+
+def test_a_flex_try_whose_time_ran_out_waiting_for_its_permit_is_not_sent() -> None:
+    client, tries = LateAdmission(Reply(200, ANSWER, "ok")), Tries()
+    assert client.call({"model": "m"}, tries, "r1", flex=Flex(FIELDS, time.time() + 0.02)) == ANSWER
+    assert [(t.attempt, t.tier, t.outcome) for t in tries.done] == [(1, "realtime", "ok")]
+    assert [payload for payload, _ in client.sent] == [{"model": "m"}]  # nothing sent at flex

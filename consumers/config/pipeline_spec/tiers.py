@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from consumers.config.pipeline_spec.base import Model, Scalar
+from measure.cost import Prices
 
 if TYPE_CHECKING:
     from consumers.config.pipeline_spec.endpoints import EndpointSpec
@@ -37,6 +38,11 @@ class Price(Model):
 
     input_per_1k: Annotated[float, Field(ge=0)]
     output_per_1k: Annotated[float, Field(ge=0)]
+
+    @property
+    def prices(self) -> Prices:
+        """The price as the cost figures and the tier router weigh it."""
+        return Prices(self.input_per_1k, self.output_per_1k)
 
 
 class FlexTier(Model):
