@@ -2,7 +2,7 @@
 what does the batch tier save, and what does it cost the tickets a person waits on?
 
     python -m bench.tiers [--tickets 900] [--rate 15] [--waiting 0.7] [--repetitions 1]
-                          [--fault none|expired|failed|create-500|slow]
+                          [--fault none|expired|failed|create-500|slow] [--kill-draft-after S]
 
 support_tickets runs with its fleets in processes of their own against a stand-in started here
 (its batch tier at its defaults: a turnaround with a median of 7 minutes and a p99 of an hour,
@@ -14,7 +14,9 @@ read_committed reader of the replies: the cost per 1,000 completed tickets by ti
 interactive tickets' p99 end-to-end latency, deadline misses (a waiting ticket's draft recorded
 after its deadline, or never), the batch lines that fell back and what their realtime calls
 cost, tickets lost, paid twice and duplicate replies. The arms alternate in order between
-repetitions. `--fault` makes the stand-in's batch tier fail in one of its ways (`FAULTS`). Figures
+repetitions. `--fault` makes the stand-in's batch tier fail in one of its ways (`FAULTS`);
+`--kill-draft-after` SIGKILLs each arm's draft fleet that many seconds into its load and starts
+another in its place, as a supervisor does, while batches and flex calls are in flight. Figures
 and a plot go to results/tiers-<id>/.
 """
 
@@ -23,9 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import time
 import uuid
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import asdict
 from typing import Any
 
@@ -40,6 +44,7 @@ from consumers.config.candidate import Endpoints, PipelineConfig, StageConfig
 from consumers.loadgen.source import Waiting
 from consumers.runs.pipeline_run import running_pipeline
 from consumers.runs.run_figures import ATTEMPTS_SQL, attempt_costs, cost_figures, rows
+from consumers.runtime.fleet_process import FleetProcess
 from consumers.stand_in.batches import BatchConfig
 from infra.kafka_tools import topic_values
 from measure import figures as figures_of
@@ -56,6 +61,7 @@ CONFIG = PipelineConfig(pipeline="support_tickets", partitions=6, time_scale=TIM
                         stages={"triage": StageConfig("flow", members=1, window=32),
                                 "draft": StageConfig("flow", members=1, window=32)})
 ARMS = ("realtime", "tiered")
+TIERS = ("realtime", "flex", "batch")
 # The batch tier failing in each of its ways (the stand-in's batch settings, real scale): every
 # waiting ticket must still be drafted before its deadline, by its fallback.
 FAULTS: dict[str, dict[str, float]] = {
@@ -68,15 +74,27 @@ FAULTS: dict[str, dict[str, float]] = {
 
 
 def run_arm(arm: str, stack: Stack, url: str, waiting: Waiting, tickets: int, rate: float,
-            run_id: str, fault: str) -> dict[str, Any]:
+            run_id: str, fault: str, kill_after_s: float | None = None) -> dict[str, Any]:
     """One arm's run to the end of its deadlines, and its figures."""
     requests.put(f"{url}/v1/config", timeout=10, json={"batches": {**BATCH_DEFAULTS, **FAULTS[fault]}}
                  ).raise_for_status()
     requests.post(f"{url}/v1/stats/reset", timeout=10).raise_for_status()
     console.rule(f"[bold]{run_id}")
     with running_pipeline(CONFIG, stack.kafka, stack.database_url, Endpoints.on(url, CONFIG.spec),
-                          run_id=run_id, scenario=f"bench.tiers {arm}", fleet_processes=True) as pipeline:
+                          run_id=run_id, scenario=f"bench.tiers {arm}", fleet_processes=True) as pipeline, \
+            ExitStack() as replacements:
+        def crash() -> None:
+            killed = pipeline.fleets["draft"]
+            assert isinstance(killed, FleetProcess)
+            killed.kill()
+            console.print(f"draft fleet killed (SIGKILL) {kill_after_s} s into the load; another starts")
+            pipeline.fleets["draft"] = replacements.enter_context(FleetProcess(killed.settings).running())
+        timer = threading.Timer(kill_after_s, crash) if kill_after_s is not None else None
+        if timer is not None:
+            timer.start()
         sent = pipeline.send(tickets, rate=rate, progress=True, waiting=waiting if arm == "tiered" else None)
+        if timer is not None:
+            timer.join()
         counts = pipeline.wait_terminal(tickets, DRAIN_S + tickets / rate, progress=True)
     stats = requests.get(f"{url}/v1/stats", timeout=10).json()
     return arm_figures(stack, pipeline.run_id, pipeline.topics.name("replies"), sent.request_ids,
@@ -108,7 +126,7 @@ def arm_figures(stack: Stack, run_id: str, replies_topic: str, ids: list[str], w
         "run_id": run_id, "sent": len(ids), "statuses": counts,
         "lost": figures_of.lost(len(ids), counts),
         "cost_per_1k": costs["cost_per_1k_requests"],
-        "by_tier_per_1k": {t: costs[f"{t}_cost_per_1k_requests"] for t in ("realtime", "batch")},
+        "by_tier_per_1k": {t: costs[f"{t}_cost_per_1k_requests"] for t in TIERS},
         "paid_twice": costs["paid_twice"],
         "stand_in_duplicate_served": sum(e["duplicate_served"] for e in stats.values()
                                          if isinstance(e, dict) and "duplicate_served" in e),
@@ -132,7 +150,7 @@ def plot(arms: list[dict[str, dict[str, Any]]], path: Any) -> None:
     fig, (costs, latencies) = plt.subplots(1, 2, figsize=(12, 4.5))
     for x, arm in enumerate(ARMS):
         bottom = 0.0
-        for tier, colour in (("realtime", "tab:blue"), ("batch", "tab:green")):
+        for tier, colour in zip(TIERS, ("tab:blue", "tab:orange", "tab:green"), strict=True):
             value = sum(rep[arm]["by_tier_per_1k"][tier] or 0.0 for rep in arms) / len(arms)
             costs.bar(x, value, bottom=bottom, color=colour, label=tier if x == 0 else None)
             bottom += value
@@ -153,18 +171,17 @@ def plot(arms: list[dict[str, dict[str, Any]]], path: Any) -> None:
 
 def show(reps: list[dict[str, dict[str, Any]]], ratios: dict[str, Any]) -> None:
     table = Table(title="realtime against the batch tier, per repetition")
-    for column in ("rep", "arm", "cost / 1k", "realtime / 1k", "batch / 1k", "interactive p99 s",
-                   "deadline misses", "fell back", "lost", "paid twice", "dup replies"):
+    for column in ("rep", "arm", "cost / 1k", *(f"{t} / 1k" for t in TIERS), "interactive p99 s",
+                   "deadline misses", "fell back", "lost", "paid twice", "served twice", "dup replies"):
         table.add_column(column, justify="right")
     for i, rep in enumerate(reps, 1):
         for arm in ARMS:
             f = rep[arm]
             table.add_row(str(i), arm, shown(f["cost_per_1k"]),
-                          shown(f["by_tier_per_1k"]["realtime"]),
-                          shown(f["by_tier_per_1k"]["batch"]), shown(f["interactive_p99_s"]),
+                          *(shown(f["by_tier_per_1k"][t]) for t in TIERS), shown(f["interactive_p99_s"]),
                           f"{f['deadline_misses']} of {f['waiting']}" if arm == "tiered" else "-",
                           str(f["batch_lines"].get("fallen_back", 0)), str(f["lost"]), str(f["paid_twice"]),
-                          str(f["duplicate_replies"]))
+                          str(f["stand_in_duplicate_served"]), str(f["duplicate_replies"]))
     console.print(table)
     console.print(f"tiered / realtime: cost per 1k {shown(ratios['cost_per_1k'])}, "
                   f"interactive p99 {shown(ratios['interactive_p99_s'])} (means over repetitions)")
@@ -177,6 +194,8 @@ def main() -> None:
     p.add_argument("--waiting", type=float, default=0.7, help="share of the tickets that may wait")
     p.add_argument("--repetitions", type=int, default=1)
     p.add_argument("--fault", choices=FAULTS, default="none", help="how the batch tier fails (FAULTS)")
+    p.add_argument("--kill-draft-after", type=float, default=None, metavar="S",
+                   help="SIGKILL each arm's draft fleet S seconds into its load, and start another")
     args = p.parse_args()
     stack = Stack.from_environment(os.environ)
     if stack is None:
@@ -189,11 +208,13 @@ def main() -> None:
         for rep in range(1, args.repetitions + 1):
             order = ARMS if rep % 2 else tuple(reversed(ARMS))
             reps.append({arm: run_arm(arm, stack, url, waiting, args.tickets, args.rate,
-                                      f"{bench_id}-{arm}-{rep}", args.fault) for arm in order})
+                                      f"{bench_id}-{arm}-{rep}", args.fault, args.kill_draft_after)
+                         for arm in order})
     ratios = {figure: tiers_of.ratio_of_means([(r["tiered"][figure], r["realtime"][figure]) for r in reps])
               for figure in ("cost_per_1k", "interactive_p99_s")}
     out = run_dir(bench_id)
-    summary = {"bench_id": bench_id, "fault": args.fault, "tickets": args.tickets, "rate": args.rate,
+    summary = {"bench_id": bench_id, "fault": args.fault, "kill_draft_after_s": args.kill_draft_after,
+               "tickets": args.tickets, "rate": args.rate,
                "waiting": args.waiting, "wait_s": WAIT_S, "time_scale": TIME_SCALE,
                "seconds": round(time.monotonic() - started), "repetitions": reps, "ratios": ratios}
     (out / "figures.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -100,5 +100,7 @@ class FleetProcess:
             self._killed = True
 
     def request_stop(self) -> None:
-        """Tell the child to stop without waiting for it (leaving `running` waits)."""
-        self._stop.set()
+        """Tell the child to stop without waiting for it (leaving `running` waits); a killed
+        child is gone already, and may have left its stop event locked."""
+        if not self._killed:
+            self._stop.set()
